@@ -1,0 +1,61 @@
+# convoy: the two commands
+#   make test   installs what is missing (Debian packages), then runs EUnit + PropEr,
+#               Common Test (peer nodes), Dialyzer, xref and the Elixir example.
+#   make bench  runs the seed comparison on nodes it starts itself (ARGS="--help").
+
+REBAR ?= rebar3
+ARGS ?=
+DEBIAN_PKGS = rebar3 erlang-common-test erlang-dialyzer erlang-proper-dev gnuplot-nox
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: all deps compile test eunit ct dialyzer xref elixir bench docs clean
+
+all: compile
+
+# Install the Debian packages that are missing (apt-get update first).
+deps:
+	@missing=""; \
+	for p in $(DEBIAN_PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing:$$missing"; \
+	  $(SUDO) apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $$missing >/dev/null; \
+	fi
+
+compile: deps
+	$(REBAR) compile
+
+test: deps
+	$(REBAR) eunit
+	$(REBAR) ct --sname convoy_ct
+	$(REBAR) dialyzer
+	$(REBAR) xref
+	$(MAKE) elixir
+
+eunit: deps
+	$(REBAR) eunit
+
+ct: deps
+	$(REBAR) ct --sname convoy_ct
+
+dialyzer: deps
+	$(REBAR) dialyzer
+
+xref: deps
+	$(REBAR) xref
+
+# The Elixir example: a mix project that depends on convoy by path.
+elixir: deps
+	cd examples/elixir_demo && MIX_REBAR3=$$(command -v rebar3) MIX_ENV=test \
+	  mix test --no-deps-check 2>&1
+
+bench: deps
+	$(REBAR) as bench compile
+	bin/convoy-bench $(ARGS)
+
+docs: deps
+	$(REBAR) edoc
+
+clean:
+	$(REBAR) clean -a
+	rm -rf _build

@@ -1,0 +1,169 @@
+%% @doc Batched, ordered message passing between Erlang nodes.
+%%
+%% `convoy:send/2' means what `erlang:send/2' means (asynchronous, at most once,
+%% order kept per sender and receiver), but messages to another node travel in
+%% batches: one distribution message carries everything waiting for that node, and
+%% a batch leaves as soon as convoy's outbound lane has nothing more to read, so an
+%% idle message is not delayed. See the README for the design, the guarantees and
+%% the settings.
+%%
+%% convoy runs as an OTP application (`application:ensure_all_started(convoy)',
+%% settings from its environment) or inside your own supervision tree
+%% (`convoy:child_spec/1'). When it is not running, `send/2' and `multicast/2' fall
+%% back to plain sends.
+-module(convoy).
+
+-export([send/2, multicast/2, flush/0, flush/1, flush/2, info/0, set_config/1,
+         child_spec/1, start_link/1]).
+
+-export_type([dest/0, options/0, info/0, node_info/0]).
+
+-include("convoy_runtime.hrl").
+
+-type dest() :: pid() | atom() | {atom(), node()} | reference().
+%% A process (pid), a locally registered name, a name registered on a node, or an
+%% alias.
+-type options() :: #{lanes => pos_integer(),
+                      max_batch => pos_integer(),
+                      max_delay => non_neg_integer(),
+                      large_threshold => non_neg_integer() | infinity,
+                      barrier_timeout => non_neg_integer(),
+                      telemetry => boolean()}.
+-type node_info() :: #{route := convoy | plain,
+                       accepted := non_neg_integer(),
+                       messages := non_neg_integer(),
+                       batches := non_neg_integer(),
+                       dropped := non_neg_integer(),
+                       buffered := non_neg_integer(),
+                       received := non_neg_integer(),
+                       direct := non_neg_integer()}.
+-type info() :: #{running := boolean(),
+                  settings := options(),
+                  nodes := #{node() => node_info()},
+                  lanes := [#{index := pos_integer(), pid := pid(),
+                              queue := non_neg_integer()}],
+                  rejected := #{atom() => non_neg_integer()}}.
+
+%% @doc Send `Msg' to `Dest'. Same meaning as `erlang:send/2': asynchronous, at most
+%% once, order kept per sender/receiver pair (among messages sent through convoy;
+%% `!' and `convoy:send/2' to one process are not ordered with each other). Local
+%% destinations get the message at once; remote ones through the sender's lane.
+%% Never suspends the caller on a busy or unconnected node, except that a message
+%% over `large_threshold' may wait up to `barrier_timeout' ms for the sender's
+%% earlier messages to be delivered. Raises `badarg' where `!' would.
+-spec send(dest(), term()) -> ok.
+send(Dest, Msg) ->
+    convoy_route:send(Dest, Msg).
+
+%% @doc Send `Msg' to every destination: one copy travels to each remote node and is
+%% fanned out there. Order relative to the caller's `send/2' to each destination is
+%% kept. Raises `badarg', with nothing sent, if any destination is invalid or a local
+%% name is not registered.
+-spec multicast([dest()], term()) -> ok.
+multicast(Dests, Msg) ->
+    convoy_route:multicast(Dests, Msg).
+
+%% @doc Wait until everything the caller handed to convoy before the call has left
+%% this node (been handed to the distribution layer) or been counted as dropped.
+%% Waits as long as that takes: a stalled node can hold it until the connection is
+%% declared down (`net_ticktime'); `flush/2' takes a timeout.
+-spec flush() -> ok.
+flush() ->
+    ok = flush(all, infinity).
+
+%% @doc Like `flush/0', for messages to `Node' only.
+-spec flush(node()) -> ok.
+flush(Node) when is_atom(Node) ->
+    ok = flush(Node, infinity);
+flush(Node) ->
+    erlang:error(badarg, [Node]).
+
+%% @doc `flush/0' (`Which' = `all') or `flush/1' with a timeout in milliseconds.
+-spec flush(node() | all, timeout()) -> ok | {error, timeout}.
+flush(Which, Timeout) when is_atom(Which), Timeout =:= infinity;
+                           is_atom(Which), is_integer(Timeout), Timeout >= 0 ->
+    case persistent_term:get(?RUNTIME_KEY, undefined) of
+        undefined ->
+            ok;
+        _ when Which =:= node() ->
+            ok;
+        RT ->
+            Lane = element(convoy_route:lane_of(RT), RT#runtime.lanes),
+            Mon = erlang:monitor(process, Lane, [{alias, demonitor}]),
+            Lane ! {'$convoy_flush', Which, Mon, Mon},
+            receive
+                {Mon, ok} ->
+                    erlang:demonitor(Mon, [flush]),
+                    ok;
+                {'DOWN', Mon, process, _, _} ->
+                    %% The lane was replaced (lanes changed) or convoy restarted.
+                    flush(Which, Timeout)
+            after Timeout ->
+                erlang:demonitor(Mon, [flush]),
+                {error, timeout}
+            end
+    end;
+flush(Which, Timeout) ->
+    erlang:error(badarg, [Which, Timeout]).
+
+%% @doc Settings in force, counters per remote node, lanes and rejected input.
+%%
+%% Per node: `accepted' (messages handed to convoy for it), `messages' (handed to
+%% distribution), `batches' (distribution messages sent), `dropped', `buffered'
+%% (accepted but neither sent nor dropped yet), `received' (delivered here from that
+%% node), `direct' (sent by the sender itself while its lane was idle) and `route'.
+%% A multicast counts as one message per node. All counters are cumulative since
+%% convoy started.
+-spec info() -> info().
+info() ->
+    case persistent_term:get(?RUNTIME_KEY, undefined) of
+        undefined ->
+            #{running => false, settings => #{}, nodes => #{}, lanes => [],
+              rejected => #{}};
+        RT ->
+            #{running => true,
+              settings => RT#runtime.config,
+              nodes => maps:from_list([{N, node_info(Route, C)}
+                                       || {N, Route, C} <- ets:tab2list(convoy_nodes)]),
+              lanes => [#{index => I, pid => P, queue => queue_len(P)}
+                        || {I, P} <- lists:zip(lists:seq(1, RT#runtime.n),
+                                               tuple_to_list(RT#runtime.lanes))],
+              rejected => convoy_metrics:rejected()}
+    end.
+
+node_info(Route, C) ->
+    Counts = #{accepted := A, messages := M, dropped := D} = convoy_metrics:node_info(C),
+    Counts#{route => case Route of
+                         plain -> plain;
+                         {convoy, _, _} -> convoy
+                     end,
+            buffered => max(0, A - M - D)}.
+
+queue_len(Pid) ->
+    case erlang:process_info(Pid, message_queue_len) of
+        {message_queue_len, N} -> N;
+        undefined -> 0
+    end.
+
+%% @doc Change settings at run time; keys as in `options()'. Nothing is lost or
+%% reordered, including when `lanes' changes (the number of inboxes stays as it was
+%% when convoy started). Returns an error naming the bad key or value.
+-spec set_config(options()) ->
+          ok | {error, convoy_config:error() | {busy, lanes} | not_started}.
+set_config(Opts) ->
+    convoy_control:set_config(Opts).
+
+%% @doc A child specification to run convoy in your own supervision tree, with
+%% settings `Opts' (over the defaults; the application environment is not read).
+%% Run convoy either this way or as an application on a node, not both.
+-spec child_spec(options()) -> supervisor:child_spec().
+child_spec(Opts) ->
+    #{id => convoy, start => {?MODULE, start_link, [Opts]}, type => supervisor}.
+
+%% @doc Start convoy's supervision tree with settings `Opts'.
+-spec start_link(options()) -> {ok, pid()} | {error, {convoy_config, convoy_config:error()} | term()}.
+start_link(Opts) ->
+    case convoy_config:validate(Opts) of
+        {ok, Config} -> convoy_sup:start_link(Config);
+        {error, Reason} -> {error, {convoy_config, Reason}}
+    end.

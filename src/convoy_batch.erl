@@ -1,0 +1,196 @@
+%% @private
+%% The pure core of an outbound lane: one FIFO queue per destination node, and the
+%% decision of which queues to ship now. The lane process (`convoy_lane') carries
+%% the decisions out; this module never sends anything.
+%%
+%% A queue holds entries in the order the lane received them:
+%% <ul>
+%% <li>`{To, Msg}' and `{[To], Msg}' count as messages (one per entry);</li>
+%% <li>`{'$convoy_barrier', ReplyTo, Tag}' travels with the batch to the peer;</li>
+%% <li>`{'$convoy_mark', From, Tag}' stays here: the lane answers it once everything
+%%   before it has left the node (`convoy:flush/0,1').</li>
+%% </ul>
+%% A node's queue is `ready' (can ship), `busy' (a courier is waiting out a busy
+%% distribution buffer with its last chunk) or `connecting'. Only ready queues ship,
+%% and a chunk always comes from the head, so entries leave in the order they came.
+-module(convoy_batch).
+
+-export([new/0, push/4, take/3, requeue/3, drop/2, status/2, set_status/3,
+         due/4, next_timeout/3, buffered/1, buffered/2, nodes/1, is_message/1,
+         count_messages/1]).
+
+-export_type([core/0, status/0, reason/0]).
+
+-record(nq, {status = ready :: status(),
+             q = queue:new() :: queue:queue(term()),
+             msgs = 0 :: non_neg_integer(),
+             since = 0 :: integer()}).
+
+-opaque core() :: #{node() => #nq{}}.
+-type status() :: ready | busy | connecting.
+-type reason() :: drained | max_batch | max_delay.
+
+-spec new() -> core().
+new() -> #{}.
+
+%% @doc Append an entry to `Node''s queue; `Now' is a monotonic time in microseconds.
+-spec push(node(), term(), integer(), core()) -> core().
+push(Node, Entry, Now, Core) ->
+    NQ = case Core of
+             #{Node := Q} -> Q;
+             _ -> #nq{}
+         end,
+    Since = case NQ#nq.msgs of
+                0 -> Now;
+                _ -> NQ#nq.since
+            end,
+    Core#{Node => NQ#nq{q = queue:in(Entry, NQ#nq.q),
+                        msgs = NQ#nq.msgs + count(Entry),
+                        since = Since}}.
+
+%% @doc Take the next chunk of `Node''s queue: at most `Max' messages, with the
+%% control entries among them, from the head. The queue must be ready.
+-spec take(node(), pos_integer(), core()) -> {[term()], core()}.
+take(Node, Max, Core) ->
+    #{Node := #nq{status = ready, q = Q, msgs = Msgs} = NQ} = Core,
+    case Msgs =< Max of
+        true ->
+            {queue:to_list(Q), Core#{Node := NQ#nq{q = queue:new(), msgs = 0}}};
+        false ->
+            {Chunk, Rest} = split(Max, Q, []),
+            {Chunk, Core#{Node := NQ#nq{q = Rest, msgs = Msgs - Max}}}
+    end.
+
+split(0, Q, Acc) ->
+    {lists:reverse(Acc), Q};
+split(N, Q, Acc) ->
+    {{value, E}, Q1} = queue:out(Q),
+    split(N - count(E), Q1, [E | Acc]).
+
+%% @doc Put a chunk that could not leave back at the head of its queue.
+-spec requeue(node(), [term()], core()) -> core().
+requeue(Node, Chunk, Core) ->
+    NQ = maps:get(Node, Core, #nq{}),
+    Q = lists:foldr(fun queue:in_r/2, NQ#nq.q, Chunk),
+    Core#{Node => NQ#nq{q = Q, msgs = NQ#nq.msgs + count_messages(Chunk)}}.
+
+%% @doc Empty `Node''s queue (the node cannot be reached); returns what was in it.
+-spec drop(node(), core()) -> {[term()], core()}.
+drop(Node, Core) ->
+    case Core of
+        #{Node := NQ} ->
+            {queue:to_list(NQ#nq.q), Core#{Node := NQ#nq{q = queue:new(), msgs = 0}}};
+        _ ->
+            {[], Core}
+    end.
+
+-spec status(node(), core()) -> status().
+status(Node, Core) ->
+    case Core of
+        #{Node := #nq{status = S}} -> S;
+        _ -> ready
+    end.
+
+-spec set_status(node(), status(), core()) -> core().
+set_status(Node, Status, Core) ->
+    NQ = maps:get(Node, Core, #nq{}),
+    Core#{Node => NQ#nq{status = Status}}.
+
+%% @doc Ready, non-empty queues that should ship now, with the reason.
+%% With `MaxDelay' 0 every such queue ships as soon as the lane's mailbox is drained;
+%% otherwise a queue waits until its oldest message is `MaxDelay' microseconds old
+%% or it holds `MaxBatch' messages. A queue holding only control entries ships at once.
+-spec due(integer(), pos_integer(), non_neg_integer(), core()) -> [{node(), reason()}].
+due(Now, MaxBatch, MaxDelay, Core) ->
+    maps:fold(
+      fun(Node, #nq{status = ready, q = Q, msgs = Msgs, since = Since}, Acc) ->
+              case queue:is_empty(Q) of
+                  true -> Acc;
+                  false when Msgs >= MaxBatch -> [{Node, max_batch} | Acc];
+                  false when MaxDelay =:= 0 -> [{Node, drained} | Acc];
+                  false when Msgs =:= 0 -> [{Node, drained} | Acc];
+                  false when Now - Since >= MaxDelay -> [{Node, max_delay} | Acc];
+                  false -> Acc
+              end;
+         (_Node, _NQ, Acc) ->
+              Acc
+      end, [], Core).
+
+%% @doc Milliseconds until the oldest waiting ready queue is due (`infinity' if none).
+-spec next_timeout(integer(), non_neg_integer(), core()) -> timeout().
+next_timeout(_Now, 0, _Core) ->
+    infinity;
+next_timeout(Now, MaxDelay, Core) ->
+    maps:fold(
+      fun(_Node, #nq{status = ready, msgs = Msgs, since = Since}, Acc) when Msgs > 0 ->
+              Left = max(0, Since + MaxDelay - Now),
+              min(Acc, (Left + 999) div 1000);
+         (_Node, _NQ, Acc) ->
+              Acc
+      end, infinity, Core).
+
+%% @doc Messages waiting in all queues.
+-spec buffered(core()) -> non_neg_integer().
+buffered(Core) ->
+    maps:fold(fun(_, #nq{msgs = M}, Acc) -> Acc + M end, 0, Core).
+
+-spec buffered(node(), core()) -> non_neg_integer().
+buffered(Node, Core) ->
+    case Core of
+        #{Node := #nq{msgs = M}} -> M;
+        _ -> 0
+    end.
+
+-spec nodes(core()) -> [node()].
+nodes(Core) -> maps:keys(Core).
+
+-spec is_message(term()) -> boolean().
+is_message({'$convoy_barrier', _, _}) -> false;
+is_message({'$convoy_mark', _, _}) -> false;
+is_message(_) -> true.
+
+-spec count_messages([term()]) -> non_neg_integer().
+count_messages(Entries) -> lists:foldl(fun(E, N) -> N + count(E) end, 0, Entries).
+
+count(E) ->
+    case is_message(E) of
+        true -> 1;
+        false -> 0
+    end.
+
+-ifdef(TEST).
+-include_lib("eunit/include/eunit.hrl").
+
+order_and_limit_test() ->
+    C0 = lists:foldl(fun(I, C) -> push(n, {p, I}, 0, C) end, new(), lists:seq(1, 5)),
+    ?assertEqual(5, buffered(C0)),
+    {A, C1} = take(n, 2, C0),
+    ?assertEqual([{p, 1}, {p, 2}], A),
+    {B, C2} = take(n, 10, C1),
+    ?assertEqual([{p, 3}, {p, 4}, {p, 5}], B),
+    ?assertEqual(0, buffered(C2)).
+
+control_entries_ride_along_test() ->
+    C0 = push(n, {p, 1}, 0, push(n, {'$convoy_mark', self(), t}, 0, new())),
+    ?assertEqual(1, buffered(C0)),
+    ?assertEqual([{n, drained}], due(0, 10, 0, C0)),
+    {Chunk, _} = take(n, 1, C0),
+    ?assertEqual([{'$convoy_mark', self(), t}, {p, 1}], Chunk).
+
+busy_queue_not_due_test() ->
+    C0 = set_status(n, busy, push(n, {p, 1}, 0, new())),
+    ?assertEqual([], due(0, 10, 0, C0)).
+
+max_delay_test() ->
+    C0 = push(n, {p, 1}, 1000, new()),
+    ?assertEqual([], due(1500, 10, 1000, C0)),
+    ?assertEqual(1, next_timeout(1500, 1000, C0)),
+    ?assertEqual([{n, max_delay}], due(2000, 10, 1000, C0)),
+    ?assertEqual([{n, max_batch}], due(1500, 1, 1000, C0)).
+
+requeue_test() ->
+    C0 = push(n, {p, 3}, 0, new()),
+    C1 = requeue(n, [{p, 1}, {p, 2}], C0),
+    {All, _} = take(n, 10, C1),
+    ?assertEqual([{p, 1}, {p, 2}, {p, 3}], All).
+-endif.

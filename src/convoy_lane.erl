@@ -1,0 +1,448 @@
+%% @private
+%% An outbound lane: collects what senders hand it, one queue per destination node
+%% (`convoy_batch'), and ships each queue as one distribution message as soon as its
+%% mailbox is drained (or after `max_delay' microseconds, or at `max_batch').
+%%
+%% The lane never waits on the network. It sends with `[nosuspend, noconnect]':
+%% <ul>
+%% <li>`nosuspend' (the node's distribution buffer is full): the chunk goes to a
+%%   courier, a short-lived process that makes the blocking send; the node's queue
+%%   waits until the courier is done, other nodes carry on;</li>
+%% <li>`noconnect': the chunk goes back to its queue and a connector process asks
+%%   `net_kernel' for a connection, as `!' would; if that fails, the node's queue is
+%%   dropped and counted.</li>
+%% </ul>
+%% Peers that run a compatible convoy get batches in their inbox; others get plain
+%% sends, one per message.
+%%
+%% Lanes are retired and replaced when `lanes' changes at run time; see
+%% `convoy_control' for the protocol (hold, retire, release).
+-module(convoy_lane).
+
+-export([start_link/2, init/3, system_continue/3, system_terminate/4,
+         system_get_state/1, system_code_change/4]).
+
+-include("convoy_runtime.hrl").
+
+-define(DRAIN_BUDGET, 10000).
+-define(SEND_OPTS, [nosuspend, noconnect]).
+
+-record(s, {index :: pos_integer(),
+            parent :: pid(),
+            core = convoy_batch:new() :: convoy_batch:core(),
+            rt :: #runtime{},
+            counters = #{} :: #{node() => counters:counters_ref()},
+            disposed = 0 :: non_neg_integer(),
+            workers = #{} :: #{reference() => {courier, node(), [term()], integer()}
+                                                | {connector, node()}
+                                                | {barrier, node()}},
+            flushes = #{} :: #{reference() => {pid() | reference(), term(), pos_integer()}},
+            held = none :: none | all | #{node() => true},
+            deferred = [] :: [{pid() | reference(), term()}],
+            retiring = false :: false | {draining | barriers, non_neg_integer(), pid()},
+            auto_connect :: boolean()}).
+
+-spec start_link(pos_integer(), none | all) -> {ok, pid()}.
+start_link(Index, Held) ->
+    proc_lib:start_link(?MODULE, init, [self(), Index, Held]).
+
+-spec init(pid(), pos_integer(), none | all) -> no_return().
+init(Parent, Index, Held) ->
+    process_flag(message_queue_data, off_heap),
+    process_flag(trap_exit, true),
+    proc_lib:init_ack(Parent, {ok, self()}),
+    AutoConnect = application:get_env(kernel, dist_auto_connect, always) =/= never,
+    loop(#s{index = Index, parent = Parent, held = Held, auto_connect = AutoConnect,
+            rt = persistent_term:get(?RUNTIME_KEY)}).
+
+loop(S) ->
+    receive
+        Msg -> drain(handle(Msg, S), ?DRAIN_BUDGET)
+    after timeout(S) ->
+        loop(cycle(S))
+    end.
+
+drain(S, 0) ->
+    loop(cycle(S));
+drain(S, N) ->
+    receive
+        Msg -> drain(handle(Msg, S), N - 1)
+    after 0 ->
+        loop(cycle(S))
+    end.
+
+timeout(#s{retiring = {draining, _, _}}) ->
+    1; % senders shipping their own messages have yet to report
+timeout(#s{core = Core, rt = #runtime{max_delay = D}}) ->
+    convoy_batch:next_timeout(now_us(D), D, Core).
+
+now_us(0) -> 0;
+now_us(_) -> erlang:monotonic_time(microsecond).
+
+%% End of a drain: ship what is due, publish the count of disposed admissions.
+cycle(S0) ->
+    S1 = S0#s{rt = persistent_term:get(?RUNTIME_KEY, S0#s.rt)},
+    #runtime{max_batch = MB, max_delay = MD} = S1#s.rt,
+    Due = convoy_batch:due(now_us(MD), MB, MD, S1#s.core),
+    S2 = lists:foldl(fun({Node, Reason}, Acc) -> ship(Node, Reason, Acc) end, S1,
+                     [D || {Node, _} = D <- Due, not held(Node, S1)]),
+    retire_step(publish(S2)).
+
+publish(S = #s{disposed = 0}) ->
+    S;
+publish(S = #s{disposed = D, index = I, rt = #runtime{admission = A, n = N}}) ->
+    atomics:add(A, N + I, D),
+    S#s{disposed = 0}.
+
+held(_Node, #s{held = none}) -> false;
+held(_Node, #s{held = all}) -> true;
+held(Node, #s{held = Held}) -> is_map_key(Node, Held).
+
+%%--------------------------------------------------------------------
+%% Messages
+
+handle({'$convoy_send', Node, To, Msg}, S) ->
+    enqueue(Node, {To, Msg}, S);
+handle({'$convoy_multicast', Node, Tos, Msg}, S) ->
+    enqueue(Node, {Tos, Msg}, S);
+handle({'$convoy_sync', Node, ReplyTo, Tag}, S) ->
+    S#s{core = convoy_batch:push(Node, convoy_wire:barrier(ReplyTo, Tag), 0, S#s.core)};
+handle({'$convoy_flush', Which, ReplyTo, Tag}, S) ->
+    flush_request(Which, ReplyTo, Tag, S);
+handle({'DOWN', Ref, process, _Pid, Reason}, S = #s{workers = W}) when is_map_key(Ref, W) ->
+    worker_done(maps:get(Ref, W), Reason, S#s{workers = maps:remove(Ref, W)});
+handle({'$convoy_hold', Nodes}, S) ->
+    released(S#s{held = maps:from_list([{N, true} || N <- Nodes])});
+handle({'$convoy_release', Node}, S = #s{held = Held}) when is_map(Held) ->
+    released(S#s{held = maps:remove(Node, Held)});
+handle({'$convoy_retire', K, From}, S) ->
+    S#s{retiring = {draining, K, From}};
+handle({'EXIT', Parent, Reason}, S = #s{parent = Parent}) ->
+    terminate(Reason, S);
+handle({system, From, Req}, S) ->
+    sys:handle_system_msg(Req, From, S#s.parent, ?MODULE, [], S);
+handle(_Other, S) ->
+    convoy_metrics:rejected(unknown_message),
+    S.
+
+enqueue(Node, Entry, S = #s{rt = #runtime{max_batch = MB, max_delay = MD}}) ->
+    C = counters(Node, S),
+    convoy_metrics:add(C, accepted, 1),
+    Core = convoy_batch:push(Node, Entry, now_us(MD), S#s.core),
+    S1 = S#s{core = Core, counters = (S#s.counters)#{Node => C}},
+    case convoy_batch:buffered(Node, Core) >= MB andalso not held(Node, S1)
+        andalso convoy_batch:status(Node, Core) =:= ready of
+        true -> ship(Node, max_batch, S1);
+        false -> S1
+    end.
+
+counters(Node, #s{counters = Cs}) ->
+    case Cs of
+        #{Node := C} -> C;
+        _ -> convoy_metrics:node_counters(Node)
+    end.
+
+%%--------------------------------------------------------------------
+%% Shipping
+
+ship(Node, Reason, S = #s{core = Core, rt = #runtime{max_batch = MB}}) ->
+    case convoy_batch:status(Node, Core) =:= ready
+        andalso convoy_batch:take(Node, MB, Core) of
+        false ->
+            S;
+        {[], _} ->
+            S;
+        {Chunk, Core1} ->
+            S1 = ship_chunk(Node, route(Node), Chunk, Reason, S#s{core = Core1}),
+            ship(Node, Reason, S1)
+    end.
+
+route(Node) ->
+    case ets:lookup(convoy_nodes, Node) of
+        [{_, Route, _}] -> Route;
+        [] -> plain
+    end.
+
+ship_chunk(Node, {convoy, _Vsn, Inboxes}, Chunk, Reason, S = #s{index = I}) ->
+    {Marks, Wire} = lists:partition(fun is_mark/1, Chunk),
+    case Wire of
+        [] ->
+            answer_marks(Marks, S);
+        _ ->
+            Target = {element((I - 1) rem tuple_size(Inboxes) + 1, Inboxes), Node},
+            Batch = convoy_wire:batch(node(), Wire),
+            Msgs = convoy_batch:count_messages(Wire),
+            case erlang:send(Target, Batch, ?SEND_OPTS) of
+                ok ->
+                    S1 = sent(Node, Msgs, 1, Reason, convoy, S),
+                    answer_marks(Marks, S1);
+                nosuspend ->
+                    courier(Node, [{Target, Batch, Msgs}], Marks, S);
+                noconnect ->
+                    connect(Node, Chunk, S)
+            end
+    end;
+ship_chunk(Node, plain, Chunk, Reason, S) ->
+    plain(Node, Chunk, Reason, 0, 0, S).
+
+is_mark(E) -> element(1, E) =:= '$convoy_mark'.
+
+%% Plain sends, entry by entry, for peers without a compatible convoy.
+plain(Node, [], Reason, Msgs, Sends, S) ->
+    sent(Node, Msgs, Sends, Reason, plain, S);
+plain(Node, [E | Rest], Reason, Msgs, Sends, S) ->
+    case E of
+        {'$convoy_mark', _, _} ->
+            plain(Node, Rest, Reason, Msgs, Sends, answer_marks([E], S));
+        {'$convoy_barrier', ReplyTo, Tag} ->
+            ReplyTo ! {Tag, convoy_barrier},
+            plain(Node, Rest, Reason, Msgs, Sends, S);
+        {Tos, Msg} when is_list(Tos) ->
+            case plain_multi(Node, Tos, Msg, 0) of
+                {ok, K} ->
+                    plain(Node, Rest, Reason, Msgs + 1, Sends + K, S);
+                {nosuspend, K, Left} ->
+                    S1 = sent(Node, Msgs, Sends + K, Reason, plain, S),
+                    plain_courier(Node, [{Left, Msg} | Rest], S1);
+                {noconnect, K, Left} ->
+                    S1 = sent(Node, Msgs, Sends + K, Reason, plain, S),
+                    connect(Node, [{Left, Msg} | Rest], S1)
+            end;
+        {To, Msg} ->
+            case erlang:send(full_dest(To, Node), Msg, ?SEND_OPTS) of
+                ok ->
+                    plain(Node, Rest, Reason, Msgs + 1, Sends + 1, S);
+                nosuspend ->
+                    plain_courier(Node, [E | Rest], sent(Node, Msgs, Sends, Reason, plain, S));
+                noconnect ->
+                    connect(Node, [E | Rest], sent(Node, Msgs, Sends, Reason, plain, S))
+            end
+    end.
+
+plain_multi(_Node, [], _Msg, K) ->
+    {ok, K};
+plain_multi(Node, [To | Rest] = Tos, Msg, K) ->
+    case erlang:send(full_dest(To, Node), Msg, ?SEND_OPTS) of
+        ok -> plain_multi(Node, Rest, Msg, K + 1);
+        Other -> {Other, K, Tos}
+    end.
+
+%% The rest of a plain chunk, as blocking sends for a courier.
+plain_courier(Node, Entries, S) ->
+    {Marks, Wire} = lists:partition(fun is_mark/1, Entries),
+    Ops = lists:append([plain_ops(Node, E) || E <- Wire]),
+    courier(Node, Ops, Marks, S).
+
+plain_ops(_Node, {'$convoy_barrier', ReplyTo, Tag}) ->
+    [{ReplyTo, {Tag, convoy_barrier}, 0}];
+plain_ops(Node, {Tos, Msg}) when is_list(Tos) ->
+    {Init, [Last]} = lists:split(length(Tos) - 1, Tos),
+    [{full_dest(T, Node), Msg, 0} || T <- Init] ++ [{full_dest(Last, Node), Msg, 1}];
+plain_ops(Node, {To, Msg}) ->
+    [{full_dest(To, Node), Msg, 1}].
+
+full_dest(Name, Node) when is_atom(Name) -> {Name, Node};
+full_dest(PidOrRef, _Node) -> PidOrRef.
+
+sent(_Node, 0, 0, _Reason, _Route, S) ->
+    S;
+sent(Node, Msgs, Sends, Reason, Route, S = #s{index = I, rt = RT}) ->
+    C = counters(Node, S),
+    convoy_metrics:add(C, messages, Msgs),
+    convoy_metrics:add(C, batches, Sends),
+    event(RT, [convoy, batch, sent], #{count => Msgs, sends => Sends},
+          #{node => Node, lane => I, reason => Reason, route => Route}),
+    S#s{disposed = S#s.disposed + Msgs}.
+
+dropped(_Node, [], _Why, S) ->
+    S;
+dropped(Node, Entries, Why, S = #s{index = I, rt = RT}) ->
+    {Marks, Wire} = lists:partition(fun is_mark/1, Entries),
+    [ReplyTo ! {Tag, convoy_barrier} || {'$convoy_barrier', ReplyTo, Tag} <- Wire],
+    S1 = case convoy_batch:count_messages(Wire) of
+             0 ->
+                 S;
+             Msgs ->
+                 convoy_metrics:add(counters(Node, S), dropped, Msgs),
+                 event(RT, [convoy, batch, dropped], #{count => Msgs},
+                       #{node => Node, lane => I, reason => Why}),
+                 S#s{disposed = S#s.disposed + Msgs}
+         end,
+    answer_marks(Marks, S1).
+
+event(#runtime{telemetry = true}, Name, Measurements, Meta) ->
+    convoy_metrics:emit(Name, Measurements, Meta);
+event(_RT, _Name, _Measurements, _Meta) ->
+    ok.
+
+%%--------------------------------------------------------------------
+%% Couriers and connectors
+
+courier(Node, Ops, Marks, S = #s{index = I, rt = RT}) ->
+    {_Pid, Ref} = spawn_monitor(fun() -> exit({courier, run_ops(Ops, 0, 0, 0)}) end),
+    Msgs = lists:sum([W || {_, _, W} <- Ops]),
+    event(RT, [convoy, node, busy], #{count => Msgs}, #{node => Node, lane => I}),
+    S#s{core = convoy_batch:set_status(Node, busy, S#s.core),
+        workers = (S#s.workers)#{Ref => {courier, Node, Marks, erlang:monotonic_time()}}}.
+
+%% Blocking sends (they wait out a busy distribution buffer, never connect).
+%% Returns {Messages sent, sends made, messages not sent}.
+run_ops([], Msgs, Sends, Lost) ->
+    {Msgs, Sends, Lost};
+run_ops([{Dest, Term, W} | Rest], Msgs, Sends, Lost) ->
+    case erlang:send(Dest, Term, [noconnect]) of
+        ok -> run_ops(Rest, Msgs + W, Sends + 1, Lost);
+        noconnect -> run_ops(Rest, Msgs, Sends, Lost + W)
+    end.
+
+connect(Node, Entries, S = #s{auto_connect = false}) ->
+    dropped(Node, Entries, not_connected, S);
+connect(Node, Entries, S) ->
+    {_Pid, Ref} = spawn_monitor(fun() -> exit({connected, net_kernel:connect_node(Node)}) end),
+    S#s{core = convoy_batch:set_status(Node, connecting,
+                                       convoy_batch:requeue(Node, Entries, S#s.core)),
+        workers = (S#s.workers)#{Ref => {connector, Node}}}.
+
+worker_done({courier, Node, Marks, Started}, Reason, S = #s{index = I, rt = RT}) ->
+    {Msgs, Sends, Lost} = case Reason of
+                              {courier, Result} -> Result;
+                              _ -> {0, 0, 0}
+                          end,
+    S1 = sent(Node, Msgs, Sends, resumed, courier, S),
+    S2 = case Lost of
+             0 -> S1;
+             _ ->
+                 convoy_metrics:add(counters(Node, S1), dropped, Lost),
+                 event(RT, [convoy, batch, dropped], #{count => Lost},
+                       #{node => Node, lane => I, reason => noconnect}),
+                 S1#s{disposed = S1#s.disposed + Lost}
+         end,
+    event(RT, [convoy, node, resumed],
+          #{duration => erlang:monotonic_time() - Started}, #{node => Node, lane => I}),
+    S3 = answer_marks(Marks, S2),
+    S3#s{core = convoy_batch:set_status(Node, ready, S3#s.core)};
+worker_done({connector, Node}, {connected, true}, S) ->
+    S#s{core = convoy_batch:set_status(Node, ready, S#s.core)};
+worker_done({connector, Node}, _Failed, S) ->
+    {Entries, Core} = convoy_batch:drop(Node, convoy_batch:set_status(Node, ready, S#s.core)),
+    dropped(Node, Entries, noconnect, S#s{core = Core});
+worker_done({barrier, Node}, _Reason, S = #s{retiring = {barriers, _, From}}) ->
+    From ! {'$convoy_node_done', self(), Node},
+    S.
+
+%%--------------------------------------------------------------------
+%% Flush requests: a mark in each queue concerned; answered when all are reached.
+
+flush_request(all, ReplyTo, Tag, S = #s{held = Held}) when Held =/= none ->
+    S#s{deferred = [{ReplyTo, Tag} | S#s.deferred]};
+flush_request(Which, ReplyTo, Tag, S = #s{core = Core}) ->
+    Nodes = case Which of
+                all -> convoy_batch:nodes(Core);
+                Node -> [Node]
+            end,
+    Ref = make_ref(),
+    Core1 = lists:foldl(fun(N, C) -> convoy_batch:push(N, {'$convoy_mark', Ref, N}, 0, C) end,
+                        Core, Nodes),
+    case Nodes of
+        [] ->
+            ReplyTo ! {Tag, ok},
+            S;
+        _ ->
+            S#s{core = Core1,
+                flushes = (S#s.flushes)#{Ref => {ReplyTo, Tag, length(Nodes)}}}
+    end.
+
+answer_marks([], S) ->
+    S;
+answer_marks([{'$convoy_mark', Ref, _Node} | Rest], S = #s{flushes = F}) ->
+    F1 = case F of
+             #{Ref := {ReplyTo, Tag, 1}} ->
+                 ReplyTo ! {Tag, ok},
+                 maps:remove(Ref, F);
+             #{Ref := {ReplyTo, Tag, N}} ->
+                 F#{Ref := {ReplyTo, Tag, N - 1}}
+         end,
+    answer_marks(Rest, S#s{flushes = F1}).
+
+%%--------------------------------------------------------------------
+%% Replacing lanes (see convoy_control)
+
+%% Every held node released: open the fast path (the admission slot was started one
+%% behind, so senders saw this lane as busy) and serve deferred flushes.
+released(S = #s{held = Held, index = I, rt = #runtime{admission = A, n = N}})
+  when map_size(Held) =:= 0 ->
+    atomics:add(A, N + I, 1),
+    lists:foldr(fun({ReplyTo, Tag}, Acc) -> flush_request(all, ReplyTo, Tag, Acc) end,
+                S#s{held = none, deferred = []}, S#s.deferred);
+released(S) ->
+    S.
+
+%% A retiring lane first waits until every admission it granted is disposed of,
+%% then makes sure each convoy peer's inbox has delivered what it sent (barrier),
+%% reporting each node to convoy_control as it is done.
+retire_step(S = #s{retiring = {draining, K, From}, index = I,
+                   rt = #runtime{admission = A, n = N}, workers = W}) ->
+    case atomics:get(A, N + I) =:= K andalso map_size(W) =:= 0 of
+        true ->
+            Nodes = [Node || {Node, {convoy, _, _}, _} <- ets:tab2list(convoy_nodes)],
+            From ! {'$convoy_retiring', self(), Nodes},
+            S1 = lists:foldl(fun(Node, Acc) -> retire_barrier(Node, Acc) end,
+                             S#s{retiring = {barriers, K, From}}, Nodes),
+            retire_step(S1);
+        false ->
+            S
+    end;
+retire_step(#s{retiring = {barriers, _, From}, workers = W}) when map_size(W) =:= 0 ->
+    From ! {'$convoy_retired', self()},
+    exit(normal);
+retire_step(S) ->
+    S.
+
+%% A helper process sends the barrier (blocking: it may wait out a busy buffer) and
+%% ends when the inbox answers or cannot (node or inbox gone).
+retire_barrier(Node, S = #s{index = I}) ->
+    {_, Ref} = spawn_monitor(
+                 fun() ->
+                         {convoy, _, Inboxes} = route(Node),
+                         Inbox = {element((I - 1) rem tuple_size(Inboxes) + 1, Inboxes), Node},
+                         Mon = erlang:monitor(process, Inbox),
+                         Tag = make_ref(),
+                         Batch = convoy_wire:batch(node(), [convoy_wire:barrier(self(), Tag)]),
+                         _ = erlang:send(Inbox, Batch, [noconnect]),
+                         receive
+                             {Tag, convoy_barrier} -> ok;
+                             {'DOWN', Mon, process, _, _} -> ok
+                         end
+                 end),
+    S#s{workers = (S#s.workers)#{Ref => {barrier, Node}}}.
+
+%%--------------------------------------------------------------------
+%% Shutdown: what can leave without waiting leaves; the rest is counted as dropped.
+
+terminate(Reason, S0) ->
+    S1 = lists:foldl(fun(Node, Acc) -> ship(Node, drained, Acc) end, S0,
+                     convoy_batch:nodes(S0#s.core)),
+    S2 = lists:foldl(fun(Node, Acc) ->
+                             {Entries, Core} = convoy_batch:drop(Node, Acc#s.core),
+                             dropped(Node, Entries, shutdown, Acc#s{core = Core})
+                     end, S1, convoy_batch:nodes(S1#s.core)),
+    _ = publish(S2),
+    exit(Reason).
+
+%%--------------------------------------------------------------------
+%% sys
+
+-spec system_continue(pid(), [sys:debug_option()], #s{}) -> no_return().
+system_continue(_Parent, _Debug, S) -> loop(S).
+
+-spec system_terminate(term(), pid(), [sys:debug_option()], #s{}) -> no_return().
+system_terminate(Reason, _Parent, _Debug, S) -> terminate(Reason, S).
+
+-spec system_get_state(#s{}) -> {ok, map()}.
+system_get_state(S) ->
+    {ok, #{index => S#s.index, buffered => convoy_batch:buffered(S#s.core),
+           held => S#s.held, retiring => S#s.retiring,
+           workers => maps:size(S#s.workers), core => S#s.core}}.
+
+-spec system_code_change(#s{}, module(), term(), term()) -> {ok, #s{}}.
+system_code_change(S, _Module, _OldVsn, _Extra) -> {ok, S}.

@@ -1,0 +1,245 @@
+%% @private
+%% The sender's side of `convoy:send/2' and `convoy:multicast/2': runs in the
+%% caller's process and decides the path of each message.
+%%
+%% Ordering rests on three rules.
+%% <ol>
+%% <li>A sender always uses the same lane: `phash2(self(), Lanes)'. A lane ships each
+%%   node's queue in order, always to the same inbox of that node, and the inbox
+%%   delivers batches in arrival order.</li>
+%% <li>A sender may bypass its lane only when the lane is idle: every admission to the
+%%   lane (`atomics:add_get' on its slot) has been disposed of. Then everything the
+%%   sender handed over before is already in the distribution connection, which
+%%   delivers in order what it was given in order; the sender's own message goes in
+%%   behind it. The idle test and the admission are one `add_get' plus one read.</li>
+%% <li>Bypassing the inbox too (sending straight to the destination process) is
+%%   allowed only when none of the sender's earlier messages to that node can still
+%%   be waiting in an inbox: the process dictionary key `{'$convoy_inbox', Node}'
+%%   marks a sender whose traffic to `Node' went through an inbox since its last
+%%   barrier. A barrier (an entry the inbox answers once everything before it is
+%%   delivered) clears it. Idle round trips thus cost what plain `!' costs.</li>
+%% </ol>
+%% Large messages (`large_threshold') skip the lane so they are copied no more than
+%% a plain send copies them: the sender waits for a barrier (at most
+%% `barrier_timeout' ms) if it has inbox traffic outstanding, then sends directly.
+%% If the barrier does not come back in time the message goes through the lane.
+-module(convoy_route).
+
+-export([send/2, multicast/2, lane_of/1, flag_key/1]).
+
+-include("convoy_runtime.hrl").
+
+-define(DIRECT_OPTS, [nosuspend, noconnect]).
+
+%% @doc See `convoy:send/2'.
+-spec send(convoy:dest(), term()) -> ok.
+send(Dest, Msg) ->
+    case resolve(Dest) of
+        local ->
+            erlang:send(Dest, Msg),
+            ok;
+        {local, Name} ->
+            erlang:send(Name, Msg),
+            ok;
+        {remote, Node, To} ->
+            case persistent_term:get(?RUNTIME_KEY, undefined) of
+                undefined ->
+                    erlang:send(Dest, Msg),
+                    ok;
+                RT ->
+                    remote(RT, Node, To, Msg)
+            end;
+        error ->
+            erlang:error(badarg, [Dest, Msg])
+    end.
+
+%% @doc See `convoy:multicast/2'.
+-spec multicast([convoy:dest()], term()) -> ok.
+multicast(Dests, Msg) when is_list(Dests) ->
+    {Local, Remote} = group(Dests, Msg, [], #{}),
+    lists:foreach(fun(D) -> erlang:send(D, Msg) end, Local),
+    case persistent_term:get(?RUNTIME_KEY, undefined) of
+        undefined ->
+            maps:foreach(fun(Node, Tos) ->
+                                 [erlang:send(full_dest(To, Node), Msg) || To <- Tos]
+                         end, Remote);
+        RT ->
+            maps:foreach(fun(Node, Tos) -> remote_multi(RT, Node, Tos, Msg) end, Remote)
+    end;
+multicast(Dests, Msg) ->
+    erlang:error(badarg, [Dests, Msg]).
+
+%% Everything is checked before anything is sent, so a bad destination raises
+%% badarg with nothing sent.
+group([], _Msg, Local, Remote) ->
+    {lists:reverse(Local), maps:map(fun(_, Tos) -> lists:reverse(Tos) end, Remote)};
+group([D | Rest], Msg, Local, Remote) ->
+    case resolve(D) of
+        local ->
+            group(Rest, Msg, [D | Local], Remote);
+        {local, Name} ->
+            case whereis(Name) of
+                undefined -> erlang:error(badarg, [[D | Rest], Msg]);
+                Pid -> group(Rest, Msg, [Pid | Local], Remote)
+            end;
+        {remote, Node, To} ->
+            group(Rest, Msg, Local, maps:update_with(Node, fun(L) -> [To | L] end, [To], Remote));
+        error ->
+            erlang:error(badarg, [[D | Rest], Msg])
+    end.
+
+resolve(Pid) when is_pid(Pid) -> local_or_remote(node(Pid), Pid);
+resolve(Ref) when is_reference(Ref) -> local_or_remote(node(Ref), Ref);
+resolve(Name) when is_atom(Name) -> {local, Name};
+resolve({Name, Node}) when is_atom(Name), is_atom(Node) ->
+    case Node =:= node() of
+        true -> {local, Name};
+        false -> {remote, Node, Name}
+    end;
+resolve(_) -> error.
+
+local_or_remote(Node, Dest) ->
+    case Node =:= node() of
+        true -> local;
+        false -> {remote, Node, Dest}
+    end.
+
+full_dest(Name, Node) when is_atom(Name) -> {Name, Node};
+full_dest(PidOrRef, _Node) -> PidOrRef.
+
+%% @doc The lane index of the calling process.
+-spec lane_of(#runtime{}) -> pos_integer().
+lane_of(#runtime{n = N}) -> erlang:phash2(self(), N) + 1.
+
+-spec flag_key(node()) -> {'$convoy_inbox', node()}.
+flag_key(Node) -> {'$convoy_inbox', Node}.
+
+%% One message to a remote node.
+remote(RT = #runtime{admission = A, n = N, large_threshold = T}, Node, To, Msg) ->
+    L = lane_of(RT),
+    case atomics:add_get(A, L, 1) of
+        V when V >= ?CLOSED ->
+            %% The lane is being retired; the new runtime is already published.
+            remote(persistent_term:get(?RUNTIME_KEY), Node, To, Msg);
+        V ->
+            Idle = atomics:get(A, N + L) =:= V - 1,
+            case convoy_size:is_large(Msg, T) of
+                false when Idle -> small_idle(RT, L, Node, To, Msg);
+                false -> to_lane(RT, L, Node, To, Msg);
+                true -> large(RT, L, Idle, Node, To, Msg)
+            end
+    end.
+
+small_idle(RT, L, Node, To, Msg) ->
+    case ets:lookup(convoy_nodes, Node) of
+        [{_, {convoy, _Vsn, Inboxes}, C}] ->
+            case get(flag_key(Node)) of
+                true -> via_inbox(RT, L, Node, Inboxes, C, {To, Msg}, To, Msg);
+                undefined -> direct(RT, L, Node, C, To, Msg)
+            end;
+        [{_, plain, C}] ->
+            direct(RT, L, Node, C, To, Msg);
+        [] ->
+            to_lane(RT, L, Node, To, Msg)
+    end.
+
+%% Plain send straight to the destination, never suspending or connecting.
+direct(RT, L, Node, C, To, Msg) ->
+    case erlang:send(full_dest(To, Node), Msg, ?DIRECT_OPTS) of
+        ok ->
+            counted(RT, L, C),
+            ok;
+        _NoSuspendOrNoConnect ->
+            to_lane(RT, L, Node, To, Msg)
+    end.
+
+%% A batch of one to the inbox this sender's lane uses.
+via_inbox(RT, L, Node, Inboxes, C, Entry, To, Msg) ->
+    Inbox = {element((L - 1) rem tuple_size(Inboxes) + 1, Inboxes), Node},
+    put(flag_key(Node), true),
+    case erlang:send(Inbox, convoy_wire:batch(node(), [Entry]), ?DIRECT_OPTS) of
+        ok ->
+            counted(RT, L, C),
+            ok;
+        _ when is_list(To) ->
+            to_lane_multi(RT, L, Node, To, Msg);
+        _ ->
+            to_lane(RT, L, Node, To, Msg)
+    end.
+
+counted(#runtime{admission = A, n = N}, L, C) ->
+    atomics:add(A, N + L, 1),
+    counters:add(C, 1, 1), % accepted
+    counters:add(C, 2, 1), % messages
+    counters:add(C, 6, 1). % direct
+
+to_lane(#runtime{lanes = Lanes}, L, Node, To, Msg) ->
+    put(flag_key(Node), true),
+    erlang:send(element(L, Lanes), {'$convoy_send', Node, To, Msg}),
+    ok.
+
+to_lane_multi(#runtime{lanes = Lanes}, L, Node, Tos, Msg) ->
+    put(flag_key(Node), true),
+    erlang:send(element(L, Lanes), {'$convoy_multicast', Node, Tos, Msg}),
+    ok.
+
+%% A large message: direct when nothing of ours can be waiting in an inbox;
+%% otherwise after a barrier.
+large(RT, L, Idle, Node, To, Msg) ->
+    Row = ets:lookup(convoy_nodes, Node),
+    Flagged = get(flag_key(Node)) =:= true,
+    case Row of
+        [{_, _Route, C}] when Idle, not Flagged ->
+            direct(RT, L, Node, C, To, Msg);
+        [{_, Route, C}] ->
+            case barrier(RT, L, Idle, Node, Route) of
+                ok ->
+                    erase(flag_key(Node)),
+                    direct(RT, L, Node, C, To, Msg);
+                timeout ->
+                    to_lane(RT, L, Node, To, Msg)
+            end;
+        [] ->
+            to_lane(RT, L, Node, To, Msg)
+    end.
+
+%% Wait until everything this sender sent to Node before is delivered (convoy
+%% peer) or handed to distribution (plain peer).
+barrier(RT = #runtime{lanes = Lanes, barrier_timeout = Timeout}, L, Idle, Node, Route) ->
+    Lane = element(L, Lanes),
+    Mon = erlang:monitor(process, Lane, [{alias, demonitor}]),
+    Tag = {'$convoy_barrier', Mon},
+    case {Idle, Route} of
+        {true, {convoy, _Vsn, Inboxes}} ->
+            Inbox = {element((L - 1) rem tuple_size(Inboxes) + 1, Inboxes), Node},
+            Batch = convoy_wire:batch(node(), [convoy_wire:barrier(Mon, Tag)]),
+            _ = erlang:send(Inbox, Batch, ?DIRECT_OPTS);
+        {true, plain} ->
+            self() ! {Tag, convoy_barrier};
+        {false, _} ->
+            erlang:send(Lane, {'$convoy_sync', Node, Mon, Tag})
+    end,
+    Result = receive
+                 {Tag, convoy_barrier} -> ok;
+                 {'DOWN', Mon, process, _, _} -> timeout
+             after Timeout ->
+                 timeout
+             end,
+    erlang:demonitor(Mon, [flush]),
+    _ = RT,
+    Result.
+
+%% One multicast entry to a remote node: one copy travels, the inbox fans it out.
+remote_multi(RT = #runtime{admission = A, n = N}, Node, Tos, Msg) ->
+    L = lane_of(RT),
+    case atomics:add_get(A, L, 1) of
+        V when V >= ?CLOSED ->
+            remote_multi(persistent_term:get(?RUNTIME_KEY), Node, Tos, Msg);
+        V ->
+            case atomics:get(A, N + L) =:= V - 1 andalso ets:lookup(convoy_nodes, Node) of
+                [{_, {convoy, _Vsn, Inboxes}, C}] ->
+                    via_inbox(RT, L, Node, Inboxes, C, {Tos, Msg}, Tos, Msg);
+                _ ->
+                    to_lane_multi(RT, L, Node, Tos, Msg)
+            end
+    end.

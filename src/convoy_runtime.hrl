@@ -1,0 +1,21 @@
+%% The settings in force and the lane table, read by every sender from
+%% persistent_term (written only by convoy_control).
+-define(RUNTIME_KEY, {convoy, runtime}).
+
+%% A lane's admission counter jumps by this much when the lane is retired: a sender
+%% whose add_get lands at or above it knows to re-read the runtime and go elsewhere.
+-define(CLOSED, (1 bsl 58)).
+
+-record(runtime, {
+    lanes :: tuple(),                 % lane pids, index 1..n
+    n :: pos_integer(),
+    %% slots 1..n: admissions per lane; n+1..2n: admissions disposed of
+    %% (shipped, handed to distribution or dropped)
+    admission :: atomics:atomics_ref(),
+    max_batch :: pos_integer(),
+    max_delay :: non_neg_integer(),
+    large_threshold :: non_neg_integer() | infinity,
+    barrier_timeout :: non_neg_integer(),
+    telemetry :: boolean(),
+    config :: map()
+}).
