@@ -48,21 +48,21 @@ set_config(Opts) ->
 -spec init(convoy_config:config()) -> {ok, #s{}}.
 init(Config = #{lanes := N}) ->
     process_flag(trap_exit, true),
-    A = atomics:new(2 * N, [{signed, true}]),
-    Lanes = start_lanes(N, none),
-    RT = runtime(Config, Lanes, A),
+    RT = start_lanes(runtime(Config, atomics:new(2 * N, [{signed, true}])), none),
     persistent_term:put(?RUNTIME_KEY, RT),
     {ok, #s{config = Config, runtime = RT}}.
 
-start_lanes(N, Held) ->
-    list_to_tuple([begin
-                       {ok, Pid} = convoy_lane_sup:start_lane(I, Held),
-                       _ = erlang:monitor(process, Pid),
-                       Pid
-                   end || I <- lists:seq(1, N)]).
+%% Lanes start with the runtime they will serve (all of it but the lane table).
+start_lanes(RT = #runtime{n = N}, Held) ->
+    Lanes = [begin
+                 {ok, Pid} = convoy_lane_sup:start_lane(I, Held, RT),
+                 _ = erlang:monitor(process, Pid),
+                 Pid
+             end || I <- lists:seq(1, N)],
+    RT#runtime{lanes = list_to_tuple(Lanes)}.
 
-runtime(Config, Lanes, A) ->
-    #runtime{lanes = Lanes, n = tuple_size(Lanes), admission = A,
+runtime(Config, A) ->
+    #runtime{lanes = {}, n = maps:get(lanes, Config), admission = A,
              max_batch = maps:get(max_batch, Config),
              max_delay = maps:get(max_delay, Config),
              large_threshold = maps:get(large_threshold, Config),
@@ -77,7 +77,8 @@ handle_call({set_config, Opts}, _From, S = #s{config = Old}) ->
         {error, _} = E ->
             {reply, E, S};
         {ok, New} when map_get(lanes, New) =:= map_get(lanes, Old) ->
-            RT = (runtime(New, S#s.runtime#runtime.lanes, S#s.runtime#runtime.admission)),
+            RT = (runtime(New, S#s.runtime#runtime.admission))#runtime{
+                   lanes = S#s.runtime#runtime.lanes},
             persistent_term:put(?RUNTIME_KEY, RT),
             {reply, ok, S#s{config = New, runtime = RT}};
         {ok, _New} when S#s.switch =/= none ->
@@ -98,8 +99,7 @@ handle_cast(_Msg, S) ->
 switch_lanes(New = #{lanes := M}, S = #s{runtime = OldRT}) ->
     A = atomics:new(2 * M, [{signed, true}]),
     [atomics:put(A, M + I, -1) || I <- lists:seq(1, M)],
-    Lanes = start_lanes(M, all),
-    RT = runtime(New, Lanes, A),
+    RT = start_lanes(runtime(New, A), all),
     persistent_term:put(?RUNTIME_KEY, RT),
     Old = tuple_to_list(OldRT#runtime.lanes),
     OldA = OldRT#runtime.admission,

@@ -19,7 +19,7 @@
 %% `convoy_control' for the protocol (hold, retire, release).
 -module(convoy_lane).
 
--export([start_link/2, init/3, system_continue/3, system_terminate/4,
+-export([start_link/3, init/4, system_continue/3, system_terminate/4,
          system_get_state/1, system_code_change/4]).
 
 -include("convoy_runtime.hrl").
@@ -42,18 +42,18 @@
             retiring = false :: false | {draining | barriers, non_neg_integer(), pid()},
             auto_connect :: boolean()}).
 
--spec start_link(pos_integer(), none | all) -> {ok, pid()}.
-start_link(Index, Held) ->
-    proc_lib:start_link(?MODULE, init, [self(), Index, Held]).
+-spec start_link(pos_integer(), none | all, #runtime{}) -> {ok, pid()}.
+start_link(Index, Held, RT) ->
+    proc_lib:start_link(?MODULE, init, [self(), Index, Held, RT]).
 
--spec init(pid(), pos_integer(), none | all) -> no_return().
-init(Parent, Index, Held) ->
+-spec init(pid(), pos_integer(), none | all, #runtime{}) -> no_return().
+init(Parent, Index, Held, RT) ->
     process_flag(message_queue_data, off_heap),
     process_flag(trap_exit, true),
     proc_lib:init_ack(Parent, {ok, self()}),
     AutoConnect = application:get_env(kernel, dist_auto_connect, always) =/= never,
     loop(#s{index = Index, parent = Parent, held = Held, auto_connect = AutoConnect,
-            rt = persistent_term:get(?RUNTIME_KEY)}).
+            rt = RT}).
 
 loop(S) ->
     receive
@@ -81,12 +81,20 @@ now_us(_) -> erlang:monotonic_time(microsecond).
 
 %% End of a drain: ship what is due, publish the count of disposed admissions.
 cycle(S0) ->
-    S1 = S0#s{rt = persistent_term:get(?RUNTIME_KEY, S0#s.rt)},
+    S1 = S0#s{rt = settings(persistent_term:get(?RUNTIME_KEY, S0#s.rt), S0#s.rt)},
     #runtime{max_batch = MB, max_delay = MD} = S1#s.rt,
     Due = convoy_batch:due(now_us(MD), MB, MD, S1#s.core),
     S2 = lists:foldl(fun({Node, Reason}, Acc) -> ship(Node, Reason, Acc) end, S1,
                      [D || {Node, _} = D <- Due, not held(Node, S1)]),
     retire_step(publish(S2)).
+
+%% Settings as published now; admission counters as given at start (a retiring lane
+%% keeps counting on its own, while the published runtime is its successors').
+settings(#runtime{admission = A} = Published, #runtime{admission = A}) ->
+    Published;
+settings(Published, Own) ->
+    Published#runtime{lanes = Own#runtime.lanes, n = Own#runtime.n,
+                      admission = Own#runtime.admission}.
 
 publish(S = #s{disposed = 0}) ->
     S;
@@ -106,7 +114,8 @@ handle({'$convoy_send', Node, To, Msg}, S) ->
 handle({'$convoy_multicast', Node, Tos, Msg}, S) ->
     enqueue(Node, {Tos, Msg}, S);
 handle({'$convoy_sync', Node, ReplyTo, Tag}, S) ->
-    S#s{core = convoy_batch:push(Node, convoy_wire:barrier(ReplyTo, Tag), 0, S#s.core)};
+    ship_now(Node, S#s{core = convoy_batch:push(Node, convoy_wire:barrier(ReplyTo, Tag), 0,
+                                                S#s.core)});
 handle({'$convoy_flush', Which, ReplyTo, Tag}, S) ->
     flush_request(Which, ReplyTo, Tag, S);
 handle({'DOWN', Ref, process, _Pid, Reason}, S = #s{workers = W}) when is_map_key(Ref, W) ->
@@ -130,10 +139,20 @@ enqueue(Node, Entry, S = #s{rt = #runtime{max_batch = MB, max_delay = MD}}) ->
     convoy_metrics:add(C, accepted, 1),
     Core = convoy_batch:push(Node, Entry, now_us(MD), S#s.core),
     S1 = S#s{core = Core, counters = (S#s.counters)#{Node => C}},
-    case convoy_batch:buffered(Node, Core) >= MB andalso not held(Node, S1)
-        andalso convoy_batch:status(Node, Core) =:= ready of
-        true -> ship(Node, max_batch, S1);
+    case convoy_batch:buffered(Node, Core) >= MB of
+        true -> ship_now(Node, max_batch, S1);
         false -> S1
+    end.
+
+%% Someone waits on this queue (flush, barrier) or it is full: ship it without
+%% waiting for the end of the drain or for max_delay.
+ship_now(Node, S) ->
+    ship_now(Node, requested, S).
+
+ship_now(Node, Reason, S) ->
+    case held(Node, S) of
+        true -> S;
+        false -> ship(Node, Reason, S)
     end.
 
 counters(Node, #s{counters = Cs}) ->
@@ -348,8 +367,9 @@ flush_request(Which, ReplyTo, Tag, S = #s{core = Core}) ->
             ReplyTo ! {Tag, ok},
             S;
         _ ->
-            S#s{core = Core1,
-                flushes = (S#s.flushes)#{Ref => {ReplyTo, Tag, length(Nodes)}}}
+            S1 = S#s{core = Core1,
+                     flushes = (S#s.flushes)#{Ref => {ReplyTo, Tag, length(Nodes)}}},
+            lists:foldl(fun ship_now/2, S1, Nodes)
     end.
 
 answer_marks([], S) ->
@@ -433,7 +453,7 @@ terminate(Reason, S0) ->
 %% sys
 
 -spec system_continue(pid(), [sys:debug_option()], #s{}) -> no_return().
-system_continue(_Parent, _Debug, S) -> loop(S).
+system_continue(_Parent, _Debug, S) -> drain(S, ?DRAIN_BUDGET). % ship once drained
 
 -spec system_terminate(term(), pid(), [sys:debug_option()], #s{}) -> no_return().
 system_terminate(Reason, _Parent, _Debug, S) -> terminate(Reason, S).

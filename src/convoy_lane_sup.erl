@@ -5,15 +5,15 @@
 -module(convoy_lane_sup).
 -behaviour(supervisor).
 
--export([start_link/0, start_lane/2, init/1]).
+-export([start_link/0, start_lane/3, init/1]).
 
 -spec start_link() -> {ok, pid()} | {error, term()}.
 start_link() ->
     supervisor:start_link({local, ?MODULE}, ?MODULE, []).
 
--spec start_lane(pos_integer(), none | all) -> {ok, pid()} | {error, term()}.
-start_lane(Index, Held) ->
-    supervisor:start_child(?MODULE, [Index, Held]).
+-spec start_lane(pos_integer(), none | all, tuple()) -> {ok, pid()} | {error, term()}.
+start_lane(Index, Held, Runtime) ->
+    supervisor:start_child(?MODULE, [Index, Held, Runtime]).
 
 %% @private
 -spec init([]) -> {ok, {supervisor:sup_flags(), [supervisor:child_spec()]}}.

@@ -115,14 +115,14 @@ lane_of(#runtime{n = N}) -> erlang:phash2(self(), N) + 1.
 flag_key(Node) -> {'$convoy_inbox', Node}.
 
 %% One message to a remote node.
-remote(RT = #runtime{admission = A, n = N, large_threshold = T}, Node, To, Msg) ->
+remote(RT = #runtime{admission = A, large_threshold = T}, Node, To, Msg) ->
     L = lane_of(RT),
     case atomics:add_get(A, L, 1) of
         V when V >= ?CLOSED ->
             %% The lane is being retired; the new runtime is already published.
             remote(persistent_term:get(?RUNTIME_KEY), Node, To, Msg);
         V ->
-            Idle = atomics:get(A, N + L) =:= V - 1,
+            Idle = idle(RT, L, V),
             case convoy_size:is_large(Msg, T) of
                 false when Idle -> small_idle(RT, L, Node, To, Msg);
                 false -> to_lane(RT, L, Node, To, Msg);
@@ -229,14 +229,19 @@ barrier(RT = #runtime{lanes = Lanes, barrier_timeout = Timeout}, L, Idle, Node, 
     _ = RT,
     Result.
 
+%% The lane has disposed of every admission before ours (V). With max_delay set
+%% the user asked for batches: never bypass the lane then.
+idle(#runtime{max_delay = 0, admission = A, n = N}, L, V) -> atomics:get(A, N + L) =:= V - 1;
+idle(_RT, _L, _V) -> false.
+
 %% One multicast entry to a remote node: one copy travels, the inbox fans it out.
-remote_multi(RT = #runtime{admission = A, n = N}, Node, Tos, Msg) ->
+remote_multi(RT = #runtime{admission = A}, Node, Tos, Msg) ->
     L = lane_of(RT),
     case atomics:add_get(A, L, 1) of
         V when V >= ?CLOSED ->
             remote_multi(persistent_term:get(?RUNTIME_KEY), Node, Tos, Msg);
         V ->
-            case atomics:get(A, N + L) =:= V - 1 andalso ets:lookup(convoy_nodes, Node) of
+            case idle(RT, L, V) andalso ets:lookup(convoy_nodes, Node) of
                 [{_, {convoy, _Vsn, Inboxes}, C}] ->
                     via_inbox(RT, L, Node, Inboxes, C, {Tos, Msg}, Tos, Msg);
                 _ ->

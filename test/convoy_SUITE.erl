@@ -1,0 +1,624 @@
+%% Distributed behaviour of convoy, with peer nodes: ordering, peers without convoy,
+%% stalled and dying nodes, run-time settings, flush, info and telemetry.
+-module(convoy_SUITE).
+
+-include_lib("common_test/include/ct.hrl").
+-include_lib("stdlib/include/assert.hrl").
+
+-export([all/0, groups/0, init_per_suite/1, end_per_suite/1,
+         init_per_testcase/2, end_per_testcase/2]).
+-export([order_many_senders/1, order_fragmented_batches/1, order_with_lanes/1,
+         large_messages_in_order/1, multicast_one_copy_per_node/1,
+         peer_without_convoy/1, peer_starts_convoy_later/1, peer_stops_convoy/1,
+         stalled_node_does_not_delay_others/1, node_down_accounting/1,
+         netsplit_and_reconnect/1, lanes_change_under_traffic/1,
+         settings_change_under_traffic/1, bad_settings_named/1, flush_semantics/1,
+         info_shape/1, telemetry_events/1, badarg_like_send/1, local_destinations/1,
+         child_spec_in_own_tree/1, idle_message_leaves_at_once/1,
+         not_started_falls_back/1]).
+%% Run on peer nodes.
+-export([collector/0, sender/5]).
+
+all() ->
+    [{group, ordering}, {group, peers}, {group, failures}, {group, settings},
+     {group, api}].
+
+groups() ->
+    [{ordering, [], [order_many_senders, order_fragmented_batches, order_with_lanes,
+                     large_messages_in_order, multicast_one_copy_per_node]},
+     {peers, [], [peer_without_convoy, peer_starts_convoy_later, peer_stops_convoy]},
+     {failures, [], [stalled_node_does_not_delay_others, node_down_accounting,
+                     netsplit_and_reconnect]},
+     {settings, [], [lanes_change_under_traffic, settings_change_under_traffic,
+                     bad_settings_named]},
+     {api, [], [flush_semantics, info_shape, telemetry_events, badarg_like_send,
+                local_destinations, child_spec_in_own_tree, idle_message_leaves_at_once,
+                not_started_falls_back]}].
+
+init_per_suite(Config) ->
+    [{code_args, ["-pa", filename:dirname(code:which(convoy)),
+                  "-pa", filename:dirname(code:which(?MODULE))]} | Config].
+
+end_per_suite(_Config) ->
+    ok.
+
+init_per_testcase(_TC, Config) ->
+    _ = application:stop(convoy),
+    application:unset_env(convoy, lanes),
+    Config.
+
+end_per_testcase(_TC, _Config) ->
+    _ = application:stop(convoy),
+    [application:unset_env(convoy, K) || K <- convoy_config:keys()],
+    ok.
+
+%%--------------------------------------------------------------------
+%% Helpers
+
+%% A peer node with convoy's code. It is driven over stdio (peer:call works whatever
+%% happens to distribution, and a disconnect does not stop it) and connected over
+%% distribution here.
+peer(Config, Name, Extra) ->
+    Args = ?config(code_args, Config) ++ maps:get(args, Extra, []),
+    {ok, Peer, Node} = ?CT_PEER((maps:remove(args, Extra))#{name => Name, args => Args,
+                                                           connection => standard_io}),
+    true = net_kernel:connect_node(Node),
+    {Peer, Node}.
+
+peer(Config, Name) ->
+    peer(Config, Name, #{}).
+
+start_convoy(Settings) ->
+    [ok = application:set_env(convoy, K, V) || {K, V} <- maps:to_list(Settings)],
+    {ok, _} = application:ensure_all_started(convoy),
+    ok.
+
+start_convoy(Peer, Settings) ->
+    [ok = peer:call(Peer, application, set_env, [convoy, K, V]) || {K, V} <- maps:to_list(Settings)],
+    {ok, _} = peer:call(Peer, application, ensure_all_started, [convoy]),
+    ok.
+
+%% Wait until the local convoy_peers knows Node runs convoy (a condition, polled).
+await_route(Node, Route) ->
+    await(fun() -> route_kind(convoy_peers:route(Node)) end, fun(R) -> R =:= Route end, 10000).
+
+route_kind(plain) -> plain;
+route_kind({convoy, _Vsn, _Inboxes}) -> convoy.
+
+await(Get, Ok, Timeout) ->
+    Deadline = erlang:monotonic_time(millisecond) + Timeout,
+    await_loop(Get, Ok, Deadline).
+
+await_loop(Get, Ok, Deadline) ->
+    V = Get(),
+    case Ok(V) of
+        true -> V;
+        false ->
+            case erlang:monotonic_time(millisecond) > Deadline of
+                true -> ct:fail({timeout_waiting, V});
+                false -> receive after 20 -> await_loop(Get, Ok, Deadline) end
+            end
+    end.
+
+%% collector: records, per sender, that sequence numbers only go up, and counts.
+collector() ->
+    collector(#{}, 0, []).
+
+collector(Last, Count, Errors) ->
+    receive
+        {seq, From, Seq, _Payload} ->
+            case maps:get(From, Last, 0) of
+                Prev when Seq > Prev -> collector(Last#{From => Seq}, Count + 1, Errors);
+                Prev -> collector(Last, Count + 1, [{From, Prev, Seq} | Errors])
+            end;
+        {report, ReplyTo} ->
+            ReplyTo ! {report, self(), Count, Errors},
+            collector(Last, Count, Errors);
+        stop ->
+            ok
+    end.
+
+start_collectors(Node, N) ->
+    [spawn(Node, ?MODULE, collector, []) || _ <- lists:seq(1, N)].
+
+report(C) ->
+    C ! {report, self()},
+    receive {report, C, Count, Errors} -> {Count, Errors}
+    after 10000 -> ct:fail({no_report, C})
+    end.
+
+%% Wait until each collector has its expected count, then check no reordering.
+check_collectors(Expected) ->
+    [begin
+         {Count, Errors} = await(fun() -> report(C) end,
+                                 fun({Cnt, _}) -> Cnt >= N end, 30000),
+         ?assertEqual([], Errors),
+         ?assertEqual(N, Count)
+     end || {C, N} <- maps:to_list(Expected)],
+    ok.
+
+%% sender: N messages with increasing sequence numbers, each to one random collector
+%% (convoy:send) or to a random subset (convoy:multicast). Sizes from Sizes.
+%% Reports how many each collector should get.
+sender(ReplyTo, Collectors, N, Sizes, Seed) ->
+    rand:seed(exsss, Seed),
+    Payloads = maps:from_list([{S, binary:copy(<<"x">>, S)} || S <- Sizes]),
+    Counts = send_loop(1, N, Collectors, Sizes, Payloads, #{}),
+    ok = convoy:flush(),
+    ReplyTo ! {sent, self(), Counts}.
+
+send_loop(Seq, N, _Cs, _Sizes, _Payloads, Counts) when Seq > N ->
+    Counts;
+send_loop(Seq, N, Cs, Sizes, Payloads, Counts) ->
+    Payload = maps:get(lists:nth(rand:uniform(length(Sizes)), Sizes), Payloads),
+    Msg = {seq, self(), Seq, Payload},
+    Counts1 = case rand:uniform(10) of
+                  1 ->
+                      Subset = [C || C <- Cs, rand:uniform(2) =:= 1],
+                      ok = convoy:multicast(Subset, Msg),
+                      lists:foldl(fun(C, Acc) -> maps:update_with(C, fun(X) -> X + 1 end, 1, Acc) end,
+                                  Counts, Subset);
+                  _ ->
+                      C = lists:nth(rand:uniform(length(Cs)), Cs),
+                      ok = convoy:send(C, Msg),
+                      maps:update_with(C, fun(X) -> X + 1 end, 1, Counts)
+              end,
+    send_loop(Seq + 1, N, Cs, Sizes, Payloads, Counts1).
+
+%% Run Senders senders (on this node) against Collectors; returns expected counts.
+run_senders(Senders, Collectors, N, Sizes) ->
+    Self = self(),
+    Pids = [spawn_link(?MODULE, sender, [Self, Collectors, N, Sizes, {I, 7, 13}])
+            || I <- lists:seq(1, Senders)],
+    collect_counts(Pids, #{}).
+
+collect_counts([], Acc) ->
+    Acc;
+collect_counts([P | Rest], Acc) ->
+    receive
+        {sent, P, Counts} ->
+            collect_counts(Rest, maps:merge_with(fun(_, A, B) -> A + B end, Acc, Counts))
+    after 120000 ->
+        ct:fail({sender_stuck, P})
+    end.
+
+node_stats(Node) ->
+    maps:get(Node, maps:get(nodes, convoy:info()), #{}).
+
+%%--------------------------------------------------------------------
+%% Ordering
+
+order_many_senders(Config) ->
+    {Peer, Node} = peer(Config, ?CT_PEER_NAME()),
+    start_convoy(#{}),
+    start_convoy(Peer, #{}),
+    await_route(Node, convoy),
+    Cs = start_collectors(Node, 4),
+    Expected = run_senders(8, Cs, 5000, [8, 100, 1000]),
+    check_collectors(Expected),
+    #{dropped := 0, buffered := 0, batches := B, messages := M} = node_stats(Node),
+    ct:pal("~p messages in ~p distribution messages", [M, B]),
+    ?assert(B < M). % batching happened
+
+order_fragmented_batches(Config) ->
+    %% Batches far above 64 KB (fragmented by distribution) mixed with senders'
+    %% direct messages; large_threshold off so everything may be batched.
+    {Peer, Node} = peer(Config, ?CT_PEER_NAME()),
+    start_convoy(#{max_batch => 500, large_threshold => infinity}),
+    start_convoy(Peer, #{}),
+    await_route(Node, convoy),
+    Cs = start_collectors(Node, 3),
+    Expected = run_senders(4, Cs, 3000, [10, 5000, 20000]),
+    check_collectors(Expected).
+
+order_with_lanes(Config) ->
+    {Peer, Node} = peer(Config, ?CT_PEER_NAME()),
+    start_convoy(#{lanes => 4}),
+    start_convoy(Peer, #{lanes => 3}),
+    await_route(Node, convoy),
+    Cs = start_collectors(Node, 4),
+    Expected = run_senders(8, Cs, 4000, [8, 300]),
+    check_collectors(Expected),
+    ?assertEqual(4, length(maps:get(lanes, convoy:info()))).
+
+large_messages_in_order(Config) ->
+    %% A low threshold sends many messages on the large path (barrier, then direct).
+    {Peer, Node} = peer(Config, ?CT_PEER_NAME()),
+    start_convoy(#{large_threshold => 2000}),
+    start_convoy(Peer, #{}),
+    await_route(Node, convoy),
+    Cs = start_collectors(Node, 2),
+    Expected = run_senders(4, Cs, 2000, [10, 10, 10, 3000, 100000]),
+    check_collectors(Expected),
+    #{direct := Direct} = node_stats(Node),
+    ?assert(Direct > 0).
+
+multicast_one_copy_per_node(Config) ->
+    {PeerB, B} = peer(Config, ?CT_PEER_NAME(multicast_b)),
+    {PeerC, C} = peer(Config, ?CT_PEER_NAME(multicast_c)),
+    start_convoy(#{}),
+    [start_convoy(P, #{}) || P <- [PeerB, PeerC]],
+    await_route(B, convoy),
+    await_route(C, convoy),
+    Self = self(),
+    Procs = [spawn(N, fun() -> receive M -> Self ! {got, self(), M} end end)
+             || N <- [B, C], _ <- lists:seq(1, 50)],
+    ok = convoy:flush(),
+    Before = maps:from_list([{N, maps:get(messages, node_stats(N), 0)} || N <- [B, C]]),
+    ok = convoy:multicast(Procs, hello),
+    ok = convoy:flush(),
+    [receive {got, P, hello} -> ok after 5000 -> ct:fail({missing, P}) end || P <- Procs],
+    %% One message per node went out, whatever the fan-out.
+    [?assertEqual(maps:get(N, Before) + 1, maps:get(messages, node_stats(N))) || N <- [B, C]].
+
+%%--------------------------------------------------------------------
+%% Peers
+
+peer_without_convoy(Config) ->
+    {_Peer, Node} = peer(Config, ?CT_PEER_NAME()),
+    start_convoy(#{}),
+    Cs = start_collectors(Node, 2),
+    Expected = run_senders(3, Cs, 2000, [8, 100]),
+    check_collectors(Expected),
+    ?assertMatch(#{route := plain, dropped := 0}, node_stats(Node)).
+
+peer_starts_convoy_later(Config) ->
+    {Peer, Node} = peer(Config, ?CT_PEER_NAME()),
+    start_convoy(#{}),
+    Cs = start_collectors(Node, 2),
+    Self = self(),
+    Flood = spawn_link(fun() -> Self ! {expected, run_senders(3, Cs, 20000, [8, 200])} end),
+    %% Start convoy on the peer while the senders run.
+    await(fun() -> maps:get(accepted, node_stats(Node), 0) end, fun(A) -> A > 1000 end, 10000),
+    start_convoy(Peer, #{}),
+    Expected = receive {expected, E} -> E after 120000 -> ct:fail({stuck, Flood}) end,
+    check_collectors(Expected),
+    await_route(Node, convoy),
+    ThisNode = node(),
+    #{nodes := #{ThisNode := #{received := Received}}} = peer:call(Peer, convoy, info, []),
+    ?assert(Received > 0),
+    ?assertMatch(#{dropped := 0}, node_stats(Node)).
+
+peer_stops_convoy(Config) ->
+    {Peer, Node} = peer(Config, ?CT_PEER_NAME()),
+    start_convoy(#{}),
+    start_convoy(Peer, #{}),
+    await_route(Node, convoy),
+    ok = peer:call(Peer, application, stop, [convoy]),
+    await_route(Node, plain),
+    Cs = start_collectors(Node, 1),
+    Expected = run_senders(2, Cs, 1000, [8]),
+    check_collectors(Expected).
+
+%%--------------------------------------------------------------------
+%% Failures
+
+%% Stop one peer's OS process (SIGSTOP) while flooding it and a third node: traffic
+%% to the third node keeps flowing and no sender call blocks.
+stalled_node_does_not_delay_others(Config) ->
+    {PeerB, B} = peer(Config, ?CT_PEER_NAME(stalled_b)),
+    {PeerC, C} = peer(Config, ?CT_PEER_NAME(stalled_c)),
+    start_convoy(#{}),
+    [start_convoy(P, #{}) || P <- [PeerB, PeerC]],
+    await_route(B, convoy),
+    await_route(C, convoy),
+    SinkC = spawn(C, fun Sink() -> receive _ -> Sink() end end),
+    SinkB = spawn(B, fun Sink() -> receive _ -> Sink() end end),
+    Window = 1000,
+    RateBefore = rate_to(SinkC, Window, none),
+    OsPid = peer:call(PeerB, os, getpid, []),
+    Payload = binary:copy(<<"s">>, 1000),
+    %% Fill B's distribution buffer, then stop it.
+    [convoy:send(SinkB, Payload) || _ <- lists:seq(1, 20000)],
+    os:cmd("kill -STOP " ++ OsPid),
+    try
+        {RateDuring, MaxCallUs} = rate_to_with_stalled(SinkC, SinkB, Payload, Window),
+        ct:pal("rate to C: ~p msg/s alone, ~p msg/s with B stalled; slowest send ~p us",
+               [RateBefore, RateDuring, MaxCallUs]),
+        %% No send to the stalled node ever suspended the caller (allowing for
+        %% scheduling noise on a loaded 2-core machine).
+        ?assert(MaxCallUs < 200000),
+        %% Traffic to C was not stopped by B (the rates are compared loosely: this
+        %% is behaviour, not a benchmark).
+        ?assert(RateDuring > RateBefore / 4),
+        ?assertMatch(#{buffered := Buf} when Buf > 0, node_stats(B))
+    after
+        os:cmd("kill -CONT " ++ OsPid)
+    end,
+    ok = convoy:flush(C),
+    ok = convoy:flush(B),
+    #{accepted := A, messages := M, dropped := D, buffered := 0} = node_stats(B),
+    ?assertEqual(A, M + D).
+
+rate_to(Sink, Ms, _) ->
+    Deadline = erlang:monotonic_time(millisecond) + Ms,
+    N = send_until(Sink, Deadline, 0),
+    N * 1000 div Ms.
+
+send_until(Sink, Deadline, N) ->
+    case N rem 1000 =:= 0 andalso erlang:monotonic_time(millisecond) > Deadline of
+        true -> N;
+        false -> convoy:send(Sink, {n, N}), send_until(Sink, Deadline, N + 1)
+    end.
+
+rate_to_with_stalled(SinkC, SinkB, Payload, Ms) ->
+    Self = self(),
+    %% A second process keeps sending to the stalled node and times each call.
+    Stalled = spawn_link(fun() -> Self ! {max_call, stalled_loop(SinkB, Payload, 0)} end),
+    Rate = rate_to(SinkC, Ms, none),
+    Stalled ! stop,
+    receive {max_call, Max} -> {Rate, Max} after 10000 -> ct:fail(stalled_sender_stuck) end.
+
+stalled_loop(SinkB, Payload, Max) ->
+    receive stop -> Max
+    after 0 ->
+        T0 = erlang:monotonic_time(microsecond),
+        ok = convoy:send(SinkB, Payload),
+        stalled_loop(SinkB, Payload, max(Max, erlang:monotonic_time(microsecond) - T0))
+    end.
+
+%% Kill a peer mid-flood: convoy survives, its accounting adds up (accepted = sent +
+%% dropped + buffered), and traffic resumes to a node of the same name.
+node_down_accounting(Config) ->
+    Name = ?CT_PEER_NAME(),
+    {Peer, Node} = peer(Config, Name),
+    start_convoy(#{}),
+    start_convoy(Peer, #{}),
+    await_route(Node, convoy),
+    Sink = spawn(Node, fun S() -> receive _ -> S() end end),
+    Self = self(),
+    Handed = counters:new(1, []),
+    Senders = [spawn_link(fun() -> flood(Sink, Handed, Self) end) || _ <- lists:seq(1, 4)],
+    await(fun() -> counters:get(Handed, 1) end, fun(H) -> H > 20000 end, 20000),
+    Lanes = [P || #{pid := P} <- maps:get(lanes, convoy:info())],
+    OsPid = peer:call(Peer, os, getpid, []),
+    os:cmd("kill -KILL " ++ OsPid),
+    catch peer:stop(Peer),
+    %% Senders keep going for a moment against the dead node, then stop.
+    await(fun() -> lists:member(Node, nodes()) end, fun(Up) -> not Up end, 20000),
+    [S ! stop || S <- Senders],
+    [receive {stopped, S} -> ok after 30000 -> ct:fail({sender_stuck, S}) end || S <- Senders],
+    ok = convoy:flush(Node),
+    #{accepted := A, messages := M, dropped := D, buffered := B} = node_stats(Node),
+    ct:pal("handed ~p accepted ~p sent ~p dropped ~p buffered ~p",
+           [counters:get(Handed, 1), A, M, D, B]),
+    ?assertEqual(counters:get(Handed, 1), A),
+    ?assertEqual(A, M + D + B),
+    ?assertEqual(0, B),
+    %% Same lanes: nothing crashed.
+    ?assertEqual(Lanes, [P || #{pid := P} <- maps:get(lanes, convoy:info())]),
+    %% The node comes back: traffic resumes.
+    {Peer2, Node} = peer(Config, Name),
+    start_convoy(Peer2, #{}),
+    Cs = start_collectors(Node, 1),
+    check_collectors(run_senders(2, Cs, 1000, [8])).
+
+flood(Sink, Handed, Parent) ->
+    receive stop -> Parent ! {stopped, self()}
+    after 0 ->
+        [convoy:send(Sink, {x, I}) || I <- lists:seq(1, 100)],
+        counters:add(Handed, 1, 100),
+        flood(Sink, Handed, Parent)
+    end.
+
+%% Disconnect a peer mid-flood (it is driven over stdio, so it survives):
+%% convoy reconnects like `!' does and its accounting adds up.
+netsplit_and_reconnect(Config) ->
+    {Peer, Node} = peer(Config, ?CT_PEER_NAME()),
+    start_convoy(#{}),
+    start_convoy(Peer, #{}),
+    await_route(Node, convoy),
+    Sink = spawn(Node, fun S() -> receive _ -> S() end end),
+    Self = self(),
+    Handed = counters:new(1, []),
+    Senders = [spawn_link(fun() -> flood(Sink, Handed, Self) end) || _ <- lists:seq(1, 2)],
+    await(fun() -> counters:get(Handed, 1) end, fun(H) -> H > 20000 end, 20000),
+    true = erlang:disconnect_node(Node),
+    await(fun() -> counters:get(Handed, 1) end, fun(H) -> H > 60000 end, 20000),
+    [S ! stop || S <- Senders],
+    [receive {stopped, S} -> ok after 30000 -> ct:fail({sender_stuck, S}) end || S <- Senders],
+    ok = convoy:flush(Node),
+    #{accepted := A, messages := M, dropped := D, buffered := B} = node_stats(Node),
+    ct:pal("handed ~p accepted ~p sent ~p dropped ~p", [counters:get(Handed, 1), A, M, D]),
+    ?assertEqual(counters:get(Handed, 1), A),
+    ?assertEqual(A, M + D + B),
+    ?assertEqual(0, B),
+    %% Reconnected (by convoy, as `!' would) and in use.
+    ?assert(lists:member(Node, nodes())),
+    await_route(Node, convoy),
+    Cs = start_collectors(Node, 1),
+    check_collectors(run_senders(2, Cs, 1000, [8])).
+
+%%--------------------------------------------------------------------
+%% Settings
+
+lanes_change_under_traffic(Config) ->
+    {Peer, Node} = peer(Config, ?CT_PEER_NAME()),
+    start_convoy(#{lanes => 1}),
+    start_convoy(Peer, #{lanes => 2}),
+    await_route(Node, convoy),
+    Cs = start_collectors(Node, 3),
+    Self = self(),
+    spawn_link(fun() -> Self ! {expected, run_senders(6, Cs, 20000, [8, 100, 3000])} end),
+    [begin
+         await(fun() -> maps:get(accepted, node_stats(Node), 0) end, fun(A) -> A > Min end, 20000),
+         %% A change of lanes is refused while the previous one is still under way.
+         await(fun() -> convoy:set_config(#{lanes => L}) end, fun(R) -> R =:= ok end, 20000)
+     end || {Min, L} <- [{5000, 3}, {20000, 2}, {40000, 1}, {60000, 4}]],
+    Expected = receive {expected, E} -> E after 120000 -> ct:fail(stuck) end,
+    check_collectors(Expected),
+    ?assertEqual(4, length(maps:get(lanes, convoy:info()))),
+    #{accepted := A, messages := M, dropped := 0} = node_stats(Node),
+    ?assertEqual(A, M).
+
+settings_change_under_traffic(Config) ->
+    {Peer, Node} = peer(Config, ?CT_PEER_NAME()),
+    start_convoy(#{}),
+    start_convoy(Peer, #{}),
+    await_route(Node, convoy),
+    Cs = start_collectors(Node, 2),
+    Self = self(),
+    spawn_link(fun() -> Self ! {expected, run_senders(4, Cs, 10000, [8, 100])} end),
+    [ok = convoy:set_config(S) || S <- [#{max_batch => 10}, #{max_delay => 2000},
+                                        #{large_threshold => 50}, #{max_batch => 5000,
+                                        max_delay => 0, large_threshold => 65536}]],
+    Expected = receive {expected, E} -> E after 120000 -> ct:fail(stuck) end,
+    check_collectors(Expected),
+    ?assertMatch(#{max_batch := 5000}, maps:get(settings, convoy:info())).
+
+bad_settings_named(_Config) ->
+    ok = application:set_env(convoy, lanes, 0),
+    ?assertEqual({error, {convoy, {{convoy_config, {bad_value, lanes, 0}}, {convoy_app, start, [normal, []]}}}},
+                 application:ensure_all_started(convoy)),
+    application:unset_env(convoy, lanes),
+    ok = application:set_env(convoy, max_batchh, 10),
+    ?assertMatch({error, {convoy, {{convoy_config, {bad_option, max_batchh}}, _}}},
+                 application:ensure_all_started(convoy)),
+    application:unset_env(convoy, max_batchh),
+    start_convoy(#{}),
+    ?assertEqual({error, {bad_value, max_delay, -5}}, convoy:set_config(#{max_delay => -5})),
+    ?assertEqual({error, {bad_option, nope}}, convoy:set_config(#{nope => 1})),
+    ?assertEqual({error, {bad_option, [lanes]}}, convoy:set_config([lanes])),
+    ?assertEqual(convoy_config:defaults(), maps:get(settings, convoy:info())).
+
+%%--------------------------------------------------------------------
+%% API
+
+flush_semantics(Config) ->
+    {Peer, Node} = peer(Config, ?CT_PEER_NAME()),
+    %% A long max_delay: without flush the messages would wait.
+    start_convoy(#{max_delay => 5000000}),
+    start_convoy(Peer, #{}),
+    await_route(Node, convoy),
+    Self = self(),
+    Echo = spawn(Node, fun E() -> receive {From, X} -> From ! X, E() end end),
+    [convoy:send(Echo, {Self, I}) || I <- lists:seq(1, 100)],
+    [_ = sys:get_state(P) || #{pid := P} <- maps:get(lanes, convoy:info())], % barrier
+    ?assertMatch(#{buffered := B} when B > 0, node_stats(Node)),
+    ok = convoy:flush(Node),
+    ?assertMatch(#{buffered := 0, messages := 100}, node_stats(Node)),
+    [receive I -> ok after 5000 -> ct:fail({missing, I}) end || I <- lists:seq(1, 100)],
+    convoy:send(Echo, {Self, last}),
+    ok = convoy:flush(),
+    receive last -> ok after 5000 -> ct:fail(flush_all) end,
+    ok = convoy:flush(node()),
+    ?assertEqual(ok, convoy:flush(all, 1000)),
+    ?assertError(badarg, convoy:flush("node")).
+
+info_shape(Config) ->
+    {Peer, Node} = peer(Config, ?CT_PEER_NAME()),
+    start_convoy(#{lanes => 2}),
+    start_convoy(Peer, #{}),
+    await_route(Node, convoy),
+    Info = convoy:info(),
+    ?assertMatch(#{running := true, settings := #{lanes := 2}, lanes := [_, _],
+                   rejected := #{bad_version := 0}}, Info),
+    #{Node := Stats} = maps:get(nodes, Info),
+    [?assert(is_integer(maps:get(K, Stats)) andalso maps:get(K, Stats) >= 0)
+     || K <- [accepted, messages, batches, dropped, buffered, received, direct]],
+    ?assertEqual(convoy, maps:get(route, Stats)).
+
+telemetry_events(Config) ->
+    {Peer, Node} = peer(Config, ?CT_PEER_NAME()),
+    %% A stand-in for the telemetry library (test/telemetry.erl) forwards events here.
+    {module, telemetry} = code:ensure_loaded(telemetry),
+    true = register(telemetry_sink, self()),
+    start_convoy(#{}),
+    start_convoy(Peer, #{}),
+    await_route(Node, convoy),
+    Sink = spawn(Node, fun S() -> receive _ -> S() end end),
+    %% Make the lane busy so batches form (a lone idle message goes direct).
+    Pids = [spawn_link(fun() -> [convoy:send(Sink, I) || I <- lists:seq(1, 20000)], convoy:flush() end)
+            || _ <- lists:seq(1, 2)],
+    [erlang:monitor(process, P) || P <- Pids],
+    [receive {'DOWN', _, process, P, normal} -> ok end || P <- Pids],
+    receive
+        {telemetry, [convoy, batch, sent], #{count := C, sends := 1},
+         #{node := Node, lane := 1, reason := R, route := convoy}} ->
+            ?assert(C > 0),
+            ?assert(lists:member(R, [drained, max_batch, max_delay]))
+    after 5000 ->
+        ct:fail(no_batch_event)
+    end,
+    ok = convoy:set_config(#{telemetry => false}),
+    flush_mailbox(),
+    [convoy:send(Sink, I) || I <- lists:seq(1, 5000)],
+    ok = convoy:flush(),
+    receive {telemetry, _, _, _} = E -> ct:fail({event_while_disabled, E})
+    after 200 -> ok
+    end,
+    unregister(telemetry_sink).
+
+flush_mailbox() ->
+    receive _ -> flush_mailbox() after 0 -> ok end.
+
+badarg_like_send(_Config) ->
+    start_convoy(#{}),
+    ?assertError(badarg, convoy:send(123, x)),
+    ?assertError(badarg, convoy:send({"name", node()}, x)),
+    ?assertError(badarg, convoy:send(not_registered_here, x)),
+    ?assertError(badarg, convoy:multicast([self(), 42], x)),
+    ?assertError(badarg, convoy:multicast([self(), not_registered_here], x)),
+    ?assertError(badarg, convoy:multicast(notalist, x)),
+    %% Nothing was sent by the failed multicasts.
+    receive x -> ct:fail(partial_multicast) after 0 -> ok end.
+
+local_destinations(_Config) ->
+    start_convoy(#{}),
+    true = register(convoy_suite_local, self()),
+    Alias = alias(),
+    ok = convoy:send(self(), a),
+    ok = convoy:send(convoy_suite_local, b),
+    ok = convoy:send({convoy_suite_local, node()}, c),
+    ok = convoy:send(Alias, d),
+    ok = convoy:multicast([self(), convoy_suite_local], e),
+    [receive M -> ok after 1000 -> ct:fail({missing, M}) end || M <- [a, b, c, d, e, e]],
+    unregister(convoy_suite_local),
+    ?assertEqual(#{}, maps:get(nodes, convoy:info())).
+
+child_spec_in_own_tree(Config) ->
+    {Peer, Node} = peer(Config, ?CT_PEER_NAME()),
+    Spec = convoy:child_spec(#{lanes => 2, max_batch => 50}),
+    {ok, Sup} = peer:call(Peer, convoy_test_sup, start, [[Spec]]),
+    true = is_pid(Sup),
+    ?assertMatch(#{running := true, settings := #{lanes := 2, max_batch := 50}},
+                 peer:call(Peer, convoy, info, [])),
+    %% Bad settings: the child fails to start with a named error.
+    ?assertMatch({error, {{convoy_config, {bad_value, lanes, x}}, _}},
+                 peer:call(Peer, supervisor, start_child,
+                           [user_sup, (convoy:child_spec(#{lanes => x}))#{id => other}])),
+    start_convoy(#{}),
+    await_route(Node, convoy),
+    Self = self(),
+    spawn(Node, fun() -> register(here, self()), Self ! ready, receive M -> Self ! {got, M} end end),
+    receive ready -> ok end,
+    ok = convoy:send({here, Node}, hi),
+    receive {got, hi} -> ok after 5000 -> ct:fail(not_delivered) end.
+
+idle_message_leaves_at_once(Config) ->
+    %% With max_delay 0 nothing waits for a timer: a lone message from a busy lane's
+    %% sender still leaves when the lane's mailbox drains.
+    {Peer, Node} = peer(Config, ?CT_PEER_NAME()),
+    start_convoy(#{}),
+    start_convoy(Peer, #{}),
+    await_route(Node, convoy),
+    Self = self(),
+    Echo = spawn(Node, fun E() -> receive {From, X} -> convoy:send(From, X), E() end end),
+    Times = [begin
+                 T0 = erlang:monotonic_time(microsecond),
+                 convoy:send(Echo, {Self, I}),
+                 receive I -> erlang:monotonic_time(microsecond) - T0 end
+             end || I <- lists:seq(1, 200)],
+    Median = lists:nth(100, lists:sort(Times)),
+    ct:pal("idle round trip median ~p us", [Median]),
+    %% Far below any timer (1 ms resolution): loose, since this is a behaviour test.
+    ?assert(Median < 50000).
+
+not_started_falls_back(Config) ->
+    {_Peer, Node} = peer(Config, ?CT_PEER_NAME()),
+    Self = self(),
+    P = spawn(Node, fun() -> receive M -> Self ! {got, M} end end),
+    ok = convoy:send(P, plain),
+    receive {got, plain} -> ok after 5000 -> ct:fail(not_delivered) end,
+    ?assertMatch(#{running := false}, convoy:info()),
+    ok = convoy:flush().
