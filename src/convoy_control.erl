@@ -103,7 +103,7 @@ switch_lanes(New = #{lanes := M}, S = #s{runtime = OldRT}) ->
     persistent_term:put(?RUNTIME_KEY, RT),
     Old = tuple_to_list(OldRT#runtime.lanes),
     OldA = OldRT#runtime.admission,
-    [begin
+    _ = [begin
          K = atomics:add_get(OldA, I, ?CLOSED) - ?CLOSED,
          Pid ! {'$convoy_retire', K, self()}
      end || {I, Pid} <- lists:zip(lists:seq(1, length(Old)), Old)],
@@ -151,7 +151,7 @@ handle_info(_Msg, S) ->
     {noreply, S}.
 
 to_new_lanes(#s{runtime = #runtime{lanes = Lanes}}, Msg) ->
-    [Pid ! Msg || Pid <- tuple_to_list(Lanes)],
+    _ = [Pid ! Msg || Pid <- tuple_to_list(Lanes)],
     ok.
 
 %% @private

@@ -86,7 +86,7 @@ deliver([E | Rest], Local, N) ->
             local_send(To, Msg),
             deliver(Rest, Local, N + 1);
         {multicast, Tos, Msg} ->
-            [local_send(To, Msg) || To <- Tos],
+            _ = [local_send(To, Msg) || To <- Tos],
             deliver(Rest, Local, N + 1);
         {barrier, ReplyTo, Tag} ->
             _ = erlang:send(ReplyTo, {Tag, convoy_barrier}, [noconnect]),

@@ -25,6 +25,10 @@
 -include("convoy_runtime.hrl").
 
 -define(DRAIN_BUDGET, 10000).
+
+%% Couriers and connectors report their result as their exit reason (the lane
+%% monitors them), and terminate/2 ends the process: all end by exit on purpose.
+-dialyzer({nowarn_function, [courier/4, connect/3, terminate/2]}).
 -define(SEND_OPTS, [nosuspend, noconnect]).
 
 -record(s, {index :: pos_integer(),
@@ -277,7 +281,7 @@ dropped(_Node, [], _Why, S) ->
     S;
 dropped(Node, Entries, Why, S = #s{index = I, rt = RT}) ->
     {Marks, Wire} = lists:partition(fun is_mark/1, Entries),
-    [ReplyTo ! {Tag, convoy_barrier} || {'$convoy_barrier', ReplyTo, Tag} <- Wire],
+    _ = [ReplyTo ! {Tag, convoy_barrier} || {'$convoy_barrier', ReplyTo, Tag} <- Wire],
     S1 = case convoy_batch:count_messages(Wire) of
              0 ->
                  S;

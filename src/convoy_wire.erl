@@ -37,7 +37,7 @@
 -type entry() :: {dest() | [dest()], term()} | {'$convoy_barrier', pid() | reference(), term()}.
 -type hello_info() :: #{versions := [pos_integer()], node := node(), peers := pid(),
                         inboxes := pos_integer()}.
--type decoded() :: {batch, pos_integer(), node(), list()}
+-type decoded() :: {batch, pos_integer(), node(), maybe_improper_list()}
                  | {hello | welcome, hello_info()}
                  | {error, bad_version | malformed_batch | bad_hello | unknown_message}.
 
