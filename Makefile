@@ -46,8 +46,10 @@ xref: deps
 
 # The Elixir example: a mix project that depends on convoy by path.
 elixir: deps
-	cd examples/elixir_demo && MIX_REBAR3=$$(command -v rebar3) MIX_ENV=test \
-	  mix test --no-deps-check 2>&1
+	@command -v mix >/dev/null || { echo "mix not found: install Elixir (apt-get install elixir)"; exit 1; }
+	cd examples/elixir_demo && MIX_ENV=test MIX_HOME="$$PWD/_build/mix" HEX_OFFLINE=1 \
+	  MIX_REBAR3="$$(command -v $(REBAR))" REBAR_BASE_DIR="$$PWD/_build/rebar3" \
+	  mix test </dev/null 2>&1
 
 bench: deps
 	$(REBAR) as bench compile

@@ -1,0 +1,105 @@
+defmodule ElixirDemoTest do
+  use ExUnit.Case, async: false
+
+  alias ElixirDemo.Relay
+
+  @relays 4
+  @count 500
+
+  # A second node, started with :peer, with the code of convoy, Elixir and this
+  # project on its path, running convoy. It is linked to the setup_all process,
+  # so it stops when this module's tests are done.
+  setup_all do
+    paths = Enum.flat_map([:convoy, :elixir, :elixir_demo], &[~c"-pa", :code.lib_dir(&1, :ebin)])
+
+    {:ok, _peer, node} =
+      :peer.start_link(%{name: :peer.random_name(~c"elixir_demo_peer"), args: paths})
+
+    {:ok, _} = :erpc.call(node, :application, :ensure_all_started, [:convoy])
+
+    # Each side learns that the other runs convoy (until then sends go plain).
+    await(fn -> route(node) == :convoy end)
+    await(fn -> route(node, node()) == :convoy end)
+    %{node: node}
+  end
+
+  # Relays on the peer that forward, through convoy, everything they get back to
+  # a process here, which passes it on to the test tagged with the relay's number.
+  setup %{node: node} do
+    test = self()
+
+    relays =
+      for k <- 1..@relays do
+        tagger = spawn_link(fn -> tag(test, k) end)
+        {:ok, relay} = :erpc.call(node, Relay, :start, [[target: tagger]])
+        {k, relay}
+      end
+
+    %{relays: relays}
+  end
+
+  test "send/2 delivers to processes on the other node, in order", %{relays: relays, node: node} do
+    for i <- 1..@count, {_k, relay} <- relays, do: :ok = :convoy.send(relay, i)
+    :ok = :convoy.flush()
+
+    received = collect(@relays * @count)
+    for {k, _} <- relays, do: assert(received[k] == Enum.to_list(1..@count))
+
+    assert %{route: :convoy, accepted: accepted} = :convoy.info().nodes[node]
+    assert accepted >= @relays * @count
+  end
+
+  test "multicast/2 reaches every process, in order with send/2", %{relays: relays} do
+    pids = Enum.map(relays, &elem(&1, 1))
+
+    for i <- 1..@count do
+      :ok = :convoy.multicast(pids, {:all, i})
+      for {_k, relay} <- relays, do: :ok = :convoy.send(relay, i)
+    end
+
+    received = collect(2 * @relays * @count)
+
+    for {k, _} <- relays do
+      assert received[k] == Enum.flat_map(1..@count, &[{:all, &1}, &1])
+    end
+  end
+
+  # How convoy on `at` sends to `node`: :convoy, or :plain until it knows that
+  # convoy runs there.
+  defp route(at \\ node(), node),
+    do: get_in(:erpc.call(at, :convoy, :info, []), [:nodes, node, :route])
+
+  defp await(fun, tries \\ 100) do
+    cond do
+      fun.() ->
+        :ok
+
+      tries > 0 ->
+        Process.sleep(50)
+        await(fun, tries - 1)
+
+      true ->
+        flunk("condition not met")
+    end
+  end
+
+  defp tag(test, k) do
+    receive do
+      msg -> send(test, {:relayed, k, msg})
+    end
+
+    tag(test, k)
+  end
+
+  # n relayed messages, as %{k => [msg, ...]} in arrival order.
+  defp collect(n), do: collect(n, %{}) |> Map.new(fn {k, msgs} -> {k, Enum.reverse(msgs)} end)
+  defp collect(0, acc), do: acc
+
+  defp collect(n, acc) do
+    receive do
+      {:relayed, k, msg} -> collect(n - 1, Map.update(acc, k, [msg], &[msg | &1]))
+    after
+      5_000 -> flunk("#{n} messages missing")
+    end
+  end
+end
