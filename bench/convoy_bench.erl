@@ -1,0 +1,431 @@
+%% convoy's benchmark harness: the command line and the top of a run.
+%%
+%% `bin/convoy-bench' (and `make bench') starts a distributed node and calls
+%% `cli/0'; tests call `main/1' with the same arguments. A run starts its own peer
+%% nodes (see `convoy_bench_nodes'), runs each scenario's variants interleaved and
+%% repeated (`convoy_bench_runner'), prints the configuration and a seed-style
+%% table, and writes results.json, results.csv and plots under
+%% bench/results/<timestamp>/ (`convoy_bench_report').
+-module(convoy_bench).
+
+-export([cli/0, main/1, usage/0, parse/1, convoy_variant/2]).
+
+-type opts() :: map().
+-export_type([opts/0]).
+
+%% @doc Entry point of `bin/convoy-bench': arguments after `-extra'; halts.
+-spec cli() -> no_return().
+cli() ->
+    Status = try main(init:get_plain_arguments()) of
+                 {ok, _} -> 0;
+                 {error, Why} ->
+                     io:format(standard_error, "convoy-bench: ~s~n", [Why]),
+                     2
+             catch
+                 Class:Reason:Stack ->
+                     io:format(standard_error, "convoy-bench crashed: ~p:~p~n~p~n",
+                               [Class, Reason, Stack]),
+                     3
+             end,
+    erlang:halt(Status, [{flush, true}]).
+
+%% @doc Run the harness with command-line `Args'. Returns the whole result (what
+%% results.json holds, plus `dir' and `files'), `#{help := Text}' for `--help',
+%% or an error naming the bad argument.
+-spec main([string()]) -> {ok, map()} | {error, binary()}.
+main(Args) ->
+    case parse(Args) of
+        {error, _} = E ->
+            E;
+        {ok, #{command := help}} ->
+            io:put_chars(usage()),
+            {ok, #{help => iolist_to_binary(usage())}};
+        {ok, Opts0} ->
+            Opts = Opts0#{argv => Args},
+            case prepare_node(Opts) of
+                ok -> run(Opts);
+                {error, _} = E -> E
+            end
+    end.
+
+%% @doc The `--help' text.
+-spec usage() -> iolist().
+usage() ->
+    Names = lists:join(",", [atom_to_list(N) || N <- convoy_bench_scenarios:names()]),
+    Quick = lists:join(",", [atom_to_list(N) || N <- convoy_bench_scenarios:default_selection()]),
+    ["usage: bin/convoy-bench [tune SCENARIO] [options]      (or: make bench ARGS=\"...\")\n"
+     "\n"
+     "Compares convoy with plain distribution on nodes the harness starts itself (OTP\n"
+     "peer nodes, connected over distribution; the harness node only coordinates).\n"
+     "Every scenario runs all its variants in the same run, interleaved, repeated;\n"
+     "cells are median [min - max]; \"x base\" is the median of the per-repeat ratios\n"
+     "variant/base. Progress goes to stderr, the table to stdout, files to the results\n"
+     "directory: table.txt, results.csv, results.json, *.png (gnuplot).\n"
+     "\n"
+     "Scenarios: ", Names, "\n"
+     "  local    seed 002: same-node oneway and ping-pong rates\n"
+     "  flood    seeds 000/001: 200k spawned pingers + one pong, msg/min\n"
+     "  oneway   one sender, small messages to a remote process, msg/s\n"
+     "  sizes    one-way msg/s and MB/s, 16 B .. 1 MB\n"
+     "  pairs    1..1024 request/response pairs: rt/s and p50/p99/p99.9\n"
+     "  latency  idle round trip percentiles\n"
+     "  bulk     seed 003: 10 MB binaries, 1 and 16 senders, MB/s\n"
+     "  hol      small round trips while 4 senders push 10 MB binaries (p99)\n"
+     "  fanout   one message to 10,000 processes on two remote nodes\n"
+     "           (convoy:multicast vs a loop of sends)\n"
+     "  flow     seed 004: flooding a slow consumer vs syncing every 1000\n"
+     "           (the convoy variant awaits flow control, issue 4)\n"
+     "\n"
+     "Variants: local (same node: the ceiling), plain (`!`), nodelay_false (`!`, both\n"
+     "nodes with -kernel dist_nodelay false), delay_send (`!`, both nodes with\n"
+     "{delay_send,true} in inet_dist_connect/listen_options), convoy (defaults), and\n"
+     "one per --convoy option. Each flag family has its own pair of peer nodes.\n"
+     "\n"
+     "Options:\n"
+     "  --scenario a,b      scenarios to run (default: ", Quick, "); 'all' = every one\n"
+     "  --full              every scenario (same as --scenario all)\n"
+     "  --quick, --tiny     very small sizes: a smoke test in seconds, not a measurement\n"
+     "  --repeat N          runs per variant, interleaved (default 3)\n"
+     "  --convoy k=v,...    add a convoy variant with these settings, e.g.\n"
+     "                      --convoy max_batch=5000,lanes=2 (repeatable); keys: lanes,\n"
+     "                      max_batch, max_delay (us), large_threshold (bytes|infinity),\n"
+     "                      barrier_timeout (ms), telemetry (true|false)\n"
+     "  --variants a,b      run only these variants (names as printed)\n"
+     "  --param k=v         override a scenario parameter, e.g. --param pingers=50000,\n"
+     "                      --param n=200000 (repeatable; see results.json 'params')\n"
+     "  --tune SCENARIO     sweep lanes, max_batch, max_delay and large_threshold for\n"
+     "  tune SCENARIO       SCENARIO (one knob at a time, keeping the best so far),\n"
+     "                      then measure the best against plain and the defaults and\n"
+     "                      print the gain and the sys.config snippet\n"
+     "  --nodes a@h,b@h[,c@h]  measure on running nodes instead of starting peers: A\n"
+     "                      drives, B (and C, for fanout) receive. They must share the\n"
+     "                      harness's cookie (--cookie) and run OTP 25+; the harness\n"
+     "                      loads its own modules there, and convoy's too if the node\n"
+     "                      cannot load convoy itself (start them with -pa\n"
+     "                      _build/bench/lib/convoy/ebin to use your build). Variants\n"
+     "                      that need node flags (nodelay_false, delay_send) are skipped.\n"
+     "                      Long node names (a@host.domain) make the harness use -name.\n"
+     "  --cookie C          cookie for --nodes\n"
+     "  --netns             (root, bin/convoy-bench only) run A and B (and C) in their\n"
+     "                      own network namespaces joined by a veth pair (10.77.0.1 and\n"
+     "                      10.77.0.2, long names); everything is removed afterwards\n"
+     "  --rate R            with --netns: cap the veth at R with tc tbf, e.g. 1gbit\n"
+     "                      (netem delay/loss is not available on this machine)\n"
+     "  --peer-args \"...\"   extra emulator flags for every peer node, e.g. \"+S 1\"\n"
+     "  --out DIR           results directory (default bench/results/<timestamp>)\n"
+     "  --no-plots          do not run gnuplot\n"
+     "  --quiet             no progress on stderr and no table on stdout\n"
+     "  --help              this text\n"].
+
+%%--------------------------------------------------------------------
+%% Arguments
+
+defaults() ->
+    #{command => bench, scenarios => default, size => normal, repeat => 3,
+      convoy => [], only => all, params => #{}, nodes => none, cookie => undefined,
+      out => undefined, plots => true, peer_args => [], quiet => false,
+      nodes_note => undefined}.
+
+%% @doc Parse command-line arguments.
+-spec parse([string()]) -> {ok, opts()} | {error, binary()}.
+parse(Args) ->
+    try
+        {ok, check(parse(Args, defaults()))}
+    catch
+        throw:{bad_arg, Fmt, A} -> {error, iolist_to_binary(io_lib:format(Fmt, A))}
+    end.
+
+parse([], O) -> O;
+parse(["tune", S | R], O) -> parse(R, O#{command => tune, tune => scenario(S)});
+parse(["--tune", S | R], O) -> parse(R, O#{command => tune, tune => scenario(S)});
+parse(["--help" | _], O) -> O#{command => help};
+parse(["-h" | _], O) -> O#{command => help};
+parse(["--scenario", S | R], O) -> parse(R, O#{scenarios => scenarios(S)});
+parse(["--scenarios", S | R], O) -> parse(R, O#{scenarios => scenarios(S)});
+parse(["--full" | R], O) -> parse(R, O#{scenarios => convoy_bench_scenarios:names()});
+parse(["--quick" | R], O) -> parse(R, O#{size => tiny});
+parse(["--tiny" | R], O) -> parse(R, O#{size => tiny});
+parse(["--repeat", N | R], O) -> parse(R, O#{repeat => pos_int("--repeat", N)});
+parse(["--convoy", S | R], O = #{convoy := C}) -> parse(R, O#{convoy => C ++ [settings(S)]});
+parse(["--variants", S | R], O) -> parse(R, O#{only => [list_to_binary(V) || V <- csv(S)]});
+parse(["--param", S | R], O = #{params := P}) -> parse(R, O#{params => maps:merge(P, param(S))});
+parse(["--nodes", S | R], O) -> parse(R, O#{nodes => node_list(S)});
+parse(["--cookie", C | R], O) -> parse(R, O#{cookie => list_to_atom(C)});
+parse(["--out", D | R], O) -> parse(R, O#{out => D});
+parse(["--no-plots" | R], O) -> parse(R, O#{plots => false});
+parse(["--quiet" | R], O) -> parse(R, O#{quiet => true});
+parse(["--peer-args", A | R], O) -> parse(R, O#{peer_args => string:lexemes(A, " ")});
+parse(["--nodes-note", N | R], O) -> parse(R, O#{nodes_note => list_to_binary(N)});
+parse(["--netns" | _], _O) ->
+    throw({bad_arg, "--netns is handled by bin/convoy-bench (it sets up the namespaces, "
+          "then runs the harness with --nodes)", []});
+parse(["--rate" | _], _O) ->
+    throw({bad_arg, "--rate goes with --netns, handled by bin/convoy-bench", []});
+parse([Opt | _], _O) ->
+    throw({bad_arg, "unknown or incomplete argument: ~s (see --help)", [Opt]}).
+
+check(O = #{command := tune, tune := S}) ->
+    case convoy_bench_scenarios:spec(S, tiny, #{}) of
+        #{convoy := {awaiting, _}} ->
+            throw({bad_arg, "cannot tune ~s: its convoy variant awaits flow control (issue 4)",
+                   [S]});
+        _ -> O
+    end;
+check(O = #{only := Only}) when Only =/= all ->
+    Known = [N || #{name := N} <- variants(O#{only := all})],
+    case Only -- Known of
+        [] -> O;
+        Unknown -> throw({bad_arg, "--variants: unknown ~s; known: ~s",
+                          [lists:join(",", Unknown), lists:join(",", Known)]})
+    end;
+check(O) -> O.
+
+csv(S) -> string:lexemes(S, ",").
+
+scenarios("all") -> convoy_bench_scenarios:names();
+scenarios(S) -> [scenario(N) || N <- csv(S)].
+
+scenario(S) ->
+    Known = convoy_bench_scenarios:names(),
+    case [N || N <- Known, atom_to_list(N) =:= S] of
+        [N] -> N;
+        [] -> throw({bad_arg, "unknown scenario ~s; known: ~s",
+                     [S, lists:join(",", [atom_to_list(N) || N <- Known])]})
+    end.
+
+pos_int(Opt, S) ->
+    case string:to_integer(S) of
+        {N, ""} when N > 0 -> N;
+        _ -> throw({bad_arg, "~s needs a positive integer, not ~s", [Opt, S]})
+    end.
+
+%% "max_batch=5000,lanes=2" -> {"max_batch=5000,lanes=2", #{...}}, validated by
+%% convoy's own settings validator.
+settings(S) ->
+    Pairs = [kv("--convoy", KV) || KV <- csv(S)],
+    Map = maps:from_list([{setting_key(K), setting_value(V)} || {K, V} <- Pairs]),
+    case convoy_config:validate(Map) of
+        {ok, _} -> {list_to_binary(lists:join(",", [[K, "=", V] || {K, V} <- Pairs])), Map};
+        {error, Why} -> throw({bad_arg, "--convoy ~s: ~p", [S, Why]})
+    end.
+
+setting_key(K) ->
+    case [A || A <- convoy_config:keys(), atom_to_list(A) =:= K] of
+        [A] -> A;
+        [] -> throw({bad_arg, "--convoy: unknown setting ~s; known: ~s",
+                     [K, lists:join(",", [atom_to_list(A) || A <- convoy_config:keys()])]})
+    end.
+
+setting_value("infinity") -> infinity;
+setting_value("true") -> true;
+setting_value("false") -> false;
+setting_value(V) ->
+    case string:to_integer(V) of
+        {N, ""} -> N;
+        _ -> throw({bad_arg, "--convoy: bad value ~s", [V]})
+    end.
+
+param(S) ->
+    {K, V} = kv("--param", S),
+    Known = lists:usort(lists:append([convoy_bench_scenarios:param_keys(N)
+                                      || N <- convoy_bench_scenarios:names()])),
+    case [A || A <- Known, atom_to_list(A) =:= K] of
+        [A] -> #{A => pos_int("--param " ++ K, V)};
+        [] -> throw({bad_arg, "--param: unknown parameter ~s; known: ~s",
+                     [K, lists:join(",", [atom_to_list(A) || A <- Known])]})
+    end.
+
+kv(Opt, S) ->
+    case string:split(S, "=") of
+        [K, V] when K =/= "", V =/= "" -> {K, V};
+        _ -> throw({bad_arg, "~s wants key=value, not ~s", [Opt, S]})
+    end.
+
+node_list(S) ->
+    case [list_to_atom(N) || N <- csv(S)] of
+        Ns when length(Ns) >= 2 -> Ns;
+        _ -> throw({bad_arg, "--nodes wants at least two nodes: a@host,b@host[,c@host]", []})
+    end.
+
+%%--------------------------------------------------------------------
+%% A run
+
+prepare_node(#{cookie := Cookie}) ->
+    Alive = case is_alive() of
+                true -> ok;
+                false ->
+                    Name = list_to_atom("convoy_bench_" ++ os:getpid()),
+                    case net_kernel:start([Name, shortnames]) of
+                        {ok, _} -> ok;
+                        {error, Why} ->
+                            {error, iolist_to_binary(
+                                      io_lib:format("cannot start distribution (~p); is "
+                                                    "epmd running?", [Why]))}
+                    end
+            end,
+    Cookie =:= undefined orelse erlang:set_cookie(Cookie),
+    Alive.
+
+run(Opts = #{quiet := Quiet}) ->
+    T0 = erlang:monotonic_time(),
+    RunOpts = #{repeat => maps:get(repeat, Opts), progress => not Quiet, t0 => T0},
+    Variants = variants(Opts),
+    Nodes0 = convoy_bench_nodes:new(#{given => maps:get(nodes, Opts),
+                                      peer_args => maps:get(peer_args, Opts)}),
+    {Outcome, NodesEnd} =
+        try
+            {[A | _], Nodes1} = convoy_bench_nodes:prepare(default, 2, off, Nodes0),
+            Facts = convoy_bench_nodes:facts(A),
+            print_header(Opts, Facts, Variants),
+            {Body, Nodes2} = body(Opts, Variants, RunOpts, Nodes1),
+            {{ok, Facts, Body}, Nodes2}
+        catch
+            Class:Reason:Stack ->
+                {{error, iolist_to_binary(io_lib:format("~p:~0p~n~p", [Class, Reason, Stack]))},
+                 Nodes0}
+        end,
+    ok = convoy_bench_nodes:stop(NodesEnd),
+    case Outcome of
+        {error, _} = E -> E;
+        {ok, Facts1, Body1} -> finish(Opts, Facts1, Body1, T0)
+    end.
+
+%% The configuration goes to stderr at once, so a long run shows what it measures.
+print_header(#{quiet := true}, _Facts, _Variants) ->
+    ok;
+print_header(Opts, Facts, Variants) ->
+    Config = config(Opts, Facts, Variants, 0.0),
+    io:put_chars(standard_error, convoy_bench_report:config_text(Config)).
+
+config(Opts, Facts, Variants, Secs) ->
+    #{facts => Facts, started => timestamp(human),
+      args => [list_to_binary(A) || A <- maps:get(argv, Opts)],
+      repeat => maps:get(repeat, Opts), size => maps:get(size, Opts),
+      variants => [describe_variant(V) || V <- Variants],
+      nodes => nodes_note(Opts), plots => maps:get(plots, Opts),
+      harness_node => node(), seconds => Secs}.
+
+body(Opts = #{command := bench, scenarios := Sel}, Variants, RunOpts, Nodes0) ->
+    Names = case Sel of
+                default -> convoy_bench_scenarios:default_selection();
+                L -> L
+            end,
+    {Scenarios, Nodes} =
+        lists:mapfoldl(fun(Name, N0) ->
+                               Spec = spec(Name, Opts),
+                               scenario(Spec, convoy_bench_runner:variants_for(Spec, Variants),
+                                        RunOpts, N0)
+                       end, Nodes0, Names),
+    {#{scenarios => Scenarios, variants => Variants}, Nodes};
+body(Opts = #{command := tune, tune := Name}, _Variants, RunOpts, Nodes0) ->
+    Spec = spec(Name, Opts),
+    BaseName = convoy_bench_runner:baseline(Spec),
+    [Base] = [V || V = #{name := N} <- variants(Opts#{only := all}), N =:= BaseName],
+    {Tune, {Used, _, _} = Final, Nodes} = convoy_bench_tune:tune(Spec, Base, RunOpts, Nodes0),
+    {#{scenarios => [scenario_result(Spec, Final, RunOpts)], tune => Tune, variants => Used},
+     Nodes}.
+
+spec(Name, #{size := Size, params := P}) ->
+    convoy_bench_scenarios:spec(Name, Size, P).
+
+scenario(Spec, Variants, RunOpts, Nodes0) ->
+    T0 = erlang:monotonic_time(),
+    {Runs, Nodes} = convoy_bench_runner:run(Spec, Variants, RunOpts, Nodes0),
+    Secs = erlang:convert_time_unit(erlang:monotonic_time() - T0, native, millisecond) / 1000,
+    {scenario_result(Spec, {Variants, Runs, Secs}, RunOpts), Nodes}.
+
+scenario_result(Spec = #{name := Name, title := Title}, {Variants, Runs, Secs}, _RunOpts) ->
+    #{name => Name, title => Title, spec => Spec, seconds => Secs,
+      baseline => convoy_bench_runner:baseline(Spec),
+      variants => [N || #{name := N} <- Variants],
+      runs => Runs,
+      summary => convoy_bench_runner:summarise(Spec, Variants, Runs)}.
+
+finish(Opts, Facts, Body = #{variants := Variants}, T0) ->
+    Dir = out_dir(Opts),
+    Secs = erlang:convert_time_unit(erlang:monotonic_time() - T0, native, millisecond) / 1000,
+    Result0 = (maps:remove(variants, Body))#{config => config(Opts, Facts, Variants, Secs)},
+    {Files, Notes} = convoy_bench_report:write(Dir, Result0),
+    Result = Result0#{dir => iolist_to_binary(Dir),
+                      files => [iolist_to_binary(F) || F <- Files],
+                      notes => Notes},
+    case maps:get(quiet, Opts) of
+        true -> ok;
+        false ->
+            io:put_chars(convoy_bench_report:table(Result0)),
+            io:format("~nresults in ~s (~.1f s): ~s~n",
+                      [Dir, Secs, lists:join(" ", [filename:basename(F) || F <- Files])]),
+            [io:format("note: ~s~n", [N]) || N <- Notes]
+    end,
+    {ok, Result}.
+
+nodes_note(#{nodes_note := Note}) when Note =/= undefined -> Note;
+nodes_note(#{nodes := none, peer_args := PA}) ->
+    iolist_to_binary(["OTP peer nodes on this host started by the harness ",
+                      "(one set per flag family, connected over distribution)",
+                      [[", extra flags: ", lists:join(" ", PA)] || PA =/= []]]);
+nodes_note(#{nodes := Ns}) ->
+    iolist_to_binary(["given nodes: ", lists:join(", ", [atom_to_list(N) || N <- Ns])]).
+
+out_dir(#{out := undefined}) ->
+    unique(filename:join(["bench", "results", binary_to_list(timestamp(file))]), 0);
+out_dir(#{out := Dir}) ->
+    Dir.
+
+unique(Dir, 0) ->
+    case filelib:is_file(Dir) of
+        false -> Dir;
+        true -> unique(Dir, 1)
+    end;
+unique(Dir, N) ->
+    D = Dir ++ "-" ++ integer_to_list(N),
+    case filelib:is_file(D) of
+        false -> D;
+        true -> unique(Dir, N + 1)
+    end.
+
+timestamp(Style) ->
+    {{Y, Mo, D}, {H, Mi, S}} = calendar:local_time(),
+    Fmt = case Style of
+              file -> "~4..0b~2..0b~2..0b-~2..0b~2..0b~2..0b";
+              human -> "~4..0b-~2..0b-~2..0b ~2..0b:~2..0b:~2..0b"
+          end,
+    iolist_to_binary(io_lib:format(Fmt, [Y, Mo, D, H, Mi, S])).
+
+%%--------------------------------------------------------------------
+%% Variants
+
+variants(#{convoy := Extra, only := Only}) ->
+    All = [#{name => <<"local">>, kind => local, family => default, mode => plain,
+             convoy => off},
+           plain_variant(),
+           #{name => <<"nodelay_false">>, kind => nodelay_false, family => nodelay_false,
+             mode => plain, convoy => off},
+           #{name => <<"delay_send">>, kind => delay_send, family => delay_send,
+             mode => plain, convoy => off},
+           convoy_variant(<<"convoy">>, #{})]
+        ++ [convoy_variant(<<"convoy[", Text/binary, "]">>, S) || {Text, S} <- Extra],
+    case Only of
+        all -> All;
+        Names -> [V || V = #{name := N} <- All, lists:member(N, Names)]
+    end.
+
+plain_variant() ->
+    #{name => <<"plain">>, kind => plain, family => default, mode => plain, convoy => off}.
+
+%% @doc A convoy variant named `Name' with `Settings' over the defaults (also used
+%% by convoy_bench_tune).
+-spec convoy_variant(binary(), map()) -> convoy_bench_runner:variant().
+convoy_variant(Name, Settings) ->
+    #{name => Name, kind => convoy, family => default, mode => convoy, convoy => Settings}.
+
+describe_variant(V = #{kind := Kind, family := F, convoy := C}) ->
+    Base = maps:with([name, kind, family], V),
+    Flags = [list_to_binary(X) || X <- convoy_bench_nodes:family_flags(F)],
+    case Kind of
+        convoy ->
+            {ok, Full} = convoy_config:validate(C),
+            Base#{flags => Flags, settings => Full, given => C};
+        _ ->
+            Base#{flags => Flags}
+    end.

@@ -1,0 +1,399 @@
+%% The measurements themselves. `run/3' executes on the driver node (peer A); the
+%% processes it talks to are spawned on the sink nodes named in the context. Every
+%% send in a measurement goes through `snd/3': `erlang:send/2' for the plain
+%% variants, `convoy:send/2' for the convoy ones, on both sides of a round trip.
+%%
+%% Durations come from `erlang:monotonic_time/0'. Nothing here knows about
+%% variants, repeats or reports: it returns the figures of one run as a map.
+-module(convoy_bench_measure).
+
+-export([run/3]).
+%% Spawned on the nodes taking part.
+-export([consumer/2, pong/3, pinger/3, server/1, spawn_servers/2, client/4,
+         bulk_sink/1, bulk_sender/4, fan_group/2, fan_counter/3, fan_receiver/1,
+         slow_consumer/4]).
+
+-type mode() :: plain | convoy.
+-type ctx() :: #{mode := mode(), sinks := [node(), ...], timeout := pos_integer()}.
+-type figures() :: #{atom() => number()}.
+-export_type([ctx/0, figures/0]).
+
+-define(SINK_OPTS, [{message_queue_data, off_heap}]).
+-define(PONG_NAME, convoy_bench_pong).
+
+%% @doc One run of `Scenario' with `Params' (one point of the scenario).
+-spec run(atom(), map(), ctx()) -> figures().
+run(Scenario, Params, Ctx) ->
+    process_flag(message_queue_data, off_heap),
+    process_flag(priority, high),
+    measure(Scenario, Params, Ctx).
+
+%%--------------------------------------------------------------------
+%% Scenarios
+
+%% seed 002: oneway and ping-pong between two processes.
+measure(local, #{n_oneway := N1, n_pingpong := N2}, Ctx) ->
+    #{oneway_msg_s => oneway_rate(Ctx, N1, message),
+      pingpong_rt_s => pingpong_rate(Ctx, N2)};
+%% seeds 000/001: N spawned pingers, one registered pong, pongs per minute.
+measure(flood, #{pingers := N}, Ctx = #{mode := M}) ->
+    Node = sink(Ctx),
+    Pong = spawn_opt(Node, ?MODULE, pong, [M, ?PONG_NAME, self()], ?SINK_OPTS),
+    await({registered, Pong}, Ctx),
+    Dest = {?PONG_NAME, Node},
+    Self = self(),
+    T0 = erlang:monotonic_time(),
+    spawn_pingers(N, M, Dest, Self),
+    count(pong, N, Ctx),
+    T1 = erlang:monotonic_time(),
+    Pong ! stop,
+    #{msg_min => N / (secs(T1 - T0) / 60)};
+measure(oneway, #{n := N}, Ctx) ->
+    #{msg_s => oneway_rate(Ctx, N, message)};
+measure(sizes, #{size := Size, count := N}, Ctx) ->
+    Rate = oneway_rate(Ctx, N, {data, binary:copy(<<"x">>, Size)}),
+    #{msg_s => Rate, mb_s => Rate * Size / 1.0e6};
+measure(pairs, #{pairs := C, payload := Bytes} = P, Ctx = #{mode := M}) ->
+    Servers = erpc:call(sink(Ctx), ?MODULE, spawn_servers, [M, C]),
+    Req = {req, self(), binary:copy(<<"p">>, Bytes)},
+    Clients = [spawn_link(?MODULE, client, [M, S, Req, self()]) || S <- Servers],
+    {Dur, Samples} = window(Clients, P, Ctx),
+    stop_all(Servers),
+    (latency_figures(Samples))#{rt_s => length(Samples) / Dur};
+measure(latency, #{n := N, warmup := W}, Ctx = #{mode := M}) ->
+    [S] = erpc:call(sink(Ctx), ?MODULE, spawn_servers, [M, 1]),
+    Req = {req, self(), ping},
+    _ = round_trips(M, S, Req, W, []),
+    T0 = erlang:monotonic_time(),
+    Samples = round_trips(M, S, Req, N, []),
+    T1 = erlang:monotonic_time(),
+    stop_all([S]),
+    (latency_figures(Samples))#{rt_s => N / secs(T1 - T0)};
+%% seed 003: 10 MB binaries, each sender waits for the sink's answer.
+measure(bulk, #{senders := K, size := Size} = P, Ctx) ->
+    {Sinks, Senders} = bulk_pairs(K, Size, Ctx),
+    {Dur, Done} = window(Senders, P, Ctx),
+    stop_all(Sinks),
+    #{mb_s => length(Done) * Size / Dur / 1.0e6};
+%% Small round trips while bulk senders push large binaries to the same node.
+measure(hol, #{bulk_senders := K, size := Size} = P, Ctx = #{mode := M}) ->
+    {Sinks, Senders} = bulk_pairs(K, Size, Ctx),
+    [S] = erpc:call(sink(Ctx), ?MODULE, spawn_servers, [M, 1]),
+    Prober = spawn_link(?MODULE, client, [M, S, {req, self(), ping}, self()]),
+    {Dur, Results} = window_tagged([{bulk, B} || B <- Senders] ++ [{probe, Prober}], P, Ctx),
+    stop_all([S | Sinks]),
+    Probes = [X || {probe, X} <- Results],
+    Bulk = [X || {bulk, X} <- Results],
+    (latency_figures(Probes))#{rt_s => length(Probes) / Dur,
+                               bulk_mb_s => length(Bulk) * Size / Dur / 1.0e6};
+%% One message to R processes spread over the sink nodes.
+measure(fanout, #{receivers := R, rounds := Rounds}, Ctx = #{sinks := Sinks}) ->
+    Shares = shares(R, length(Sinks)),
+    Groups = [erpc:call(N, ?MODULE, fan_group, [Share, self()])
+              || {N, Share} <- lists:zip(Sinks, Shares)],
+    Pids = lists:append([Ps || {_, Ps} <- Groups]),
+    Counters = [C || {C, _} <- Groups],
+    _ = fan_round(0, Pids, Counters, Ctx),
+    Times = [fan_round(I, Pids, Counters, Ctx) || I <- lists:seq(1, Rounds)],
+    [exit(C, shutdown) || C <- Counters],
+    Total = lists:sum(Times),
+    #{round_ms => 1000 * convoy_bench_stats:median(Times),
+      deliveries_s => R * Rounds / Total};
+%% seed 004: a producer and a slow consumer, flooding or syncing every `every'.
+measure(flow, #{mode := FlowMode, n := N, work := Work, every := Every}, Ctx = #{mode := M}) ->
+    C = spawn_opt(sink(Ctx), ?MODULE, slow_consumer, [M, Work, 0, 0], ?SINK_OPTS),
+    T0 = erlang:monotonic_time(),
+    produce(FlowMode, M, C, 1, N, Every, Ctx),
+    Tp = erlang:monotonic_time(),
+    snd(M, C, {done, self()}),
+    {Count, MaxQ} = receive
+                        {done, C, Cnt, Q} -> {Cnt, Q}
+                    after timeout(Ctx) -> exit({timeout, flow_consumer})
+                    end,
+    T1 = erlang:monotonic_time(),
+    Count =:= N orelse exit({lost, N - Count}),
+    #{total_ms => 1000 * secs(T1 - T0), producer_ms => 1000 * secs(Tp - T0),
+      msg_s => N / secs(T1 - T0), max_backlog => MaxQ}.
+
+%%--------------------------------------------------------------------
+%% Building blocks
+
+-compile({inline, [snd/3]}).
+snd(plain, Dest, Msg) -> erlang:send(Dest, Msg);
+snd(convoy, Dest, Msg) -> convoy:send(Dest, Msg).
+
+sink(#{sinks := [Node | _]}) -> Node.
+
+timeout(#{timeout := T}) -> T.
+
+secs(Native) -> erlang:convert_time_unit(Native, native, nanosecond) / 1.0e9.
+
+us(Native) -> erlang:convert_time_unit(Native, native, nanosecond) / 1000.
+
+%% N messages to a fresh consumer, then `done'; rate in messages per second from
+%% the first send to the consumer's answer. Checks that nothing was lost.
+oneway_rate(Ctx = #{mode := M}, N, Msg) ->
+    C = spawn_opt(sink(Ctx), ?MODULE, consumer, [M, 0], ?SINK_OPTS),
+    T0 = erlang:monotonic_time(),
+    send_n(M, C, Msg, N),
+    snd(M, C, {done, self()}),
+    Count = receive
+                {done, C, Cnt} -> Cnt
+            after timeout(Ctx) -> exit({timeout, oneway_consumer})
+            end,
+    T1 = erlang:monotonic_time(),
+    Count =:= N orelse exit({lost, N - Count}),
+    N / secs(T1 - T0).
+
+send_n(_M, _Dest, _Msg, 0) -> ok;
+send_n(M, Dest, Msg, N) -> snd(M, Dest, Msg), send_n(M, Dest, Msg, N - 1).
+
+pingpong_rate(Ctx = #{mode := M}, N) ->
+    C = spawn_opt(sink(Ctx), ?MODULE, consumer, [M, 0], ?SINK_OPTS),
+    Ping = {ping, self()},
+    T0 = erlang:monotonic_time(),
+    ping_n(M, C, Ping, N),
+    T1 = erlang:monotonic_time(),
+    C ! stop,
+    N / secs(T1 - T0).
+
+ping_n(_M, _C, _Ping, 0) -> ok;
+ping_n(M, C, Ping, N) ->
+    snd(M, C, Ping),
+    receive pong -> ping_n(M, C, Ping, N - 1) end.
+
+%% @doc Counts what it gets; answers pings; reports the count on `done'.
+-spec consumer(mode(), non_neg_integer()) -> ok.
+consumer(M, Count) ->
+    receive
+        {ping, From} -> snd(M, From, pong), consumer(M, Count);
+        {done, From} -> snd(M, From, {done, self(), Count});
+        stop -> ok;
+        _ -> consumer(M, Count + 1)
+    end.
+
+%% @doc The seed's flood_pong: a registered process answering every ping.
+-spec pong(mode(), atom(), pid()) -> ok.
+pong(M, Name, Owner) ->
+    true = register(Name, self()),
+    Owner ! {registered, self()},
+    pong_loop(M).
+
+pong_loop(M) ->
+    receive
+        {ping, From} -> snd(M, From, pong), pong_loop(M);
+        stop -> ok
+    end.
+
+%% @doc One of the seed's spawned pingers: one ping, then gone.
+-spec pinger(mode(), {atom(), node()}, pid()) -> ok.
+pinger(M, Dest, Collector) ->
+    snd(M, Dest, {ping, Collector}).
+
+spawn_pingers(0, _M, _Dest, _Self) -> ok;
+spawn_pingers(N, M, Dest, Self) ->
+    _ = spawn(?MODULE, pinger, [M, Dest, Self]),
+    spawn_pingers(N - 1, M, Dest, Self).
+
+count(_Msg, 0, _Ctx) -> ok;
+count(Msg, N, Ctx) ->
+    receive Msg -> count(Msg, N - 1, Ctx)
+    after timeout(Ctx) -> exit({timeout, {missing, N, Msg}})
+    end.
+
+await(Msg, Ctx) ->
+    receive Msg -> ok
+    after timeout(Ctx) -> exit({timeout, Msg})
+    end.
+
+%% @doc Spawn `N' request/response servers here (called on the sink node).
+-spec spawn_servers(mode(), pos_integer()) -> [pid()].
+spawn_servers(M, N) ->
+    [spawn_opt(?MODULE, server, [M], ?SINK_OPTS) || _ <- lists:seq(1, N)].
+
+%% @doc Answers `{req, From, _}' with `resp'.
+-spec server(mode()) -> ok.
+server(M) ->
+    receive
+        {req, From, _} -> snd(M, From, resp), server(M);
+        stop -> ok
+    end.
+
+stop_all(Pids) -> [P ! stop || P <- Pids], ok.
+
+round_trips(_M, _S, _Req, 0, Acc) -> Acc;
+round_trips(M, S, Req, N, Acc) ->
+    T0 = erlang:monotonic_time(),
+    snd(M, S, Req),
+    receive resp -> ok end,
+    round_trips(M, S, Req, N - 1, [erlang:monotonic_time() - T0 | Acc]).
+
+%% @doc A closed-loop client: waits for `go', then does round trips until the
+%% deadline; keeps the latency of those that started after the warm-up and ended
+%% before the deadline; answers `{window_done, self(), Samples}'.
+-spec client(mode(), pid(), tuple(), pid()) -> ok.
+client(M, Server, Req0, Driver) ->
+    Req = setelement(2, Req0, self()),
+    receive
+        {go, Warm, Deadline} -> client_loop(M, Server, Req, Driver, Warm, Deadline, [])
+    end.
+
+client_loop(M, S, Req, Driver, Warm, Deadline, Acc) ->
+    T0 = erlang:monotonic_time(),
+    case T0 >= Deadline of
+        true ->
+            Driver ! {window_done, self(), Acc},
+            ok;
+        false ->
+            snd(M, S, Req),
+            receive resp -> ok end,
+            T1 = erlang:monotonic_time(),
+            case T0 >= Warm andalso T1 =< Deadline of
+                true -> client_loop(M, S, Req, Driver, Warm, Deadline, [T1 - T0 | Acc]);
+                false -> client_loop(M, S, Req, Driver, Warm, Deadline, Acc)
+            end
+    end.
+
+%% Start `Workers' together; they report `{window_done, Pid, Samples}' after the
+%% deadline. Returns the measured window in seconds and all samples.
+window(Workers, P, Ctx) ->
+    {Dur, Tagged} = window_tagged([{x, W} || W <- Workers], P, Ctx),
+    {Dur, [S || {x, S} <- Tagged]}.
+
+window_tagged(Tagged, #{warmup_ms := WarmMs, duration_ms := DurMs}, Ctx) ->
+    Now = erlang:monotonic_time(),
+    Warm = Now + erlang:convert_time_unit(WarmMs, millisecond, native),
+    Deadline = Warm + erlang:convert_time_unit(DurMs, millisecond, native),
+    [W ! {go, Warm, Deadline} || {_, W} <- Tagged],
+    Samples = lists:append(
+                [receive
+                     {window_done, W, S} -> [{Tag, X} || X <- S]
+                 after timeout(Ctx) + DurMs + WarmMs -> exit({timeout, window})
+                 end || {Tag, W} <- Tagged]),
+    {secs(Deadline - Warm), Samples}.
+
+latency_figures([]) ->
+    #{};
+latency_figures(Samples) ->
+    Sorted = lists:sort(Samples),
+    #{p50_us => us(convoy_bench_stats:percentile(50, Sorted)),
+      p99_us => us(convoy_bench_stats:percentile(99, Sorted)),
+      p999_us => us(convoy_bench_stats:percentile(99.9, Sorted)),
+      max_us => us(lists:last(Sorted))}.
+
+%% K sinks on the sink node, each with its sender here.
+bulk_pairs(K, Size, Ctx = #{mode := M}) ->
+    Node = sink(Ctx),
+    Sinks = [spawn_opt(Node, ?MODULE, bulk_sink, [M], ?SINK_OPTS) || _ <- lists:seq(1, K)],
+    Bin = binary:copy(<<"b">>, Size),
+    Senders = [spawn_link(?MODULE, bulk_sender, [M, S, Bin, self()]) || S <- Sinks],
+    {Sinks, Senders}.
+
+%% @doc The seed's sink: answers each binary with `is_binary/1' of it.
+-spec bulk_sink(mode()) -> ok.
+bulk_sink(M) ->
+    receive
+        {From, Bin} -> snd(M, From, is_binary(Bin)), bulk_sink(M);
+        stop -> ok
+    end.
+
+%% @doc Sends its binary, waits for the answer, again, until the deadline; one
+%% sample per binary acknowledged inside the window.
+-spec bulk_sender(mode(), pid(), binary(), pid()) -> ok.
+bulk_sender(M, Sink, Bin, Driver) ->
+    receive
+        {go, Warm, Deadline} -> bulk_loop(M, Sink, {self(), Bin}, Driver, Warm, Deadline, [])
+    end.
+
+bulk_loop(M, Sink, Msg, Driver, Warm, Deadline, Acc) ->
+    T0 = erlang:monotonic_time(),
+    case T0 >= Deadline of
+        true ->
+            Driver ! {window_done, self(), Acc},
+            ok;
+        false ->
+            snd(M, Sink, Msg),
+            receive true -> ok end,
+            T1 = erlang:monotonic_time(),
+            case T0 >= Warm andalso T1 =< Deadline of
+                true -> bulk_loop(M, Sink, Msg, Driver, Warm, Deadline, [1 | Acc]);
+                false -> bulk_loop(M, Sink, Msg, Driver, Warm, Deadline, Acc)
+            end
+    end.
+
+shares(R, K) ->
+    [R div K + case I =< R rem K of true -> 1; false -> 0 end || I <- lists:seq(1, K)].
+
+%% @doc On a sink node: a counter with `Share' receivers; returns them.
+-spec fan_group(non_neg_integer(), pid()) -> {pid(), [pid()]}.
+fan_group(Share, Driver) ->
+    Self = self(),
+    Counter = spawn(?MODULE, fan_counter, [Share, Driver, Self]),
+    receive {fan_ready, Counter, Pids} -> {Counter, Pids} end.
+
+%% @doc Counts receivers' hits; tells the driver when all of them got a round.
+-spec fan_counter(non_neg_integer(), pid(), pid()) -> ok.
+fan_counter(Share, Driver, ReplyTo) ->
+    process_flag(message_queue_data, off_heap),
+    Self = self(),
+    Pids = [spawn_link(?MODULE, fan_receiver, [Self]) || _ <- lists:seq(1, Share)],
+    ReplyTo ! {fan_ready, Self, Pids},
+    fan_count(Share, Share, Driver).
+
+fan_count(Share, 0, Driver) ->
+    Driver ! {fan_done, self()},
+    fan_count(Share, Share, Driver);
+fan_count(Share, Left, Driver) ->
+    receive hit -> fan_count(Share, Left - 1, Driver) end.
+
+%% @doc One of the fan-out receivers.
+-spec fan_receiver(pid()) -> no_return().
+fan_receiver(Counter) ->
+    receive {fan, _} -> Counter ! hit end,
+    fan_receiver(Counter).
+
+fan_round(I, Pids, Counters, Ctx = #{mode := M}) ->
+    T0 = erlang:monotonic_time(),
+    case M of
+        convoy -> convoy:multicast(Pids, {fan, I});
+        plain -> [P ! {fan, I} || P <- Pids]
+    end,
+    [receive {fan_done, C} -> ok after timeout(Ctx) -> exit({timeout, fanout}) end
+     || C <- Counters],
+    secs(erlang:monotonic_time() - T0).
+
+produce(_FlowMode, _M, _C, I, N, _Every, _Ctx) when I > N -> ok;
+produce(sync, M, C, I, N, Every, Ctx) when I rem Every =:= 0 ->
+    snd(M, C, {item, I}),
+    snd(M, C, {sync, self()}),
+    receive synced -> ok after timeout(Ctx) -> exit({timeout, sync}) end,
+    produce(sync, M, C, I + 1, N, Every, Ctx);
+produce(FlowMode, M, C, I, N, Every, Ctx) ->
+    snd(M, C, {item, I}),
+    produce(FlowMode, M, C, I + 1, N, Every, Ctx).
+
+%% @doc A consumer slower than the network: `Work' hashes per item; samples its
+%% own queue length every 1000 items.
+-spec slow_consumer(mode(), non_neg_integer(), non_neg_integer(), non_neg_integer()) -> ok.
+slow_consumer(M, Work, Count, MaxQ) ->
+    receive
+        {item, I} ->
+            burn(Work, I),
+            C1 = Count + 1,
+            case C1 rem 1000 of
+                0 -> slow_consumer(M, Work, C1, max(MaxQ, queue_len()));
+                _ -> slow_consumer(M, Work, C1, MaxQ)
+            end;
+        {sync, From} ->
+            snd(M, From, synced),
+            slow_consumer(M, Work, Count, MaxQ);
+        {done, From} ->
+            snd(M, From, {done, self(), Count, max(MaxQ, queue_len())})
+    end.
+
+burn(0, _I) -> ok;
+burn(K, I) -> _ = erlang:phash2({I, K}), burn(K - 1, I).
+
+queue_len() ->
+    {message_queue_len, Q} = process_info(self(), message_queue_len),
+    Q.

@@ -1,0 +1,133 @@
+%% PNG plots of a result with gnuplot (Debian's gnuplot-nox has `pngcairo'; plain
+%% `png' is the fallback). Each plot is a `.dat' file of medians, a `.gp' script
+%% and the `.png'; plots whose scenario was not run are left out.
+-module(convoy_bench_plot).
+
+-export([plots/2]).
+
+%% @doc Make every plot the result has data for. Returns the PNG files made and
+%% notes about those that could not be made.
+-spec plots(file:filename(), map()) -> {[file:filename()], [binary()]}.
+plots(Dir, #{scenarios := Scenarios}) ->
+    case os:find_executable("gnuplot") of
+        false ->
+            {[], [<<"gnuplot not found: no plots (apt-get install gnuplot-nox)">>]};
+        Gnuplot ->
+            Term = terminal(Gnuplot),
+            Wanted = [{sizes, mb_s, "sizes_mb_s", "throughput vs message size (one sender)",
+                       "message size (bytes)", "MB/s", size},
+                      {sizes, msg_s, "sizes_msg_s", "messages/s vs message size (one sender)",
+                       "message size (bytes)", "msg/s", size},
+                      {pairs, rt_s, "pairs_rt_s", "throughput vs concurrency (request/response pairs)",
+                       "concurrent pairs", "round trips/s", pairs},
+                      {pairs, p99_us, "pairs_p99", "p99 round trip vs concurrency",
+                       "concurrent pairs", "p99 (us)", pairs}],
+            Results = [line_plot(Gnuplot, Term, Dir, S, W)
+                       || W = {Name, _, _, _, _, _, _} <- Wanted,
+                          S = #{name := N} <- Scenarios, N =:= Name]
+                ++ [latency_plot(Gnuplot, Term, Dir, S)
+                    || S = #{name := N} <- Scenarios, N =:= latency orelse N =:= hol],
+            {[F || {ok, F} <- Results], [Why || {error, Why} <- Results]}
+    end.
+
+terminal(Gnuplot) ->
+    Probe = os:cmd(Gnuplot ++ " -e \"set terminal pngcairo\" 2>&1"),
+    case string:find(Probe, "unknown") of
+        nomatch -> "pngcairo size 900,560 noenhanced";
+        _ -> "png size 900,560 noenhanced"
+    end.
+
+%% One line per variant: x from the point's parameter, y the figure's median.
+line_plot(Gnuplot, Term, Dir, #{spec := #{points := Points}, summary := Summary},
+          {_, Fig, Base, Title, XLabel, YLabel, XParam}) ->
+    Variants = variants(Summary),
+    Rows = [[integer_to_list(maps:get(XParam, Params))
+             | [cell(Summary, V, Label, Fig) || V <- Variants]]
+            || #{label := Label, params := Params} <- Points],
+    Script = ["set terminal ", Term, "\n",
+              "set output '", Base, ".png'\n",
+              "set title '", Title, "'\n",
+              "set xlabel '", XLabel, "'\nset ylabel '", YLabel, "'\n",
+              "set logscale x 2\nset logscale y\nset grid\nset key outside right\n",
+              "set datafile missing '?'\n",
+              "plot ", lists:join(", ", [io_lib:format("'~s.dat' using 1:~b with linespoints "
+                                                       "title '~s'", [Base, I + 1, V])
+                                         || {I, V} <- enumerate(Variants)]), "\n"],
+    render(Gnuplot, Dir, Base, header(["x" | Variants]), Rows, Script).
+
+%% Percentiles per variant, clustered bars.
+latency_plot(Gnuplot, Term, Dir, #{name := Name, summary := Summary}) ->
+    Base = atom_to_list(Name) ++ "_percentiles",
+    Variants = variants(Summary),
+    Label = hd([L || #{point := L} <- Summary]),
+    Pcts = [{"p50", p50_us}, {"p99", p99_us}, {"p99.9", p999_us}, {"max", max_us}],
+    Present = [{T, F} || {T, F} <- Pcts,
+                         lists:any(fun(V) -> cell(Summary, V, Label, F) =/= "?" end,
+                                   Variants)],
+    Rows = [[T | [cell(Summary, V, Label, F) || V <- Variants]] || {T, F} <- Present],
+    Title = case Name of
+                latency -> "idle round trip latency percentiles";
+                hol -> "round trip latency under bulk traffic (head of line)"
+            end,
+    Script = ["set terminal ", Term, "\n",
+              "set output '", Base, ".png'\n",
+              "set title '", Title, "'\n",
+              "set ylabel 'microseconds'\nset logscale y\nset grid ytics\n",
+              "set style data histogram\nset style histogram clustered gap 1\n",
+              "set style fill solid 0.8 border -1\nset key outside right\n",
+              "set datafile missing '?'\n",
+              "plot ", lists:join(", ", [io_lib:format("'~s.dat' using ~b:xtic(1) title '~s'",
+                                                       [Base, I + 1, V])
+                                         || {I, V} <- enumerate(Variants)]), "\n"],
+    render(Gnuplot, Dir, Base, header(["percentile" | Variants]), Rows, Script).
+
+variants(Summary) ->
+    lists:foldl(fun(#{variant := V, status := ok}, Acc) ->
+                        case lists:member(V, Acc) of
+                            true -> Acc;
+                            false -> Acc ++ [V]
+                        end;
+                   (_, Acc) -> Acc
+                end, [], Summary).
+
+cell(Summary, V, Label, Fig) ->
+    case [M || #{variant := V2, point := L, figures := #{Fig := #{median := M}}} <- Summary,
+               V2 =:= V, L =:= Label] of
+        [M | _] -> float_to_list(float(M), [short]);
+        [] -> "?"
+    end.
+
+header(Cols) -> ["# ", lists:join(" ", [quote(C) || C <- Cols]), "\n"].
+
+quote(C) -> ["\"", C, "\""].
+
+enumerate(L) -> lists:zip(lists:seq(1, length(L)), L).
+
+render(Gnuplot, Dir, Base, Header, Rows, Script) ->
+    Dat = filename:join(Dir, Base ++ ".dat"),
+    Gp = filename:join(Dir, Base ++ ".gp"),
+    Png = filename:join(Dir, Base ++ ".png"),
+    ok = file:write_file(Dat, [Header, [[lists:join(" ", R), "\n"] || R <- Rows]]),
+    ok = file:write_file(Gp, Script),
+    Port = open_port({spawn_executable, Gnuplot},
+                     [{args, [Base ++ ".gp"]}, {cd, Dir}, exit_status, stderr_to_stdout,
+                      binary]),
+    case collect(Port, <<>>) of
+        {0, _} ->
+            case filelib:is_regular(Png) of
+                true -> {ok, Png};
+                false -> {error, iolist_to_binary(["gnuplot made no ", Base, ".png"])}
+            end;
+        {Status, Out} ->
+            {error, iolist_to_binary(io_lib:format("gnuplot failed on ~s.gp (exit ~p): ~s",
+                                                   [Base, Status, Out]))}
+    end.
+
+collect(Port, Acc) ->
+    receive
+        {Port, {data, D}} -> collect(Port, <<Acc/binary, D/binary>>);
+        {Port, {exit_status, S}} -> {S, Acc}
+    after 60000 ->
+        port_close(Port),
+        {timeout, Acc}
+    end.

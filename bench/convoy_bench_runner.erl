@@ -1,0 +1,185 @@
+%% Runs a scenario's variants interleaved and repeated, and summarises them.
+%%
+%% Repeat r runs every variant once, in an order rotated by r (so no variant is
+%% always first after a pause or always last before one); a variant's run measures
+%% all points of the scenario. A run that fails is recorded with its reason and the
+%% others carry on. The summary gives, per variant and point, the median with min
+%% and max of each figure, and for the compared figures the ratio to the baseline
+%% variant taken repeat by repeat, then the median of those ratios.
+-module(convoy_bench_runner).
+
+-export([variants_for/2, baseline/1, run/4, summarise/3, primary/3]).
+
+-type variant() :: #{name := binary(),
+                     kind := local | plain | nodelay_false | delay_send | convoy,
+                     family := convoy_bench_nodes:family(),
+                     mode := plain | convoy,
+                     convoy := convoy_bench_nodes:convoy_setting()}.
+-type status() :: ok | error | awaiting | unavailable.
+-type run() :: #{scenario := atom(), variant := binary(), repeat := pos_integer(),
+                 point := binary(), status := status(), note := binary(),
+                 figures := convoy_bench_measure:figures(), seconds := float()}.
+-type opts() :: #{repeat := pos_integer(), progress := boolean(), t0 := integer()}.
+-export_type([variant/0, run/0, opts/0]).
+
+%% @doc The variants that make sense for a scenario: all of them across nodes; on
+%% one node (`local' scenario) the `local' variant and the convoy ones.
+-spec variants_for(convoy_bench_scenarios:spec(), [variant()]) -> [variant()].
+variants_for(#{placement := same_node}, Variants) ->
+    [V || V = #{kind := K} <- Variants, K =:= local orelse K =:= convoy];
+variants_for(#{placement := cross}, Variants) ->
+    Variants.
+
+%% @doc The variant the others are compared with.
+-spec baseline(convoy_bench_scenarios:spec()) -> binary().
+baseline(#{placement := same_node}) -> <<"local">>;
+baseline(#{placement := cross}) -> <<"plain">>.
+
+%% @doc All runs of `Spec' for `Variants', `repeat' times, interleaved.
+-spec run(convoy_bench_scenarios:spec(), [variant()], opts(), convoy_bench_nodes:state()) ->
+          {[run()], convoy_bench_nodes:state()}.
+run(Spec, Variants, Opts = #{repeat := Repeat}, Nodes0) ->
+    lists:foldl(
+      fun(R, {Acc, N0}) ->
+              Order = rotate(Variants, (R - 1) rem max(1, length(Variants))),
+              {Runs, N1} = lists:foldl(
+                             fun(V, {A1, NA}) ->
+                                     {Rs, NB} = run_variant(Spec, V, R, Opts, NA),
+                                     {A1 ++ Rs, NB}
+                             end, {[], N0}, Order),
+              {Acc ++ Runs, N1}
+      end, {[], Nodes0}, lists:seq(1, Repeat)).
+
+rotate(L, 0) -> L;
+rotate([H | T], N) -> rotate(T ++ [H], N - 1).
+
+run_variant(Spec = #{name := Name, points := Points}, V = #{name := VName}, R,
+            Opts, Nodes0) ->
+    case skip_reason(Spec, V, Nodes0) of
+        {Status, Note} ->
+            {[run_record(Name, VName, R, P, Status, Note, #{}, 0.0) || P <- Points], Nodes0};
+        none ->
+            progress(Opts, "~s  repeat ~b/~b  ~s ...", [Name, R, maps:get(repeat, Opts), VName]),
+            try place(Spec, V, Nodes0) of
+                {Driver, Ctx, Nodes1} ->
+                    {[measure_point(Spec, V, R, P, Driver, Ctx, Opts) || P <- Points], Nodes1}
+            catch
+                Class:Reason:Stack ->
+                    Note = describe_error(Class, Reason, Stack),
+                    progress(Opts, "~s  ~s: could not prepare nodes: ~s", [Name, VName, Note]),
+                    {[run_record(Name, VName, R, P, error, Note, #{}, 0.0) || P <- Points],
+                     Nodes0}
+            end
+    end.
+
+skip_reason(#{convoy := {awaiting, Why}}, #{kind := convoy}, _Nodes) ->
+    {awaiting, Why};
+skip_reason(#{sinks := K}, #{family := F}, Nodes) ->
+    case convoy_bench_nodes:available(F, 1 + K, Nodes) of
+        true -> none;
+        {false, Why} -> {unavailable, Why}
+    end.
+
+%% The driver node and the sink nodes of a variant.
+place(#{placement := Placement, sinks := K}, #{kind := Kind, family := F, mode := M,
+                                              convoy := C}, Nodes0) ->
+    {[A | Rest], Nodes1} = convoy_bench_nodes:prepare(F, 1 + K, C, Nodes0),
+    Sinks = case Kind =:= local orelse Placement =:= same_node of
+                true -> lists:duplicate(K, A);
+                false -> lists:sublist(Rest, K)
+            end,
+    {A, #{mode => M, sinks => Sinks}, Nodes1}.
+
+measure_point(#{name := Name, timeout := Timeout}, #{name := VName}, R,
+              #{label := Label, params := Params}, Driver, Ctx, Opts) ->
+    T0 = erlang:monotonic_time(),
+    Result = try
+                 {ok, erpc:call(Driver, convoy_bench_measure, run,
+                                [Name, Params, Ctx#{timeout => Timeout}], 2 * Timeout)}
+             catch
+                 Class:Reason:Stack -> {error, describe_error(Class, Reason, Stack)}
+             end,
+    Secs = erlang:convert_time_unit(erlang:monotonic_time() - T0, native, millisecond) / 1000,
+    case Result of
+        {ok, Figures} ->
+            progress(Opts, "~s  repeat ~b  ~s  ~s: ~s (~.1f s)",
+                     [Name, R, VName, Label, brief(Figures), Secs]),
+            run_record(Name, VName, R, #{label => Label}, ok, <<>>, Figures, Secs);
+        {error, Note} ->
+            progress(Opts, "~s  repeat ~b  ~s  ~s: FAILED ~s", [Name, R, VName, Label, Note]),
+            run_record(Name, VName, R, #{label => Label}, error, Note, #{}, Secs)
+    end.
+
+run_record(Scenario, Variant, R, #{label := Label}, Status, Note, Figures, Secs) ->
+    #{scenario => Scenario, variant => Variant, repeat => R, point => Label,
+      status => Status, note => Note, figures => Figures, seconds => Secs}.
+
+brief(Figures) ->
+    lists:join(", ", [io_lib:format("~s ~s", [K, convoy_bench_report:number(V)])
+                      || {K, V} <- lists:sort(maps:to_list(Figures))]).
+
+describe_error(error, {exception, Reason, _RemoteStack}, _Stack) ->
+    short(Reason);
+describe_error(error, {erpc, Reason}, _Stack) ->
+    short({erpc, Reason});
+describe_error(exit, {exception, Reason}, _Stack) ->
+    short(Reason);
+describe_error(Class, Reason, _Stack) ->
+    short({Class, Reason}).
+
+short(Term) ->
+    iolist_to_binary(string:slice(io_lib:format("~0p", [Term]), 0, 300)).
+
+progress(#{progress := false}, _F, _A) ->
+    ok;
+progress(#{t0 := T0}, F, A) ->
+    Elapsed = erlang:convert_time_unit(erlang:monotonic_time() - T0, native, millisecond),
+    io:format(standard_error, "[~7.1f s] " ++ F ++ "~n", [Elapsed / 1000 | A]).
+
+%% @doc Per point and variant (in the given order): status, figures' spread, and
+%% the compared figures' ratios to the baseline.
+-spec summarise(convoy_bench_scenarios:spec(), [variant()], [run()]) -> [map()].
+summarise(Spec = #{points := Points, figures := Figs, ratio := RatioFigs}, Variants, Runs) ->
+    Base = baseline(Spec),
+    [begin
+         Mine = [Run || Run = #{variant := VN, point := PL} <- Runs, VN =:= VName, PL =:= Label],
+         Ok = [Run || Run = #{status := ok} <- Mine],
+         BaseRuns = [Run || Run = #{variant := VN, point := PL, status := ok} <- Runs,
+                            VN =:= Base, PL =:= Label],
+         #{variant => VName, point => Label,
+           status => summary_status(Mine, Ok),
+           note => case Mine of [#{note := N} | _] when Ok =:= [] -> N; _ -> <<>> end,
+           figures => maps:from_list(
+                        [{F, S} || {F, _, _} <- Figs,
+                                   S <- [convoy_bench_stats:spread(values(F, Ok))],
+                                   S =/= none]),
+           ratios => case VName =:= Base of
+                         true -> #{};
+                         false ->
+                             maps:from_list(
+                               [{F, S} || F <- RatioFigs,
+                                          S <- [convoy_bench_stats:ratios(by_repeat(F, Ok),
+                                                                          by_repeat(F, BaseRuns))],
+                                          S =/= none])
+                     end}
+     end || #{label := Label} <- Points, #{name := VName} <- Variants].
+
+summary_status([], _) -> unavailable;
+summary_status(_, [_ | _]) -> ok;
+summary_status([#{status := S} | _], []) -> S.
+
+values(F, Runs) -> [V || #{figures := #{F := V}} <- Runs].
+
+by_repeat(F, Runs) -> [{R, V} || #{repeat := R, figures := #{F := V}} <- Runs].
+
+%% @doc The figure `tune' optimises, per repeat, for one variant: the primary
+%% figure, as the geometric mean over the scenario's points (a repeat with a failed
+%% point is left out). Returns `[{Repeat, Value}]'.
+-spec primary(convoy_bench_scenarios:spec(), binary(), [run()]) -> [{pos_integer(), float()}].
+primary(#{primary := {F, _}, points := Points}, VName, Runs) ->
+    Mine = [Run || Run = #{variant := VN, status := ok} <- Runs, VN =:= VName],
+    Repeats = lists:usort([R || #{repeat := R} <- Mine]),
+    [{R, convoy_bench_stats:geomean(Vs)}
+     || R <- Repeats,
+        Vs <- [[V || #{repeat := R2, figures := #{F := V}} <- Mine, R2 =:= R, V > 0]],
+        length(Vs) =:= length(Points)].

@@ -1,0 +1,171 @@
+%% What each scenario is: the seed it reproduces, its parameters (per size: `tiny'
+%% for tests and smoke runs, `normal' otherwise), the points it measures, the
+%% figures it reports, which figures are compared with the baseline, and the figure
+%% `tune' optimises. Pure data; the measuring is in `convoy_bench_measure'.
+-module(convoy_bench_scenarios).
+
+-export([names/0, default_selection/0, spec/3, param_keys/1]).
+
+-type size() :: tiny | normal.
+-type unit() :: rate | us | ms | mbs | count.
+-type point() :: #{label := binary(), params := map()}.
+-type spec() :: #{name := atom(),
+                  title := binary(),
+                  placement := cross | same_node,
+                  sinks := 1 | 2,
+                  params := map(),
+                  points := [point(), ...],
+                  figures := [{atom(), binary(), unit()}],
+                  ratio := [atom()],
+                  primary := {atom(), higher | lower},
+                  convoy := measured | {awaiting, binary()},
+                  timeout := pos_integer()}.
+-export_type([spec/0, size/0, unit/0, point/0]).
+
+%% @doc Every scenario, in report order.
+-spec names() -> [atom()].
+names() ->
+    [local, flood, oneway, sizes, pairs, latency, bulk, hol, fanout, flow].
+
+%% @doc What `make bench' runs without arguments.
+-spec default_selection() -> [atom()].
+default_selection() ->
+    [local, flood, oneway, latency].
+
+%% @doc Integer parameters of a scenario that `--param key=value' may override.
+-spec param_keys(atom()) -> [atom()].
+param_keys(Name) ->
+    [K || {K, V} <- maps:to_list(params(Name, normal)), is_integer(V)].
+
+%% @doc The scenario `Name' at `Size', with `Overrides' applied to its parameters
+%% (unknown keys are ignored: they may belong to another scenario).
+-spec spec(atom(), size(), map()) -> spec().
+spec(Name, Size, Overrides) ->
+    P0 = params(Name, Size),
+    P = maps:merge(P0, maps:with(maps:keys(P0), Overrides)),
+    (describe(Name, P))#{name => Name, params => P,
+                         timeout => case Size of tiny -> 30000; normal -> 300000 end}.
+
+params(local, normal) -> #{n_oneway => 2000000, n_pingpong => 300000};
+params(local, tiny) -> #{n_oneway => 20000, n_pingpong => 2000};
+params(flood, normal) -> #{pingers => 200000};
+params(flood, tiny) -> #{pingers => 2000};
+params(oneway, normal) -> #{n => 1000000};
+params(oneway, tiny) -> #{n => 10000};
+params(sizes, normal) -> #{sizes => [16, 128, 1024, 8192, 65536, 1048576],
+                           budget => 200000000, min_count => 300, max_count => 300000};
+params(sizes, tiny) -> #{sizes => [16, 1024, 65536, 1048576],
+                         budget => 4000000, min_count => 10, max_count => 3000};
+params(pairs, normal) -> #{pairs => [1, 4, 16, 64, 256, 1024], payload => 1024,
+                           duration_ms => 1000, warmup_ms => 200};
+params(pairs, tiny) -> #{pairs => [1, 8], payload => 1024,
+                         duration_ms => 100, warmup_ms => 20};
+params(latency, normal) -> #{n => 20000, warmup => 2000};
+params(latency, tiny) -> #{n => 300, warmup => 30};
+params(bulk, normal) -> #{senders => [1, 16], size => 10000000,
+                          duration_ms => 1500, warmup_ms => 300};
+params(bulk, tiny) -> #{senders => [1, 4], size => 200000,
+                        duration_ms => 100, warmup_ms => 20};
+params(hol, normal) -> #{bulk_senders => 4, size => 10000000,
+                         duration_ms => 2000, warmup_ms => 300};
+params(hol, tiny) -> #{bulk_senders => 2, size => 200000,
+                       duration_ms => 150, warmup_ms => 20};
+params(fanout, normal) -> #{receivers => 10000, rounds => 20};
+params(fanout, tiny) -> #{receivers => 200, rounds => 3};
+params(flow, normal) -> #{n => 100000, work => 250, every => 1000};
+params(flow, tiny) -> #{n => 5000, work => 250, every => 1000}.
+
+describe(local, P) ->
+    #{title => <<"seed 002: same-node oneway and ping-pong (one process pair)">>,
+      placement => same_node, sinks => 1,
+      points => [point(<<"same node">>, P)],
+      figures => [{oneway_msg_s, <<"oneway msg/s">>, rate},
+                  {pingpong_rt_s, <<"ping-pong rt/s">>, rate}],
+      ratio => [oneway_msg_s, pingpong_rt_s],
+      primary => {oneway_msg_s, higher}, convoy => measured};
+describe(flood, P = #{pingers := N}) ->
+    #{title => fmt("seeds 000/001 (flood1): ~b spawned pingers, one registered pong; "
+                   "pongs received per minute", [N]),
+      placement => cross, sinks => 1,
+      points => [point(fmt("~b pingers", [N]), P)],
+      figures => [{msg_min, <<"msg/min">>, rate}],
+      ratio => [msg_min], primary => {msg_min, higher}, convoy => measured};
+describe(oneway, P = #{n := N}) ->
+    #{title => fmt("one sender, ~b small messages to one remote process", [N]),
+      placement => cross, sinks => 1,
+      points => [point(fmt("~b msgs", [N]), P)],
+      figures => [{msg_s, <<"msg/s">>, rate}],
+      ratio => [msg_s], primary => {msg_s, higher}, convoy => measured};
+describe(sizes, #{sizes := Sizes, budget := Budget, min_count := Min,
+                      max_count := Max}) ->
+    #{title => <<"one sender, one-way, binary payloads of each size (MB = 10^6 bytes)">>,
+      placement => cross, sinks => 1,
+      points => [point(size_label(S), #{size => S,
+                                        count => max(Min, min(Max, Budget div S))})
+                 || S <- Sizes],
+      figures => [{msg_s, <<"msg/s">>, rate}, {mb_s, <<"MB/s">>, mbs}],
+      ratio => [mb_s], primary => {mb_s, higher}, convoy => measured};
+describe(pairs, P = #{pairs := Pairs}) ->
+    Base = maps:remove(pairs, P),
+    #{title => fmt("concurrent request/response pairs, ~b B requests, closed loop, ~b ms",
+                   [maps:get(payload, P), maps:get(duration_ms, P)]),
+      placement => cross, sinks => 1,
+      points => [point(fmt("~b pairs", [C]), Base#{pairs => C}) || C <- Pairs],
+      figures => [{rt_s, <<"rt/s">>, rate}, {p50_us, <<"p50">>, us},
+                  {p99_us, <<"p99">>, us}, {p999_us, <<"p99.9">>, us}],
+      ratio => [rt_s, p99_us], primary => {rt_s, higher}, convoy => measured};
+describe(latency, P = #{n := N}) ->
+    #{title => fmt("idle round trip, one client, ~b sequential small round trips", [N]),
+      placement => cross, sinks => 1,
+      points => [point(<<"idle">>, P)],
+      figures => [{p50_us, <<"p50">>, us}, {p99_us, <<"p99">>, us},
+                  {p999_us, <<"p99.9">>, us}, {max_us, <<"max">>, us}],
+      ratio => [p50_us, p99_us], primary => {p50_us, lower}, convoy => measured};
+describe(bulk, P = #{senders := Senders, size := Size}) ->
+    Base = maps:remove(senders, P),
+    #{title => fmt("seed 003: ~s binaries, each sender waits for its sink's answer",
+                   [size_label(Size)]),
+      placement => cross, sinks => 1,
+      points => [point(fmt("~b sender~s", [K, plural(K)]), Base#{senders => K})
+                 || K <- Senders],
+      figures => [{mb_s, <<"MB/s">>, mbs}],
+      ratio => [mb_s], primary => {mb_s, higher}, convoy => measured};
+describe(hol, P = #{bulk_senders := K, size := Size}) ->
+    #{title => fmt("small round trips while ~b senders push ~s binaries to the same node",
+                   [K, size_label(Size)]),
+      placement => cross, sinks => 1,
+      points => [point(fmt("~b bulk", [K]), P)],
+      figures => [{p50_us, <<"p50">>, us}, {p99_us, <<"p99">>, us},
+                  {max_us, <<"max">>, us}, {bulk_mb_s, <<"bulk MB/s">>, mbs}],
+      ratio => [p99_us, bulk_mb_s], primary => {p99_us, lower}, convoy => measured};
+describe(fanout, P = #{receivers := R}) ->
+    #{title => fmt("one message to ~b processes on two remote nodes: convoy:multicast "
+                   "(convoy variants) vs a loop of sends", [R]),
+      placement => cross, sinks => 2,
+      points => [point(fmt("~b procs", [R]), P)],
+      figures => [{round_ms, <<"ms/round">>, ms}, {deliveries_s, <<"deliveries/s">>, rate}],
+      ratio => [deliveries_s], primary => {deliveries_s, higher}, convoy => measured};
+describe(flow, P = #{n := N, every := Every}) ->
+    #{title => fmt("seed 004: ~b messages to a slow consumer, flooding vs syncing "
+                   "every ~b", [N, Every]),
+      placement => cross, sinks => 1,
+      points => [point(<<"flood">>, P#{mode => flood}),
+                 point(fmt("sync/~b", [Every]), P#{mode => sync})],
+      figures => [{total_ms, <<"total ms">>, ms}, {producer_ms, <<"producer ms">>, ms},
+                  {msg_s, <<"msg/s">>, rate}, {max_backlog, <<"max backlog">>, count}],
+      ratio => [msg_s], primary => {msg_s, higher},
+      convoy => {awaiting, <<"awaits flow control (issue 4): convoy has no credit-based "
+                             "channels yet, so there is nothing to measure">>}}.
+
+point(Label, Params) -> #{label => Label, params => Params}.
+
+size_label(S) when S >= 1000000, S rem 1000000 =:= 0 -> fmt("~b MB", [S div 1000000]);
+size_label(S) when S >= 1048576, S rem 1048576 =:= 0 -> fmt("~b MiB", [S div 1048576]);
+size_label(S) when S >= 1024, S rem 1024 =:= 0 -> fmt("~b KiB", [S div 1024]);
+size_label(S) when S >= 1000, S rem 1000 =:= 0 -> fmt("~b kB", [S div 1000]);
+size_label(S) -> fmt("~b B", [S]).
+
+plural(1) -> "";
+plural(_) -> "s".
+
+fmt(F, A) -> iolist_to_binary(io_lib:format(F, A)).

@@ -1,0 +1,180 @@
+%% The benchmark harness (bench/) in tiny mode, through the same entry point the
+%% command line uses (`convoy_bench:main/1'): every scenario runs, and what it
+%% writes is well formed. No assertion on any measured figure's value: the machine
+%% is shared and noisy; only the shape of the results is checked.
+-module(convoy_bench_SUITE).
+
+-include_lib("common_test/include/ct.hrl").
+-include_lib("stdlib/include/assert.hrl").
+
+-export([all/0, suite/0, init_per_suite/1, end_per_suite/1]).
+-export([every_scenario_tiny/1, tune_tiny/1, given_nodes/1, arguments/1]).
+
+suite() ->
+    [{timetrap, {minutes, 3}}].
+
+all() ->
+    [arguments, every_scenario_tiny, tune_tiny, given_nodes].
+
+init_per_suite(Config) ->
+    Config.
+
+end_per_suite(_Config) ->
+    ok.
+
+%%--------------------------------------------------------------------
+
+arguments(_Config) ->
+    {ok, #{help := Help}} = convoy_bench:main(["--help"]),
+    [?assertNotEqual(nomatch, binary:match(Help, list_to_binary(Opt)), Opt)
+     || Opt <- ["--scenario", "--full", "--quick", "--tiny", "--repeat", "--convoy",
+                "--variants", "--param", "--tune", "tune SCENARIO", "--nodes", "--cookie",
+                "--netns", "--rate", "--peer-args", "--out", "--no-plots", "--quiet",
+                "--help"]],
+    [?assertMatch({error, <<_/binary>>}, convoy_bench:main(Args), Args)
+     || Args <- [["--bogus"], ["--scenario", "nope"], ["--repeat", "0"],
+                 ["--convoy", "lane=2"], ["--convoy", "lanes=0"], ["--convoy", "lanes"],
+                 ["--variants", "nope"], ["--param", "nope=1"], ["tune", "flow"],
+                 ["--nodes", "a@h"], ["--netns"]]],
+    {ok, #{convoy := [{<<"max_batch=5000,lanes=2">>, #{max_batch := 5000, lanes := 2}}]}} =
+        convoy_bench:parse(["--convoy", "max_batch=5000,lanes=2"]),
+    ok.
+
+every_scenario_tiny(Config) ->
+    Dir = filename:join(?config(priv_dir, Config), "all"),
+    {ok, R} = convoy_bench:main(["--tiny", "--full", "--repeat", "2", "--quiet",
+                                 "--convoy", "max_batch=50", "--out", Dir]),
+    Names = convoy_bench_scenarios:names(),
+    #{scenarios := Scenarios, config := #{facts := Facts}} = R,
+    ?assertEqual(Names, [N || #{name := N} <- Scenarios]),
+    ?assertMatch(#{otp_release := <<_/binary>>, schedulers_online := _,
+                   logical_processors := _, convoy_defaults := #{lanes := _}}, Facts),
+    [check_scenario(S) || S <- Scenarios],
+    check_files(Dir, R),
+    ok.
+
+tune_tiny(Config) ->
+    Dir = filename:join(?config(priv_dir, Config), "tune"),
+    {ok, R} = convoy_bench:main(["tune", "oneway", "--tiny", "--repeat", "1", "--quiet",
+                                 "--no-plots", "--out", Dir]),
+    #{tune := T = #{best := Best, changed := Changed, sys_config := Snippet, steps := Steps}} = R,
+    ?assertEqual([K || {K, _} <- convoy_bench_tune:grid()], [K || #{knob := K} <- Steps]),
+    ?assertMatch({ok, _}, convoy_config:validate(Best)),
+    {ok, Tokens, _} = erl_scan:string(binary_to_list(Snippet)),
+    {ok, [{convoy, Env}]} = erl_parse:parse_term(Tokens),
+    ?assertEqual(Changed, maps:from_list(Env)),
+    ?assert(is_map(maps:get(gain_over_base, T)) orelse maps:get(gain_over_base, T) =:= null),
+    [#{name := oneway}] = maps:get(scenarios, R),
+    check_files(Dir, R),
+    ok.
+
+%% Running nodes given with --nodes: the harness loads its own code there; the
+%% variants that need node flags are reported unavailable, not run.
+given_nodes(Config) ->
+    Ebin = filename:dirname(code:which(convoy)),
+    Peers = [begin
+                 {ok, P, N} = ?CT_PEER(#{name => ?CT_PEER_NAME(Name),
+                                         args => ["-pa", Ebin, "-connect_all", "false"]}),
+                 {P, N}
+             end || Name <- ["bench_given_a", "bench_given_b"]],
+    Nodes = lists:join(",", [atom_to_list(N) || {_, N} <- Peers]),
+    Dir = filename:join(?config(priv_dir, Config), "given"),
+    try
+        {ok, R} = convoy_bench:main(["--tiny", "--scenario", "oneway,fanout", "--repeat", "1",
+                                     "--quiet", "--no-plots", "--nodes", lists:flatten(Nodes),
+                                     "--out", Dir]),
+        [Oneway, Fanout] = maps:get(scenarios, R),
+        Status = fun(#{summary := Sum}, V) -> hd([S || #{variant := X, status := S} <- Sum,
+                                                     X =:= V]) end,
+        ?assertEqual(ok, Status(Oneway, <<"plain">>)),
+        ?assertEqual(ok, Status(Oneway, <<"convoy">>)),
+        ?assertEqual(unavailable, Status(Oneway, <<"nodelay_false">>)),
+        ?assertEqual(unavailable, Status(Fanout, <<"plain">>)),
+        check_files(Dir, R)
+    after
+        [peer:stop(P) || {P, _} <- Peers]
+    end.
+
+%%--------------------------------------------------------------------
+%% Checks
+
+check_scenario(#{name := Name, spec := Spec, runs := Runs, summary := Summary,
+                 variants := Variants}) ->
+    #{points := Points, figures := Figs, convoy := ConvoyStatus} = Spec,
+    Keys = [K || {K, _, _} <- Figs],
+    ?assert(Variants =/= []),
+    %% Every variant x point x repeat ran (or says why not).
+    ?assertEqual(length(Variants) * length(Points) * 2, length(Runs)),
+    [begin
+         ?assert(lists:member(V, Variants)),
+         case {S, ConvoyStatus, is_convoy(V)} of
+             {ok, _, _} ->
+                 ?assertEqual([], Keys -- maps:keys(Fs), {Name, V}),
+                 [?assert(is_number(X) andalso X >= 0) || X <- maps:values(Fs)];
+             {awaiting, {awaiting, _}, true} ->
+                 ?assertEqual(#{}, Fs);
+             Other ->
+                 ct:fail({unexpected_run, Name, V, Other, Run})
+         end
+     end || Run = #{variant := V, status := S, figures := Fs} <- Runs],
+    ?assertEqual(length(Variants) * length(Points), length(Summary)),
+    Base = convoy_bench_runner:baseline(Spec),
+    [case S of
+         ok ->
+             ?assertEqual(lists:sort(Keys), lists:sort(maps:keys(FS))),
+             [?assertMatch(#{median := _, min := _, max := _}, X) || X <- maps:values(FS)],
+             V =:= Base orelse
+                 ?assertEqual(lists:sort(maps:get(ratio, Spec)), lists:sort(maps:keys(RS)));
+         awaiting ->
+             ok
+     end || #{variant := V, status := S, figures := FS, ratios := RS} <- Summary],
+    ok.
+
+is_convoy(<<"convoy", _/binary>>) -> true;
+is_convoy(_) -> false.
+
+check_files(Dir, R = #{scenarios := Scenarios, files := Files}) ->
+    [?assert(filelib:is_regular(F), F) || F <- Files],
+    [?assert(filelib:is_regular(filename:join(Dir, F)), F)
+     || F <- ["table.txt", "results.csv", "results.json"]],
+    %% JSON parses and holds what the run returned.
+    {ok, Bin} = file:read_file(filename:join(Dir, "results.json")),
+    {ok, J} = convoy_bench_json:decode(Bin),
+    ?assertEqual([atom_to_binary(N) || #{name := N} <- Scenarios],
+                 [N || #{<<"name">> := N} <- maps:get(<<"scenarios">>, J)]),
+    ?assertMatch(#{<<"config">> := #{<<"facts">> := #{<<"otp_release">> := _}}}, J),
+    %% CSV: the header, then one row per run, each with every column.
+    {ok, Csv} = file:read_file(filename:join(Dir, "results.csv")),
+    [Header | Rows] = [parse_csv_line(L) || L <- binary:split(Csv, <<"\n">>, [global, trim_all])],
+    Cols = [atom_to_binary(C) || C <- convoy_bench_report:csv_columns(R)],
+    ?assertEqual(Cols, Header),
+    ?assertEqual(length(lists:append([Runs || #{runs := Runs} <- Scenarios])), length(Rows)),
+    [?assertEqual(length(Cols), length(Row), Row) || Row <- Rows],
+    %% Plots, when gnuplot is here and their scenario ran.
+    Ran = [N || #{name := N} <- Scenarios],
+    Plots = [P || {S, P} <- [{sizes, "sizes_mb_s.png"}, {pairs, "pairs_rt_s.png"},
+                             {latency, "latency_percentiles.png"}],
+                  lists:member(S, Ran)],
+    case os:find_executable("gnuplot") =/= false andalso
+        maps:get(plots, maps:get(config, R)) of
+        true ->
+            [begin
+                 {ok, <<137, "PNG", _/binary>>} = file:read_file(filename:join(Dir, P))
+             end || P <- Plots];
+        false ->
+            ok
+    end,
+    ok.
+
+%% One CSV line (no embedded newlines are written) into fields, honouring quotes.
+parse_csv_line(L) -> fields(L, <<>>, []).
+
+fields(<<>>, Cur, Acc) -> lists:reverse([Cur | Acc]);
+fields(<<$", R/binary>>, <<>>, Acc) -> quoted(R, <<>>, Acc);
+fields(<<$,, R/binary>>, Cur, Acc) -> fields(R, <<>>, [Cur | Acc]);
+fields(<<C, R/binary>>, Cur, Acc) -> fields(R, <<Cur/binary, C>>, Acc).
+
+quoted(<<$", $", R/binary>>, Cur, Acc) -> quoted(R, <<Cur/binary, $">>, Acc);
+quoted(<<$", $,, R/binary>>, Cur, Acc) -> fields(R, <<>>, [Cur | Acc]);
+quoted(<<$">>, Cur, Acc) -> lists:reverse([Cur | Acc]);
+quoted(<<C, R/binary>>, Cur, Acc) -> quoted(R, <<Cur/binary, C>>, Acc).
