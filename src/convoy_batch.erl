@@ -15,7 +15,7 @@
 %% and a chunk always comes from the head, so entries leave in the order they came.
 -module(convoy_batch).
 
--export([new/0, push/4, take/3, requeue/3, drop/2, status/2, set_status/3,
+-export([new/0, push/4, push_many/5, take/3, requeue/3, drop/2, status/2, set_status/3,
          due/4, next_timeout/3, buffered/1, buffered/2, nodes/1, is_message/1,
          count_messages/1]).
 
@@ -47,6 +47,20 @@ push(Node, Entry, Now, Core) ->
     Core#{Node => NQ#nq{q = queue:in(Entry, NQ#nq.q),
                         msgs = NQ#nq.msgs + count(Entry),
                         since = Since}}.
+
+%% @doc Append `K' messages (no control entries), in order.
+-spec push_many(node(), [term()], non_neg_integer(), integer(), core()) -> core().
+push_many(Node, Entries, K, Now, Core) ->
+    NQ = case Core of
+             #{Node := Q} -> Q;
+             _ -> #nq{}
+         end,
+    Since = case NQ#nq.msgs of
+                0 -> Now;
+                _ -> NQ#nq.since
+            end,
+    Core#{Node => NQ#nq{q = queue:join(NQ#nq.q, queue:from_list(Entries)),
+                        msgs = NQ#nq.msgs + K, since = Since}}.
 
 %% @doc Take the next chunk of `Node''s queue: at most `Max' messages, with the
 %% control entries among them, from the head. The queue must be ready.

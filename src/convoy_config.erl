@@ -15,6 +15,7 @@
                     max_delay := non_neg_integer(),
                     large_threshold := non_neg_integer() | infinity,
                     barrier_timeout := non_neg_integer(),
+                    bypass_after := non_neg_integer() | never,
                     telemetry := boolean()}.
 -type error() :: {bad_option, term()} | {bad_value, atom(), term()}.
 
@@ -32,6 +33,7 @@ defaults() ->
       max_delay => 0,
       large_threshold => 65536,
       barrier_timeout => 100,
+      bypass_after => 20,
       telemetry => true}.
 
 -spec keys() -> [atom()].
@@ -72,6 +74,8 @@ valid(max_batch, V) -> is_integer(V) andalso V >= 1 andalso V =< 1000000;
 valid(max_delay, V) -> is_integer(V) andalso V >= 0 andalso V =< 10000000;
 valid(large_threshold, infinity) -> true;
 valid(large_threshold, V) -> is_integer(V) andalso V >= 0;
+valid(bypass_after, never) -> true;
+valid(bypass_after, V) -> is_integer(V) andalso V >= 0 andalso V =< 1000000;
 valid(barrier_timeout, V) -> is_integer(V) andalso V >= 0 andalso V =< 60000;
 valid(telemetry, V) -> is_boolean(V).
 

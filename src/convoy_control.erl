@@ -48,7 +48,7 @@ set_config(Opts) ->
 -spec init(convoy_config:config()) -> {ok, #s{}}.
 init(Config = #{lanes := N}) ->
     process_flag(trap_exit, true),
-    RT = start_lanes(runtime(Config, atomics:new(2 * N, [{signed, true}])), none),
+    RT = start_lanes(runtime(Config, atomics:new(3 * N, [{signed, true}])), none),
     persistent_term:put(?RUNTIME_KEY, RT),
     {ok, #s{config = Config, runtime = RT}}.
 
@@ -67,6 +67,7 @@ runtime(Config, A) ->
              max_delay = maps:get(max_delay, Config),
              large_threshold = maps:get(large_threshold, Config),
              barrier_timeout = maps:get(barrier_timeout, Config),
+             bypass_after = maps:get(bypass_after, Config),
              telemetry = maps:get(telemetry, Config),
              config = Config}.
 
@@ -97,7 +98,7 @@ handle_cast(_Msg, S) ->
     {noreply, S}.
 
 switch_lanes(New = #{lanes := M}, S = #s{runtime = OldRT}) ->
-    A = atomics:new(2 * M, [{signed, true}]),
+    A = atomics:new(3 * M, [{signed, true}]),
     [atomics:put(A, M + I, -1) || I <- lists:seq(1, M)],
     RT = start_lanes(runtime(New, A), all),
     persistent_term:put(?RUNTIME_KEY, RT),

@@ -37,6 +37,10 @@
             rt :: #runtime{},
             counters = #{} :: #{node() => counters:counters_ref()},
             disposed = 0 :: non_neg_integer(),
+            %% sends and multicasts read in this drain, newest first, not yet queued:
+            %% queuing them in one go per node keeps the per-message cost to a cons
+            pending = [] :: [{'$convoy_send' | '$convoy_multicast', node(), term(), term()}],
+            npending = 0 :: non_neg_integer(),
             workers = #{} :: #{reference() => {courier, node(), [term()], integer()}
                                                 | {connector, node()}
                                                 | {barrier, node()}},
@@ -85,7 +89,7 @@ now_us(_) -> erlang:monotonic_time(microsecond).
 
 %% End of a drain: ship what is due, publish the count of disposed admissions.
 cycle(S0) ->
-    S1 = S0#s{rt = settings(persistent_term:get(?RUNTIME_KEY, S0#s.rt), S0#s.rt)},
+    S1 = spill(S0#s{rt = settings(persistent_term:get(?RUNTIME_KEY, S0#s.rt), S0#s.rt)}),
     #runtime{max_batch = MB, max_delay = MD} = S1#s.rt,
     Due = convoy_batch:due(now_us(MD), MB, MD, S1#s.core),
     S2 = lists:foldl(fun({Node, Reason}, Acc) -> ship(Node, Reason, Acc) end, S1,
@@ -113,40 +117,61 @@ held(Node, #s{held = Held}) -> is_map_key(Node, Held).
 %%--------------------------------------------------------------------
 %% Messages
 
-handle({'$convoy_send', Node, To, Msg}, S) ->
-    enqueue(Node, {To, Msg}, S);
-handle({'$convoy_multicast', Node, Tos, Msg}, S) ->
-    enqueue(Node, {Tos, Msg}, S);
-handle({'$convoy_sync', Node, ReplyTo, Tag}, S) ->
+handle({'$convoy_send', _Node, _To, _Msg} = M, S) ->
+    add_pending(M, S);
+handle({'$convoy_multicast', _Node, _Tos, _Msg} = M, S) ->
+    add_pending(M, S);
+handle(M, S) ->
+    %% Anything else is ordered after the sends read before it.
+    handle_other(M, spill(S)).
+
+handle_other({'$convoy_sync', Node, ReplyTo, Tag}, S) ->
     ship_now(Node, S#s{core = convoy_batch:push(Node, convoy_wire:barrier(ReplyTo, Tag), 0,
                                                 S#s.core)});
-handle({'$convoy_flush', Which, ReplyTo, Tag}, S) ->
+handle_other({'$convoy_flush', Which, ReplyTo, Tag}, S) ->
     flush_request(Which, ReplyTo, Tag, S);
-handle({'DOWN', Ref, process, _Pid, Reason}, S = #s{workers = W}) when is_map_key(Ref, W) ->
+handle_other({'DOWN', Ref, process, _Pid, Reason}, S = #s{workers = W}) when is_map_key(Ref, W) ->
     worker_done(maps:get(Ref, W), Reason, S#s{workers = maps:remove(Ref, W)});
-handle({'$convoy_hold', Nodes}, S) ->
+handle_other({'$convoy_hold', Nodes}, S) ->
     released(S#s{held = maps:from_list([{N, true} || N <- Nodes])});
-handle({'$convoy_release', Node}, S = #s{held = Held}) when is_map(Held) ->
+handle_other({'$convoy_release', Node}, S = #s{held = Held}) when is_map(Held) ->
     released(S#s{held = maps:remove(Node, Held)});
-handle({'$convoy_retire', K, From}, S) ->
+handle_other({'$convoy_retire', K, From}, S) ->
     S#s{retiring = {draining, K, From}};
-handle({'EXIT', Parent, Reason}, S = #s{parent = Parent}) ->
+handle_other({'EXIT', Parent, Reason}, S = #s{parent = Parent}) ->
     terminate(Reason, S);
-handle({system, From, Req}, S) ->
+handle_other({system, From, Req}, S) ->
     sys:handle_system_msg(Req, From, S#s.parent, ?MODULE, [], S);
-handle(_Other, S) ->
+handle_other(_Other, S) ->
     convoy_metrics:rejected(unknown_message),
     S.
 
-enqueue(Node, Entry, S = #s{rt = #runtime{max_batch = MB, max_delay = MD}}) ->
+add_pending(M, S = #s{pending = P, npending = K, rt = #runtime{max_batch = MB}})
+  when K + 1 >= MB ->
+    S1 = spill(S#s{pending = [M | P], npending = K + 1}),
+    lists:foldl(fun(Node, Acc) -> ship_now(Node, max_batch, Acc) end, S1,
+                [N || N <- convoy_batch:nodes(S1#s.core),
+                      convoy_batch:buffered(N, S1#s.core) >= MB]);
+add_pending(M, S = #s{pending = P, npending = K}) ->
+    S#s{pending = [M | P], npending = K + 1}.
+
+%% Queue the pending sends, in order, one run of same-node messages at a time.
+spill(S = #s{npending = 0}) ->
+    S;
+spill(S = #s{pending = P, rt = #runtime{max_delay = MD}}) ->
+    runs(lists:reverse(P), now_us(MD), S#s{pending = [], npending = 0}).
+
+runs([], _Now, S) ->
+    S;
+runs([{_, Node, _, _} | _] = Pending, Now, S) ->
+    {Entries, K, Rest} = run(Node, Pending, [], 0),
     C = counters(Node, S),
-    convoy_metrics:add(C, accepted, 1),
-    Core = convoy_batch:push(Node, Entry, now_us(MD), S#s.core),
-    S1 = S#s{core = Core, counters = (S#s.counters)#{Node => C}},
-    case convoy_batch:buffered(Node, Core) >= MB of
-        true -> ship_now(Node, max_batch, S1);
-        false -> S1
-    end.
+    convoy_metrics:add(C, accepted, K),
+    runs(Rest, Now, S#s{core = convoy_batch:push_many(Node, Entries, K, Now, S#s.core),
+                        counters = (S#s.counters)#{Node => C}}).
+
+run(Node, [{_, Node, To, Msg} | Rest], Acc, K) -> run(Node, Rest, [{To, Msg} | Acc], K + 1);
+run(_Node, Rest, Acc, K) -> {lists:reverse(Acc), K, Rest}.
 
 %% Someone waits on this queue (flush, barrier) or it is full: ship it without
 %% waiting for the end of the drain or for max_delay.
@@ -443,7 +468,8 @@ retire_barrier(Node, S = #s{index = I}) ->
 %%--------------------------------------------------------------------
 %% Shutdown: what can leave without waiting leaves; the rest is counted as dropped.
 
-terminate(Reason, S0) ->
+terminate(Reason, S) ->
+    S0 = spill(S),
     S1 = lists:foldl(fun(Node, Acc) -> ship(Node, drained, Acc) end, S0,
                      convoy_batch:nodes(S0#s.core)),
     S2 = lists:foldl(fun(Node, Acc) ->

@@ -59,11 +59,15 @@ handle_cast(_Msg, S) ->
 
 %% @private
 -spec handle_info(term(), #s{}) -> {noreply, #s{}}.
-handle_info({nodeup, Node, _Info}, S) ->
+handle_info({nodeup, Node, _Info}, S) when is_atom(Node) ->
     say(hello, Node, S),
     {noreply, S};
-handle_info({nodedown, Node, _Info}, S) ->
-    {noreply, forget(Node, S)};
+handle_info({nodedown, Node, _Info}, S) when is_atom(Node) ->
+    %% Trusted only if the node is really gone (anyone can send this tuple).
+    case lists:member(Node, nodes(connected)) of
+        true -> {noreply, S};
+        false -> {noreply, forget(Node, S)}
+    end;
 handle_info({'DOWN', Ref, process, _, _}, S = #s{monitors = M}) ->
     case [N || {N, R} <- maps:to_list(M), R =:= Ref] of
         [Node] -> {noreply, forget(Node, S)};

@@ -11,7 +11,11 @@
 %%   lane (`atomics:add_get' on its slot) has been disposed of. Then everything the
 %%   sender handed over before is already in the distribution connection, which
 %%   delivers in order what it was given in order; the sender's own message goes in
-%%   behind it. The idle test and the admission are one `add_get' plus one read.</li>
+%%   behind it. The idle test and the admission are one `add_get' plus one read.
+%%   For a small message the lane must also have been quiet: no small message took
+%%   it in the last `bypass_after' microseconds. An idle lane under a steady flood
+%%   is not quiet, so a flood is batched instead of leaking out one message at a
+%%   time, while a lone request/response pays no extra hop.</li>
 %% <li>Bypassing the inbox too (sending straight to the destination process) is
 %%   allowed only when none of the sender's earlier messages to that node can still
 %%   be waiting in an inbox: the process dictionary key `{'$convoy_inbox', Node}'
@@ -109,23 +113,31 @@ full_dest(PidOrRef, _Node) -> PidOrRef.
 
 %% @doc The lane index of the calling process.
 -spec lane_of(#runtime{}) -> pos_integer().
+lane_of(#runtime{n = 1}) -> 1;
 lane_of(#runtime{n = N}) -> erlang:phash2(self(), N) + 1.
 
 -spec flag_key(node()) -> {'$convoy_inbox', node()}.
 flag_key(Node) -> {'$convoy_inbox', Node}.
 
 %% One message to a remote node.
-remote(RT = #runtime{admission = A, large_threshold = T}, Node, To, Msg) ->
+remote(RT = #runtime{large_threshold = T}, Node, To, Msg) ->
+    remote(RT, Node, To, Msg, convoy_size:is_large(Msg, T)).
+
+%% Once admitted, a message must be disposed of: nothing after add_get may fail.
+remote(RT = #runtime{admission = A}, Node, To, Msg, Large) ->
     L = lane_of(RT),
     case atomics:add_get(A, L, 1) of
         V when V >= ?CLOSED ->
             %% The lane is being retired; the new runtime is already published.
-            remote(persistent_term:get(?RUNTIME_KEY), Node, To, Msg);
+            remote(persistent_term:get(?RUNTIME_KEY), Node, To, Msg, Large);
         V ->
             Idle = idle(RT, L, V),
-            case convoy_size:is_large(Msg, T) of
-                false when Idle -> small_idle(RT, L, Node, To, Msg);
-                false -> to_lane(RT, L, Node, To, Msg);
+            case Large of
+                false ->
+                    case quiet(RT, L) andalso Idle of
+                        true -> small_idle(RT, L, Node, To, Msg);
+                        false -> to_lane(RT, L, Node, To, Msg)
+                    end;
                 true -> large(RT, L, Idle, Node, To, Msg)
             end
     end.
@@ -156,7 +168,7 @@ direct(RT, L, Node, C, To, Msg) ->
 %% A batch of one to the inbox this sender's lane uses.
 via_inbox(RT, L, Node, Inboxes, C, Entry, To, Msg) ->
     Inbox = {element((L - 1) rem tuple_size(Inboxes) + 1, Inboxes), Node},
-    put(flag_key(Node), true),
+    flag(Node),
     case erlang:send(Inbox, convoy_wire:batch(node(), [Entry]), ?DIRECT_OPTS) of
         ok ->
             counted(RT, L, C),
@@ -174,14 +186,21 @@ counted(#runtime{admission = A, n = N}, L, C) ->
     counters:add(C, 6, 1). % direct
 
 to_lane(#runtime{lanes = Lanes}, L, Node, To, Msg) ->
-    put(flag_key(Node), true),
+    flag(Node),
     erlang:send(element(L, Lanes), {'$convoy_send', Node, To, Msg}),
     ok.
 
 to_lane_multi(#runtime{lanes = Lanes}, L, Node, Tos, Msg) ->
-    put(flag_key(Node), true),
+    flag(Node),
     erlang:send(element(L, Lanes), {'$convoy_multicast', Node, Tos, Msg}),
     ok.
+
+flag(Node) ->
+    Key = flag_key(Node),
+    case get(Key) of
+        true -> ok;
+        undefined -> put(Key, true)
+    end.
 
 %% A large message: direct when nothing of ours can be waiting in an inbox;
 %% otherwise after a barrier.
@@ -234,6 +253,14 @@ barrier(RT = #runtime{lanes = Lanes, barrier_timeout = Timeout}, L, Idle, Node, 
 idle(#runtime{max_delay = 0, admission = A, n = N}, L, V) -> atomics:get(A, N + L) =:= V - 1;
 idle(_RT, _L, _V) -> false.
 
+%% Records this small send's time on the lane; true if the one before was more
+%% than bypass_after microseconds ago.
+quiet(#runtime{bypass_after = never}, _L) ->
+    false;
+quiet(#runtime{bypass_after = W, admission = A, n = N}, L) ->
+    Now = erlang:monotonic_time(microsecond),
+    Now - atomics:exchange(A, 2 * N + L, Now) > W.
+
 %% One multicast entry to a remote node: one copy travels, the inbox fans it out.
 remote_multi(RT = #runtime{admission = A}, Node, Tos, Msg) ->
     L = lane_of(RT),
@@ -241,7 +268,7 @@ remote_multi(RT = #runtime{admission = A}, Node, Tos, Msg) ->
         V when V >= ?CLOSED ->
             remote_multi(persistent_term:get(?RUNTIME_KEY), Node, Tos, Msg);
         V ->
-            case idle(RT, L, V) andalso ets:lookup(convoy_nodes, Node) of
+            case quiet(RT, L) andalso idle(RT, L, V) andalso ets:lookup(convoy_nodes, Node) of
                 [{_, {convoy, _Vsn, Inboxes}, C}] ->
                     via_inbox(RT, L, Node, Inboxes, C, {Tos, Msg}, Tos, Msg);
                 _ ->

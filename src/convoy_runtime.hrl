@@ -10,8 +10,10 @@
     lanes :: tuple(),                 % lane pids, index 1..n
     n :: pos_integer(),
     %% slots 1..n: admissions per lane; n+1..2n: admissions disposed of
-    %% (shipped, handed to distribution or dropped)
+    %% (shipped, handed to distribution or dropped); 2n+1..3n: time of the lane's
+    %% latest small send (monotonic microseconds)
     admission :: atomics:atomics_ref(),
+    bypass_after :: non_neg_integer() | never,
     max_batch :: pos_integer(),
     max_delay :: non_neg_integer(),
     large_threshold :: non_neg_integer() | infinity,

@@ -23,18 +23,19 @@ is_large(Term, Threshold) -> walk(Term, [], Threshold) =< 0.
 estimate(Term) -> -walk(Term, [], -1 bsl 62) - (1 bsl 62).
 
 %% Left counts down from the budget; the walk ends early once it reaches zero.
-%% Stack holds the parts still to visit: terms, or {Tuple, NextIndex}.
+%% Stack holds the parts still to visit: {term, T}, or {tuple, Tuple, NextIndex}
+%% (tagged, so no term of the message can pass for a frame).
 walk(_T, _Stack, Left) when Left =< 0, Left > -1 bsl 61 -> Left;
 walk(T, Stack, Left) when is_bitstring(T) -> pop(Stack, Left - byte_size(T) - ?WORD);
-walk([H | T], Stack, Left) -> walk(H, [T | Stack], Left - ?WORD);
-walk(T, Stack, Left) when is_tuple(T), tuple_size(T) > 0 -> pop([{T, 1} | Stack], Left - ?WORD);
+walk([H | T], Stack, Left) -> walk(H, [{term, T} | Stack], Left - ?WORD);
+walk(T, Stack, Left) when is_tuple(T), tuple_size(T) > 0 -> pop([{tuple, T, 1} | Stack], Left - ?WORD);
 walk(T, Stack, Left) when is_map(T) -> walk(maps:to_list(T), Stack, Left - ?WORD);
 walk(_T, Stack, Left) -> pop(Stack, Left - ?WORD).
 
 pop([], Left) -> Left;
-pop([{T, I} | Stack], Left) when I > tuple_size(T) -> pop(Stack, Left);
-pop([{T, I} | Stack], Left) -> walk(element(I, T), [{T, I + 1} | Stack], Left);
-pop([T | Stack], Left) -> walk(T, Stack, Left).
+pop([{tuple, T, I} | Stack], Left) when I > tuple_size(T) -> pop(Stack, Left);
+pop([{tuple, T, I} | Stack], Left) -> walk(element(I, T), [{tuple, T, I + 1} | Stack], Left);
+pop([{term, T} | Stack], Left) -> walk(T, Stack, Left).
 
 -ifdef(TEST).
 -include_lib("eunit/include/eunit.hrl").
@@ -56,6 +57,11 @@ long_list_test() ->
 big_tuple_and_map_test() ->
     ?assert(is_large(list_to_tuple(lists:seq(1, 10000)), 65536)),
     ?assert(is_large(maps:from_list([{I, I} || I <- lists:seq(1, 5000)]), 65536)).
+
+improper_list_test() ->
+    ?assertEqual(estimate([a | {b, 1}]), estimate([a | {b, 2}])),
+    ?assert(estimate([a | {{p, q, r}, 1}]) > estimate([a | {b, 1}])),
+    ?assertNot(is_large([a | {b, 1}], 1000)).
 
 estimate_close_to_external_size_test() ->
     [begin

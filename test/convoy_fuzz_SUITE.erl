@@ -40,13 +40,13 @@ suite() ->
     [{timetrap, {seconds, 60}}].
 
 all() ->
-    [{group, fuzz}, {group, known_bugs}].
+    [{group, fuzz}, {group, regressions}].
 
 groups() ->
     [{fuzz, [sequence], [fuzz_inboxes, fuzz_peers, fuzz_lanes, nothing_restarted,
                          traffic_after_fuzz]},
-     %% Each of these demonstrates a bug found by fuzzing (see the test case).
-     {known_bugs, [], [improper_list_message, forged_nodeup_to_peers]}].
+     %% Each of these reproduces a bug fuzzing found (fixed; see the test case).
+     {regressions, [], [improper_list_message, forged_nodeup_to_peers]}].
 
 %%--------------------------------------------------------------------
 %% Set-up: this node runs convoy with 2 lanes (2 inboxes); peer A runs convoy and
@@ -213,12 +213,12 @@ traffic_after_fuzz(Config) ->
     ok.
 
 %%--------------------------------------------------------------------
-%% Known bugs (kept failing until src/ is fixed)
+%% Regressions: bugs fuzzing found, now fixed
 
-%% BUG convoy_size: an improper list whose tail is a 2-tuple, e.g. [a | {b, 1}], is
-%% taken for the walker's own {Tuple, Index} stack frame: convoy_size:is_large/2
-%% raises badarg (or miscounts), so convoy:send/2 to a remote process raises where
-%% `!' sends. The admission taken before the size check is then never disposed of.
+%% convoy_size took an improper list whose tail is a 2-tuple, e.g. [a | {b, 1}], is
+%% for the walker's own {Tuple, Index} stack frame: convoy_size:is_large/2 raised
+%% badarg (or miscounted), so convoy:send/2 to a remote process raised where `!'
+%% sends, after taking an admission it never disposed of.
 improper_list_message(Config) ->
     A = ?config(a, Config),
     There = spawn(A, ?MODULE, counter, []),
@@ -229,10 +229,9 @@ improper_list_message(Config) ->
     ok = convoy:flush(),
     ?assertEqual(length(Msgs), await_counter(There, length(Msgs))).
 
-%% BUG convoy_peers: a forged `{nodeup, Node, Info}' whose Node is not an atom, sent
-%% by any connected node to the registered convoy_peers, crashes it in
-%% erlang:send({convoy_peers, Node}, ..., [noconnect]) (badarg), and convoy_sup
-%% (one_for_all) restarts all of convoy: buffered messages are dropped, counters reset.
+%% A forged `{nodeup, Node, Info}' whose Node is not an atom, sent by any connected
+%% node to the registered convoy_peers, crashed it in erlang:send/3 (badarg), and
+%% convoy_sup (one_for_all) restarted all of convoy. Now counted as unknown_message.
 forged_nodeup_to_peers(Config) ->
     Processes = convoy_processes(),
     Before = rejected(),
