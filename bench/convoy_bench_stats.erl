@@ -22,7 +22,8 @@ median(Xs) ->
 -spec percentile(number(), [number(), ...]) -> number().
 percentile(P, Sorted) ->
     N = length(Sorted),
-    Rank = max(1, min(N, ceil(P / 100 * N))),
+    %% The epsilon keeps 99.9% of 1000 at rank 999 despite float rounding.
+    Rank = max(1, min(N, ceil(P * N / 100 - 1.0e-9))),
     lists:nth(Rank, Sorted).
 
 %% @doc Geometric mean of positive numbers (the mean of ratios that treats a gain

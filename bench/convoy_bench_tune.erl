@@ -4,7 +4,8 @@
 %% max_batch, max_delay, large_threshold) is tried at each of its values with the
 %% best values found so far for the others; every candidate of a step runs
 %% interleaved and repeated like any variant, and the one with the best median of
-%% the scenario's primary figure (geometric mean over its points) is kept. Then the
+%% the scenario's primary figure (geometric mean over its points) is kept, if it
+%% beats the current value by more than 3% (noise otherwise picks knobs). Then the
 %% winner is measured once more against the baseline (plain, or local for the
 %% same-node scenario) and the defaults, and the gains are the medians of the
 %% per-repeat ratios. The result names the settings and gives the sys.config
@@ -12,6 +13,9 @@
 -module(convoy_bench_tune).
 
 -export([tune/4, grid/0, text/1]).
+
+%% A change must beat the value it replaces by this factor (medians) to be kept.
+-define(MIN_GAIN, 1.03).
 
 %% @doc The values tried for each knob, in sweep order.
 -spec grid() -> [{atom(), [term()]}].
@@ -63,13 +67,21 @@ step(Spec = #{primary := {_, Better}}, Key, Values, Cur, Opts, Nodes0) ->
     Scored = [{V, S, median(convoy_bench_runner:primary(Spec, name(S), Runs))}
               || {V, S} <- Cands],
     Measured = [X || X = {_, _, M} <- Scored, M =/= none],
-    Chosen = case Measured of
+    CurValue = maps:get(Key, Cur, maps:get(Key, element(2, convoy_config:validate(#{})))),
+    Chosen = case lists:sort(fun({_, _, A}, {_, _, B}) -> better(Better, A, B) end,
+                             Measured) of
                  [] -> Cur;
-                 _ ->
-                     {_, S, _} = hd(lists:sort(fun({_, _, A}, {_, _, B}) ->
-                                                       better(Better, A, B)
-                                               end, Measured)),
-                     S
+                 [{_, S, M} | _] ->
+                     %% Keep the current value unless the winner clearly beats it:
+                     %% on a noisy machine a knob that does nothing wins half the
+                     %% time.
+                     case [CM || {V, _, CM} <- Measured, V =:= CurValue] of
+                         [CM] -> case clearly_better(Better, M, CM) of
+                                     true -> S;
+                                     false -> Cur#{Key => CurValue}
+                                 end;
+                         [] -> S
+                     end
              end,
     Step = #{knob => Key,
              tried => [#{value => V, median => M} || {V, _, M} <- Scored],
@@ -78,6 +90,9 @@ step(Spec = #{primary := {_, Better}}, Key, Values, Cur, Opts, Nodes0) ->
 
 better(higher, A, B) -> A >= B;
 better(lower, A, B) -> A =< B.
+
+clearly_better(higher, New, Cur) -> New > Cur * ?MIN_GAIN;
+clearly_better(lower, New, Cur) -> New * ?MIN_GAIN < Cur.
 
 median([]) -> none;
 median(L) -> convoy_bench_stats:median([V || {_, V} <- L]).
