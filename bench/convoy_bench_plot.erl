@@ -49,6 +49,10 @@ line_plot(Gnuplot, Term, Dir, #{spec := #{points := Points}, summary := Summary}
               "set title '", Title, "'\n",
               "set xlabel '", XLabel, "'\nset ylabel '", YLabel, "'\n",
               "set logscale x 2\nset logscale y\nset grid\nset key outside right\n",
+              "set xtics (", lists:join(", ", [io_lib:format("\"~s\" ~b",
+                                                             [Label, maps:get(XParam, Params)])
+                                               || #{label := Label, params := Params} <- Points]),
+              ")\n",
               "set datafile missing '?'\n",
               "plot ", lists:join(", ", [io_lib:format("'~s.dat' using 1:~b with linespoints "
                                                        "title '~s'", [Base, I + 1, V])
