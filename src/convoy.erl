@@ -131,9 +131,14 @@ info() ->
               rejected => convoy_metrics:rejected()}
     end.
 
+%% Messages senders sent themselves (`direct') count as accepted and sent too.
 node_info(Route, C) ->
-    Counts = #{accepted := A, messages := M, dropped := D} = convoy_metrics:node_info(C),
-    Counts#{route => case Route of
+    Counts = #{accepted := A0, messages := M0, dropped := D, direct := Direct} =
+        convoy_metrics:node_info(C),
+    A = A0 + Direct,
+    M = M0 + Direct,
+    Counts#{accepted := A, messages := M,
+            route => case Route of
                          plain -> plain;
                          {convoy, _, _} -> convoy
                      end,

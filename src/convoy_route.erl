@@ -119,50 +119,63 @@ lane_of(#runtime{n = N}) -> erlang:phash2(self(), N) + 1.
 -spec flag_key(node()) -> {'$convoy_inbox', node()}.
 flag_key(Node) -> {'$convoy_inbox', Node}.
 
-%% One message to a remote node.
+%% One message to a remote node. A sender with nothing of its own pending for Node
+%% (no flag) sends directly when the lane is quiet, or whatever the lane does when
+%% the message is large: no admission is needed, as nothing can be overtaken.
 remote(RT = #runtime{large_threshold = T}, Node, To, Msg) ->
-    remote(RT, Node, To, Msg, convoy_size:is_large(Msg, T)).
+    L = lane_of(RT),
+    Large = convoy_size:is_large(Msg, T),
+    Quiet = Large orelse quiet(RT, L),
+    case get(flag_key(Node)) of
+        undefined when Quiet -> direct(RT, L, Node, To, Msg);
+        _ -> admitted(RT, L, Node, To, Msg, Large, Quiet)
+    end.
 
 %% Once admitted, a message must be disposed of: nothing after add_get may fail.
-remote(RT = #runtime{admission = A}, Node, To, Msg, Large) ->
-    L = lane_of(RT),
+admitted(RT = #runtime{admission = A}, L, Node, To, Msg, Large, Quiet) ->
     case atomics:add_get(A, L, 1) of
         V when V >= ?CLOSED ->
             %% The lane is being retired; the new runtime is already published.
-            remote(persistent_term:get(?RUNTIME_KEY), Node, To, Msg, Large);
+            remote(persistent_term:get(?RUNTIME_KEY), Node, To, Msg);
         V ->
             Idle = idle(RT, L, V),
             case Large of
-                false ->
-                    case quiet(RT, L) andalso Idle of
-                        true -> small_idle(RT, L, Node, To, Msg);
-                        false -> to_lane(RT, L, Node, To, Msg)
-                    end;
+                false when Quiet, Idle -> small_idle(RT, L, Node, To, Msg);
+                false -> to_lane(RT, L, Node, To, Msg);
                 true -> large(RT, L, Idle, Node, To, Msg)
             end
     end.
 
+%% Plain send straight to the destination, never suspending or connecting; if
+%% that is not possible now, the lane takes the message.
+direct(RT, L, Node, To, Msg) ->
+    case erlang:send(full_dest(To, Node), Msg, ?DIRECT_OPTS) of
+        ok -> count_direct(convoy_metrics:node_counters(Node));
+        _NoSuspendOrNoConnect -> admit_to_lane(RT, L, Node, To, Msg)
+    end.
+
+admit_to_lane(RT = #runtime{admission = A}, L, Node, To, Msg) ->
+    case atomics:add_get(A, L, 1) of
+        V when V >= ?CLOSED -> admit_to_lane(persistent_term:get(?RUNTIME_KEY), L, Node, To, Msg);
+        _ -> to_lane(RT, L, Node, To, Msg)
+    end.
+
+%% A flagged sender's small message while its lane is idle and quiet: the lane
+%% has shipped all it was given, so the sender's message may follow it directly.
 small_idle(RT, L, Node, To, Msg) ->
     case ets:lookup(convoy_nodes, Node) of
         [{_, {convoy, _Vsn, Inboxes}, C}] ->
-            case get(flag_key(Node)) of
-                true -> via_inbox(RT, L, Node, Inboxes, C, {To, Msg}, To, Msg);
-                undefined -> direct(RT, L, Node, C, To, Msg)
-            end;
+            via_inbox(RT, L, Node, Inboxes, C, {To, Msg}, To, Msg);
         [{_, plain, C}] ->
-            direct(RT, L, Node, C, To, Msg);
+            admitted_direct(RT, L, Node, C, To, Msg);
         [] ->
             to_lane(RT, L, Node, To, Msg)
     end.
 
-%% Plain send straight to the destination, never suspending or connecting.
-direct(RT, L, Node, C, To, Msg) ->
+admitted_direct(RT, L, Node, C, To, Msg) ->
     case erlang:send(full_dest(To, Node), Msg, ?DIRECT_OPTS) of
-        ok ->
-            counted(RT, L, C),
-            ok;
-        _NoSuspendOrNoConnect ->
-            to_lane(RT, L, Node, To, Msg)
+        ok -> disposed(RT, L, C);
+        _NoSuspendOrNoConnect -> to_lane(RT, L, Node, To, Msg)
     end.
 
 %% A batch of one to the inbox this sender's lane uses.
@@ -170,20 +183,17 @@ via_inbox(RT, L, Node, Inboxes, C, Entry, To, Msg) ->
     Inbox = {element((L - 1) rem tuple_size(Inboxes) + 1, Inboxes), Node},
     flag(Node),
     case erlang:send(Inbox, convoy_wire:batch(node(), [Entry]), ?DIRECT_OPTS) of
-        ok ->
-            counted(RT, L, C),
-            ok;
-        _ when is_list(To) ->
-            to_lane_multi(RT, L, Node, To, Msg);
-        _ ->
-            to_lane(RT, L, Node, To, Msg)
+        ok -> disposed(RT, L, C);
+        _ when is_list(To) -> to_lane_multi(RT, L, Node, To, Msg);
+        _ -> to_lane(RT, L, Node, To, Msg)
     end.
 
-counted(#runtime{admission = A, n = N}, L, C) ->
+disposed(#runtime{admission = A, n = N}, L, C) ->
     atomics:add(A, N + L, 1),
-    counters:add(C, 1, 1), % accepted
-    counters:add(C, 2, 1), % messages
-    counters:add(C, 6, 1). % direct
+    count_direct(C).
+
+count_direct(C) ->
+    convoy_metrics:add(C, direct, 1).
 
 to_lane(#runtime{lanes = Lanes}, L, Node, To, Msg) ->
     flag(Node),
@@ -209,12 +219,12 @@ large(RT, L, Idle, Node, To, Msg) ->
     Flagged = get(flag_key(Node)) =:= true,
     case Row of
         [{_, _Route, C}] when Idle, not Flagged ->
-            direct(RT, L, Node, C, To, Msg);
+            admitted_direct(RT, L, Node, C, To, Msg);
         [{_, Route, C}] ->
             case barrier(RT, L, Idle, Node, Route) of
                 ok ->
                     erase(flag_key(Node)),
-                    direct(RT, L, Node, C, To, Msg);
+                    admitted_direct(RT, L, Node, C, To, Msg);
                 timeout ->
                     to_lane(RT, L, Node, To, Msg)
             end;
@@ -254,8 +264,10 @@ idle(#runtime{max_delay = 0, admission = A, n = N}, L, V) -> atomics:get(A, N + 
 idle(_RT, _L, _V) -> false.
 
 %% Records this small send's time on the lane; true if the one before was more
-%% than bypass_after microseconds ago.
+%% than bypass_after microseconds ago. Never quiet when max_delay asks for batches.
 quiet(#runtime{bypass_after = never}, _L) ->
+    false;
+quiet(#runtime{max_delay = D}, _L) when D > 0 ->
     false;
 quiet(#runtime{bypass_after = W, admission = A, n = N}, L) ->
     Now = erlang:monotonic_time(microsecond),
