@@ -6,6 +6,8 @@
 %% A queue holds entries in the order the lane received them:
 %% <ul>
 %% <li>`{To, Msg}' and `{[To], Msg}' count as messages (one per entry);</li>
+%% <li>`{'$convoy_large', To, Msg}' is a message that always ships alone: a large
+%%   message is never held behind others in a batch, nor others behind it;</li>
 %% <li>`{'$convoy_barrier', ReplyTo, Tag}' travels with the batch to the peer;</li>
 %% <li>`{'$convoy_mark', From, Tag}' stays here: the lane answers it once everything
 %%   before it has left the node (`convoy:flush/0,1').</li>
@@ -24,6 +26,7 @@
 -record(nq, {status = ready :: status(),
              q = queue:new() :: queue:queue(term()),
              msgs = 0 :: non_neg_integer(),
+             large = 0 :: non_neg_integer(),
              since = 0 :: integer()}).
 
 -opaque core() :: #{node() => #nq{}}.
@@ -46,6 +49,7 @@ push(Node, Entry, Now, Core) ->
             end,
     Core#{Node => NQ#nq{q = queue:in(Entry, NQ#nq.q),
                         msgs = NQ#nq.msgs + count(Entry),
+                        large = NQ#nq.large + count_large([Entry]),
                         since = Since}}.
 
 %% @doc Append `K' messages (no control entries), in order.
@@ -60,20 +64,46 @@ push_many(Node, Entries, K, Now, Core) ->
                 _ -> NQ#nq.since
             end,
     Core#{Node => NQ#nq{q = queue:join(NQ#nq.q, queue:from_list(Entries)),
-                        msgs = NQ#nq.msgs + K, since = Since}}.
+                        msgs = NQ#nq.msgs + K, large = NQ#nq.large + count_large(Entries),
+                        since = Since}}.
 
 %% @doc Take the next chunk of `Node''s queue: at most `Max' messages, with the
-%% control entries among them, from the head. The queue must be ready.
+%% control entries among them, from the head; a large message makes a chunk of its
+%% own. The queue must be ready.
 -spec take(node(), pos_integer(), core()) -> {[term()], core()}.
 take(Node, Max, Core) ->
-    #{Node := #nq{status = ready, q = Q, msgs = Msgs} = NQ} = Core,
-    case Msgs =< Max of
-        true ->
-            {queue:to_list(Q), Core#{Node := NQ#nq{q = queue:new(), msgs = 0}}};
-        false ->
-            {Chunk, Rest} = split(Max, Q, []),
-            {Chunk, Core#{Node := NQ#nq{q = Rest, msgs = Msgs - Max}}}
+    #{Node := #nq{status = ready} = NQ} = Core,
+    {Chunk, NQ1} = take_chunk(Max, NQ),
+    {Chunk, Core#{Node := NQ1}}.
+
+take_chunk(Max, NQ = #nq{q = Q, msgs = Msgs, large = 0}) when Msgs =< Max ->
+    {queue:to_list(Q), NQ#nq{q = queue:new(), msgs = 0}};
+take_chunk(Max, NQ = #nq{q = Q, msgs = Msgs, large = 0}) ->
+    {Chunk, Rest} = split(Max, Q, []),
+    {Chunk, NQ#nq{q = Rest, msgs = Msgs - Max}};
+take_chunk(Max, NQ = #nq{q = Q, msgs = Msgs, large = Large}) ->
+    {Chunk, Rest} = split_large(Max, Q, [], false),
+    {Chunk, NQ#nq{q = Rest, msgs = Msgs - count_messages(Chunk),
+                  large = Large - count_large(Chunk)}}.
+
+%% Like split/3, but a large message ends the chunk before it, or is the chunk's
+%% only message. Seen: whether the chunk holds a message yet.
+split_large(0, Q, Acc, _Seen) ->
+    {lists:reverse(Acc), Q};
+split_large(N, Q, Acc, Seen) ->
+    case queue:out(Q) of
+        {empty, Q} ->
+            {lists:reverse(Acc), Q};
+        {{value, {'$convoy_large', _, _} = E}, Q1} when not Seen ->
+            {lists:reverse([E | Acc]), Q1};
+        {{value, {'$convoy_large', _, _}}, _Q1} ->
+            {lists:reverse(Acc), Q};
+        {{value, E}, Q1} ->
+            split_large(N - count(E), Q1, [E | Acc], Seen orelse is_message(E))
     end.
+
+count_large(Entries) ->
+    length([E || {'$convoy_large', _, _} = E <- Entries]).
 
 split(0, Q, Acc) ->
     {lists:reverse(Acc), Q};
@@ -86,14 +116,15 @@ split(N, Q, Acc) ->
 requeue(Node, Chunk, Core) ->
     NQ = maps:get(Node, Core, #nq{}),
     Q = lists:foldr(fun queue:in_r/2, NQ#nq.q, Chunk),
-    Core#{Node => NQ#nq{q = Q, msgs = NQ#nq.msgs + count_messages(Chunk)}}.
+    Core#{Node => NQ#nq{q = Q, msgs = NQ#nq.msgs + count_messages(Chunk),
+                        large = NQ#nq.large + count_large(Chunk)}}.
 
 %% @doc Empty `Node''s queue (the node cannot be reached); returns what was in it.
 -spec drop(node(), core()) -> {[term()], core()}.
 drop(Node, Core) ->
     case Core of
         #{Node := NQ} ->
-            {queue:to_list(NQ#nq.q), Core#{Node := NQ#nq{q = queue:new(), msgs = 0}}};
+            {queue:to_list(NQ#nq.q), Core#{Node := NQ#nq{q = queue:new(), msgs = 0, large = 0}}};
         _ ->
             {[], Core}
     end.
@@ -201,6 +232,23 @@ max_delay_test() ->
     ?assertEqual(1, next_timeout(1500, 1000, C0)),
     ?assertEqual([{n, max_delay}], due(2000, 10, 1000, C0)),
     ?assertEqual([{n, max_batch}], due(1500, 1, 1000, C0)).
+
+large_ships_alone_test() ->
+    L = {'$convoy_large', p, big},
+    C0 = lists:foldl(fun(E, C) -> push(n, E, 0, C) end, new(),
+                     [{p, 1}, {p, 2}, L, {p, 3}, L, L]),
+    {A, C1} = take(n, 10, C0),
+    ?assertEqual([{p, 1}, {p, 2}], A),
+    {B, C2} = take(n, 10, C1),
+    ?assertEqual([L], B),
+    {D, C3} = take(n, 10, C2),
+    ?assertEqual([{p, 3}], D),
+    {E, C4} = take(n, 10, C3),
+    ?assertEqual([L], E),
+    ?assertEqual(1, buffered(n, C4)),
+    {F, C5} = take(n, 10, requeue(n, E, C4)),
+    ?assertEqual([L], F),
+    ?assertEqual(1, buffered(n, C5)).
 
 requeue_test() ->
     C0 = push(n, {p, 3}, 0, new()),

@@ -39,7 +39,8 @@
             disposed = 0 :: non_neg_integer(),
             %% sends and multicasts read in this drain, newest first, not yet queued:
             %% queuing them in one go per node keeps the per-message cost to a cons
-            pending = [] :: [{'$convoy_send' | '$convoy_multicast', node(), term(), term()}],
+            pending = [] :: [{'$convoy_send' | '$convoy_large' | '$convoy_multicast', node(),
+                               term(), term()}],
             npending = 0 :: non_neg_integer(),
             workers = #{} :: #{reference() => {courier, node(), [term()], integer()}
                                                 | {connector, node()}
@@ -119,15 +120,14 @@ held(Node, #s{held = Held}) -> is_map_key(Node, Held).
 
 handle({'$convoy_send', _Node, _To, _Msg} = M, S) ->
     add_pending(M, S);
+handle({'$convoy_large', _Node, _To, _Msg} = M, S) ->
+    add_pending(M, S);
 handle({'$convoy_multicast', _Node, _Tos, _Msg} = M, S) ->
     add_pending(M, S);
 handle(M, S) ->
     %% Anything else is ordered after the sends read before it.
     handle_other(M, spill(S)).
 
-handle_other({'$convoy_sync', Node, ReplyTo, Tag}, S) ->
-    ship_now(Node, S#s{core = convoy_batch:push(Node, convoy_wire:barrier(ReplyTo, Tag), 0,
-                                                S#s.core)});
 handle_other({'$convoy_flush', Which, ReplyTo, Tag}, S) ->
     flush_request(Which, ReplyTo, Tag, S);
 handle_other({'DOWN', Ref, process, _Pid, Reason}, S = #s{workers = W}) when is_map_key(Ref, W) ->
@@ -170,10 +170,13 @@ runs([{_, Node, _, _} | _] = Pending, Now, S) ->
     runs(Rest, Now, S#s{core = convoy_batch:push_many(Node, Entries, K, Now, S#s.core),
                         counters = (S#s.counters)#{Node => C}}).
 
-run(Node, [{_, Node, To, Msg} | Rest], Acc, K) -> run(Node, Rest, [{To, Msg} | Acc], K + 1);
+run(Node, [{'$convoy_large', Node, To, Msg} | Rest], Acc, K) ->
+    run(Node, Rest, [{'$convoy_large', To, Msg} | Acc], K + 1);
+run(Node, [{_, Node, To, Msg} | Rest], Acc, K) ->
+    run(Node, Rest, [{To, Msg} | Acc], K + 1);
 run(_Node, Rest, Acc, K) -> {lists:reverse(Acc), K, Rest}.
 
-%% Someone waits on this queue (flush, barrier) or it is full: ship it without
+%% Someone waits on this queue (flush) or it is full: ship it without
 %% waiting for the end of the drain or for max_delay.
 ship_now(Node, S) ->
     ship_now(Node, requested, S).
@@ -218,7 +221,7 @@ ship_chunk(Node, {convoy, _Vsn, Inboxes}, Chunk, Reason, S = #s{index = I}) ->
             answer_marks(Marks, S);
         _ ->
             Target = {element((I - 1) rem tuple_size(Inboxes) + 1, Inboxes), Node},
-            Batch = convoy_wire:batch(node(), Wire),
+            Batch = convoy_wire:batch(node(), [wire_entry(E) || E <- Wire]),
             Msgs = convoy_batch:count_messages(Wire),
             case erlang:send(Target, Batch, ?SEND_OPTS) of
                 ok ->
@@ -235,16 +238,16 @@ ship_chunk(Node, plain, Chunk, Reason, S) ->
 
 is_mark(E) -> element(1, E) =:= '$convoy_mark'.
 
+wire_entry({'$convoy_large', To, Msg}) -> {To, Msg};
+wire_entry(E) -> E.
+
 %% Plain sends, entry by entry, for peers without a compatible convoy.
 plain(Node, [], Reason, Msgs, Sends, S) ->
     sent(Node, Msgs, Sends, Reason, plain, S);
 plain(Node, [E | Rest], Reason, Msgs, Sends, S) ->
-    case E of
+    case wire_entry(E) of
         {'$convoy_mark', _, _} ->
             plain(Node, Rest, Reason, Msgs, Sends, answer_marks([E], S));
-        {'$convoy_barrier', ReplyTo, Tag} ->
-            ReplyTo ! {Tag, convoy_barrier},
-            plain(Node, Rest, Reason, Msgs, Sends, S);
         {Tos, Msg} when is_list(Tos) ->
             case plain_multi(Node, Tos, Msg, 0) of
                 {ok, K} ->
@@ -281,8 +284,8 @@ plain_courier(Node, Entries, S) ->
     Ops = lists:append([plain_ops(Node, E) || E <- Wire]),
     courier(Node, Ops, Marks, S).
 
-plain_ops(_Node, {'$convoy_barrier', ReplyTo, Tag}) ->
-    [{ReplyTo, {Tag, convoy_barrier}, 0}];
+plain_ops(Node, {'$convoy_large', To, Msg}) ->
+    plain_ops(Node, {To, Msg});
 plain_ops(Node, {Tos, Msg}) when is_list(Tos) ->
     {Init, [Last]} = lists:split(length(Tos) - 1, Tos),
     [{full_dest(T, Node), Msg, 0} || T <- Init] ++ [{full_dest(Last, Node), Msg, 1}];
@@ -306,7 +309,6 @@ dropped(_Node, [], _Why, S) ->
     S;
 dropped(Node, Entries, Why, S = #s{index = I, rt = RT}) ->
     {Marks, Wire} = lists:partition(fun is_mark/1, Entries),
-    _ = [ReplyTo ! {Tag, convoy_barrier} || {'$convoy_barrier', ReplyTo, Tag} <- Wire],
     S1 = case convoy_batch:count_messages(Wire) of
              0 ->
                  S;

@@ -127,7 +127,7 @@ remote(RT = #runtime{large_threshold = T}, Node, To, Msg) ->
     Large = convoy_size:is_large(Msg, T),
     Quiet = Large orelse quiet(RT, L),
     case get(flag_key(Node)) of
-        undefined when Quiet -> direct(RT, L, Node, To, Msg);
+        undefined when Quiet -> direct(RT, L, Node, To, Msg, kind(Large));
         _ -> admitted(RT, L, Node, To, Msg, Large, Quiet)
     end.
 
@@ -141,24 +141,31 @@ admitted(RT = #runtime{admission = A}, L, Node, To, Msg, Large, Quiet) ->
             Idle = idle(RT, L, V),
             case Large of
                 false when Quiet, Idle -> small_idle(RT, L, Node, To, Msg);
-                false -> to_lane(RT, L, Node, To, Msg);
+                false -> to_lane(RT, L, Node, To, Msg, '$convoy_send');
                 true -> large(RT, L, Idle, Node, To, Msg)
             end
     end.
 
 %% Plain send straight to the destination, never suspending or connecting; if
 %% that is not possible now, the lane takes the message.
-direct(RT, L, Node, To, Msg) ->
+direct(RT, L, Node, To, Msg, Kind) ->
     case erlang:send(full_dest(To, Node), Msg, ?DIRECT_OPTS) of
         ok -> count_direct(convoy_metrics:node_counters(Node));
-        _NoSuspendOrNoConnect -> admit_to_lane(RT, L, Node, To, Msg)
+        _NoSuspendOrNoConnect -> admit_to_lane(RT, L, Node, To, Msg, Kind)
     end.
 
-admit_to_lane(RT = #runtime{admission = A}, L, Node, To, Msg) ->
+admit_to_lane(RT = #runtime{admission = A}, L, Node, To, Msg, Kind) ->
     case atomics:add_get(A, L, 1) of
-        V when V >= ?CLOSED -> admit_to_lane(persistent_term:get(?RUNTIME_KEY), L, Node, To, Msg);
-        _ -> to_lane(RT, L, Node, To, Msg)
+        V when V >= ?CLOSED ->
+            RT1 = persistent_term:get(?RUNTIME_KEY),
+            admit_to_lane(RT1, lane_of(RT1), Node, To, Msg, Kind);
+        _ ->
+            to_lane(RT, L, Node, To, Msg, Kind)
     end.
+
+%% Large messages go to the lane tagged: they ship alone, never inside a batch.
+kind(false) -> '$convoy_send';
+kind(true) -> '$convoy_large'.
 
 %% A flagged sender's small message while its lane is idle and quiet: the lane
 %% has shipped all it was given, so the sender's message may follow it directly.
@@ -167,15 +174,15 @@ small_idle(RT, L, Node, To, Msg) ->
         [{_, {convoy, _Vsn, Inboxes}, C}] ->
             via_inbox(RT, L, Node, Inboxes, C, {To, Msg}, To, Msg);
         [{_, plain, C}] ->
-            admitted_direct(RT, L, Node, C, To, Msg);
+            admitted_direct(RT, L, Node, C, To, Msg, '$convoy_send');
         [] ->
-            to_lane(RT, L, Node, To, Msg)
+            to_lane(RT, L, Node, To, Msg, '$convoy_send')
     end.
 
-admitted_direct(RT, L, Node, C, To, Msg) ->
+admitted_direct(RT, L, Node, C, To, Msg, Kind) ->
     case erlang:send(full_dest(To, Node), Msg, ?DIRECT_OPTS) of
         ok -> disposed(RT, L, C);
-        _NoSuspendOrNoConnect -> to_lane(RT, L, Node, To, Msg)
+        _NoSuspendOrNoConnect -> to_lane(RT, L, Node, To, Msg, Kind)
     end.
 
 %% A batch of one to the inbox this sender's lane uses.
@@ -185,7 +192,7 @@ via_inbox(RT, L, Node, Inboxes, C, Entry, To, Msg) ->
     case erlang:send(Inbox, convoy_wire:batch(node(), [Entry]), ?DIRECT_OPTS) of
         ok -> disposed(RT, L, C);
         _ when is_list(To) -> to_lane_multi(RT, L, Node, To, Msg);
-        _ -> to_lane(RT, L, Node, To, Msg)
+        _ -> to_lane(RT, L, Node, To, Msg, '$convoy_send')
     end.
 
 disposed(#runtime{admission = A, n = N}, L, C) ->
@@ -195,9 +202,9 @@ disposed(#runtime{admission = A, n = N}, L, C) ->
 count_direct(C) ->
     convoy_metrics:add(C, direct, 1).
 
-to_lane(#runtime{lanes = Lanes}, L, Node, To, Msg) ->
+to_lane(#runtime{lanes = Lanes}, L, Node, To, Msg, Kind) ->
     flag(Node),
-    erlang:send(element(L, Lanes), {'$convoy_send', Node, To, Msg}),
+    erlang:send(element(L, Lanes), {Kind, Node, To, Msg}),
     ok.
 
 to_lane_multi(#runtime{lanes = Lanes}, L, Node, Tos, Msg) ->
@@ -212,50 +219,48 @@ flag(Node) ->
         undefined -> put(Key, true)
     end.
 
-%% A large message: direct when nothing of ours can be waiting in an inbox;
-%% otherwise after a barrier.
-large(RT, L, Idle, Node, To, Msg) ->
-    Row = ets:lookup(convoy_nodes, Node),
-    Flagged = get(flag_key(Node)) =:= true,
-    case Row of
-        [{_, _Route, C}] when Idle, not Flagged ->
-            admitted_direct(RT, L, Node, C, To, Msg);
-        [{_, Route, C}] ->
-            case barrier(RT, L, Idle, Node, Route) of
+%% A large message from a sender with messages possibly waiting in an inbox. With
+%% its lane idle, the sender asks the inbox for a barrier (one round trip) and then
+%% sends directly; with its lane busy (or the distribution buffer full), it never
+%% waits: the lane takes the message, in order.
+large(RT, L, true, Node, To, Msg) ->
+    case ets:lookup(convoy_nodes, Node) of
+        [{_, {convoy, _Vsn, Inboxes}, C}] ->
+            case barrier(RT, L, Node, Inboxes) of
                 ok ->
                     erase(flag_key(Node)),
-                    admitted_direct(RT, L, Node, C, To, Msg);
+                    admitted_direct(RT, L, Node, C, To, Msg, '$convoy_large');
                 timeout ->
-                    to_lane(RT, L, Node, To, Msg)
+                    to_lane(RT, L, Node, To, Msg, '$convoy_large')
             end;
+        [{_, plain, C}] ->
+            %% Plain peer: what the lane shipped is already in the connection.
+            erase(flag_key(Node)),
+            admitted_direct(RT, L, Node, C, To, Msg, '$convoy_large');
         [] ->
-            to_lane(RT, L, Node, To, Msg)
-    end.
+            to_lane(RT, L, Node, To, Msg, '$convoy_large')
+    end;
+large(RT, L, false, Node, To, Msg) ->
+    to_lane(RT, L, Node, To, Msg, '$convoy_large').
 
-%% Wait until everything this sender sent to Node before is delivered (convoy
-%% peer) or handed to distribution (plain peer).
-barrier(RT = #runtime{lanes = Lanes, barrier_timeout = Timeout}, L, Idle, Node, Route) ->
-    Lane = element(L, Lanes),
-    Mon = erlang:monitor(process, Lane, [{alias, demonitor}]),
+%% Wait until the inbox has delivered everything this sender sent before.
+barrier(#runtime{lanes = Lanes, barrier_timeout = Timeout}, L, Node, Inboxes) ->
+    Mon = erlang:monitor(process, element(L, Lanes), [{alias, demonitor}]),
     Tag = {'$convoy_barrier', Mon},
-    case {Idle, Route} of
-        {true, {convoy, _Vsn, Inboxes}} ->
-            Inbox = {element((L - 1) rem tuple_size(Inboxes) + 1, Inboxes), Node},
-            Batch = convoy_wire:batch(node(), [convoy_wire:barrier(Mon, Tag)]),
-            _ = erlang:send(Inbox, Batch, ?DIRECT_OPTS);
-        {true, plain} ->
-            self() ! {Tag, convoy_barrier};
-        {false, _} ->
-            erlang:send(Lane, {'$convoy_sync', Node, Mon, Tag})
-    end,
-    Result = receive
-                 {Tag, convoy_barrier} -> ok;
-                 {'DOWN', Mon, process, _, _} -> timeout
-             after Timeout ->
-                 timeout
+    Inbox = {element((L - 1) rem tuple_size(Inboxes) + 1, Inboxes), Node},
+    Batch = convoy_wire:batch(node(), [convoy_wire:barrier(Mon, Tag)]),
+    Result = case erlang:send(Inbox, Batch, ?DIRECT_OPTS) of
+                 ok ->
+                     receive
+                         {Tag, convoy_barrier} -> ok;
+                         {'DOWN', Mon, process, _, _} -> timeout
+                     after Timeout ->
+                         timeout
+                     end;
+                 _NoSuspendOrNoConnect ->
+                     timeout
              end,
     erlang:demonitor(Mon, [flush]),
-    _ = RT,
     Result.
 
 %% The lane has disposed of every admission before ours (V). With max_delay set
