@@ -99,21 +99,33 @@ measure(fanout, #{receivers := R, rounds := Rounds}, Ctx = #{sinks := Sinks}) ->
     Total = lists:sum(Times),
     #{round_ms => 1000 * convoy_bench_stats:median(Times),
       deliveries_s => R * Rounds / Total};
-%% seed 004: a producer and a slow consumer, flooding or syncing every `every'.
-measure(flow, #{mode := FlowMode, n := N, work := Work, every := Every}, Ctx = #{mode := M}) ->
-    C = spawn_opt(sink(Ctx), ?MODULE, slow_consumer, [M, Work, 0, 0], ?SINK_OPTS),
+%% seed 004: a producer and a slow consumer, on the driver node (`same') or on the
+%% sink node (`cross'): flooding, syncing every `every', or through a credit
+%% channel (`convoy_channel', window `window', `ack_every' 0 = its default). The
+%% consumer reports its peak queue length and its peak process memory.
+measure(flow, #{mode := FlowMode, where := Where, n := N, work := Work, every := Every} = P,
+        Ctx = #{mode := M}) ->
+    Node = case Where of
+               same -> node();
+               cross -> sink(Ctx)
+           end,
+    C = spawn_opt(Node, ?MODULE, slow_consumer, [M, Work, 0, {0, 0}], ?SINK_OPTS),
     T0 = erlang:monotonic_time(),
-    produce(FlowMode, M, C, 1, N, Every, Ctx),
+    Done = case FlowMode of
+               channel -> channel_produce(C, N, P, Ctx);
+               _ -> produce(FlowMode, M, C, 1, N, Every, Ctx),
+                    fun() -> snd(M, C, {done, self()}) end
+           end,
     Tp = erlang:monotonic_time(),
-    snd(M, C, {done, self()}),
-    {Count, MaxQ} = receive
-                        {done, C, Cnt, Q} -> {Cnt, Q}
-                    after timeout(Ctx) -> exit({timeout, flow_consumer})
-                    end,
+    Done(),
+    {Count, MaxQ, MaxMem} = receive
+                                {done, C, Cnt, Q, Mem} -> {Cnt, Q, Mem}
+                            after timeout(Ctx) -> exit({timeout, flow_consumer})
+                            end,
     T1 = erlang:monotonic_time(),
     Count =:= N orelse exit({lost, N - Count}),
     #{total_ms => 1000 * secs(T1 - T0), producer_ms => 1000 * secs(Tp - T0),
-      msg_s => N / secs(T1 - T0), max_backlog => MaxQ}.
+      msg_s => N / secs(T1 - T0), max_backlog => MaxQ, peak_mem => MaxMem}.
 
 %%--------------------------------------------------------------------
 %% Building blocks
@@ -372,28 +384,66 @@ produce(FlowMode, M, C, I, N, Every, Ctx) ->
     snd(M, C, {item, I}),
     produce(FlowMode, M, C, I + 1, N, Every, Ctx).
 
-%% @doc A consumer slower than the network: `Work' hashes per item; samples its
-%% own queue length every 1000 items.
--spec slow_consumer(mode(), non_neg_integer(), non_neg_integer(), non_neg_integer()) -> ok.
-slow_consumer(M, Work, Count, MaxQ) ->
+%% N items through a credit channel; returns the fun that sends `done' (through
+%% the channel too, so it comes after every item) and closes the channel.
+channel_produce(C, N, #{window := W, ack_every := A}, Ctx) ->
+    Opts = case A of
+               0 -> #{window => W};
+               _ -> #{window => W, ack_every => A}
+           end,
+    {ok, Ch} = convoy_channel:open(C, Opts#{timeout => timeout(Ctx)}),
+    ok = channel_send(Ch, 1, N),
+    fun() ->
+            ok = convoy_channel:send(Ch, {done, self()}),
+            ok = convoy_channel:close(Ch)
+    end.
+
+channel_send(_Ch, I, N) when I > N -> ok;
+channel_send(Ch, I, N) ->
+    case convoy_channel:send(Ch, {item, I}) of
+        ok -> channel_send(Ch, I + 1, N);
+        {error, Reason} -> exit({channel, Reason, I})
+    end.
+
+%% @doc A consumer slower than the network: `Work' hashes per item. Checks its
+%% queue length after every item and its process memory (which includes the
+%% messages queued) every 1000 items, and reports the peaks. Items come as
+%% `{item, I}' or, through a credit channel, `{convoy_channel, Token, {item, I}}'
+%% (acked once processed).
+-spec slow_consumer(mode(), non_neg_integer(), non_neg_integer(),
+                    {non_neg_integer(), non_neg_integer()}) -> ok.
+slow_consumer(M, Work, Count, Peaks) ->
     receive
         {item, I} ->
             burn(Work, I),
-            C1 = Count + 1,
-            case C1 rem 1000 of
-                0 -> slow_consumer(M, Work, C1, max(MaxQ, queue_len()));
-                _ -> slow_consumer(M, Work, C1, MaxQ)
-            end;
+            slow_consumer(M, Work, Count + 1, peaks(Count + 1, Peaks));
+        {convoy_channel, Token, {item, I}} ->
+            burn(Work, I),
+            ok = convoy_channel:ack(Token),
+            slow_consumer(M, Work, Count + 1, peaks(Count + 1, Peaks));
         {sync, From} ->
             snd(M, From, synced),
-            slow_consumer(M, Work, Count, MaxQ);
+            slow_consumer(M, Work, Count, Peaks);
+        {convoy_channel, Token, {done, From}} ->
+            ok = convoy_channel:ack(Token),
+            report_done(M, From, Count, Peaks);
         {done, From} ->
-            snd(M, From, {done, self(), Count, max(MaxQ, queue_len())})
+            report_done(M, From, Count, Peaks)
+    end.
+
+report_done(M, From, Count, Peaks) ->
+    {MaxQ, MaxMem} = peaks(1000, Peaks),
+    snd(M, From, {done, self(), Count, MaxQ, MaxMem}).
+
+peaks(Count, {MaxQ, MaxMem}) ->
+    {message_queue_len, Q} = process_info(self(), message_queue_len),
+    case Count rem 1000 of
+        0 ->
+            {memory, Mem} = process_info(self(), memory),
+            {max(MaxQ, Q), max(MaxMem, Mem)};
+        _ ->
+            {max(MaxQ, Q), MaxMem}
     end.
 
 burn(0, _I) -> ok;
 burn(K, I) -> _ = erlang:phash2({I, K}), burn(K - 1, I).
-
-queue_len() ->
-    {message_queue_len, Q} = process_info(self(), message_queue_len),
-    Q.

@@ -100,6 +100,8 @@ spread_text(#{median := M, min := Min, max := Max}, Unit) ->
 value(V, rate) -> number(V);
 value(V, mbs) -> number(V);
 value(V, count) -> integer_to_list(round(V));
+value(V, bytes) when V >= 1.0e4 -> [number(V), "B"];
+value(V, bytes) -> [number(V), " B"];
 value(V, ms) -> [number(V), " ms"];
 value(V, us) when V >= 10000 -> [number(V / 1000), " ms"];
 value(V, us) -> [number(V), " us"].

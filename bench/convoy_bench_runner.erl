@@ -62,7 +62,11 @@ run_variant(Spec = #{name := Name, points := Points}, V = #{name := VName}, R,
             progress(Opts, "~s  repeat ~b/~b  ~s ...", [Name, R, maps:get(repeat, Opts), VName]),
             try place(Spec, V, Nodes0) of
                 {Driver, Ctx, Nodes1} ->
-                    {[measure_point(Spec, V, R, P, Driver, Ctx, Opts) || P <- Points], Nodes1}
+                    {[case point_skip(V, P) of
+                          none -> measure_point(Spec, V, R, P, Driver, Ctx, Opts);
+                          Why -> run_record(Name, VName, R, P, unavailable, Why, #{}, 0.0)
+                      end || P <- Points],
+                     Nodes1}
             catch
                 Class:Reason:Stack ->
                     Note = describe_error(Class, Reason, Stack),
@@ -79,6 +83,13 @@ skip_reason(#{sinks := K}, #{family := F}, Nodes) ->
         true -> none;
         {false, Why} -> {unavailable, Why}
     end.
+
+%% A point that asks for two nodes (`where => cross', as in `flow') means nothing
+%% for the `local' variant, which runs everything on one node.
+point_skip(#{kind := local}, #{params := #{where := cross}}) ->
+    <<"the local variant runs on one node: its figures are the same-node points">>;
+point_skip(_V, _Point) ->
+    none.
 
 %% The driver node and the sink nodes of a variant.
 place(#{placement := Placement, sinks := K}, #{kind := Kind, family := F, mode := M,

@@ -7,7 +7,7 @@
 -export([names/0, default_selection/0, spec/3, param_keys/1]).
 
 -type size() :: tiny | normal.
--type unit() :: rate | us | ms | mbs | count.
+-type unit() :: rate | us | ms | mbs | count | bytes.
 -type point() :: #{label := binary(), params := map()}.
 -type spec() :: #{name := atom(),
                   title := binary(),
@@ -72,8 +72,10 @@ params(hol, tiny) -> #{bulk_senders => 2, size => 200000,
                        duration_ms => 150, warmup_ms => 20};
 params(fanout, normal) -> #{receivers => 10000, rounds => 20};
 params(fanout, tiny) -> #{receivers => 200, rounds => 3};
-params(flow, normal) -> #{n => 100000, work => 250, every => 1000};
-params(flow, tiny) -> #{n => 5000, work => 250, every => 1000}.
+params(flow, normal) -> #{n => 100000, work => 250, every => 1000, window => 1000,
+                          ack_every => 0};
+params(flow, tiny) -> #{n => 5000, work => 250, every => 1000, window => 1000,
+                        ack_every => 0}.
 
 describe(local, P) ->
     #{title => <<"seed 002: same-node oneway and ping-pong (one process pair)">>,
@@ -145,17 +147,27 @@ describe(fanout, P = #{receivers := R}) ->
       points => [point(fmt("~b procs", [R]), P)],
       figures => [{round_ms, <<"ms/round">>, ms}, {deliveries_s, <<"deliveries/s">>, rate}],
       ratio => [deliveries_s], primary => {deliveries_s, higher}, convoy => measured};
-describe(flow, P = #{n := N, every := Every}) ->
-    #{title => fmt("seed 004: ~b messages to a slow consumer, flooding vs syncing "
-                   "every ~b", [N, Every]),
+describe(flow, P = #{n := N, every := Every, window := W, ack_every := A}) ->
+    Modes = [{<<"flood">>, flood},
+             {fmt("sync/~b", [Every]), sync},
+             {case A of
+                  0 -> fmt("channel W=~b", [W]);
+                  _ -> fmt("channel W=~b/~b", [W, A])
+              end, channel}],
+    #{title => fmt("seed 004: ~b messages to a slow consumer (~b hashes each): flooding, "
+                   "syncing every ~b, or a convoy_channel (window ~b, ack_every ~s); "
+                   "consumer on the producer's node and on another node",
+                   [N, maps:get(work, P), Every, W,
+                    case A of 0 -> "window div 2"; _ -> integer_to_list(A) end]),
       placement => cross, sinks => 1,
-      points => [point(<<"flood">>, P#{mode => flood}),
-                 point(fmt("sync/~b", [Every]), P#{mode => sync})],
+      points => [point(iolist_to_binary([Label, ", ", WhereLabel]),
+                       P#{mode => Mode, where => Where})
+                 || {Label, Mode} <- Modes,
+                    {WhereLabel, Where} <- [{<<"same node">>, same}, {<<"2 nodes">>, cross}]],
       figures => [{total_ms, <<"total ms">>, ms}, {producer_ms, <<"producer ms">>, ms},
-                  {msg_s, <<"msg/s">>, rate}, {max_backlog, <<"max backlog">>, count}],
-      ratio => [msg_s], primary => {msg_s, higher},
-      convoy => {awaiting, <<"awaits flow control (issue 4): convoy has no credit-based "
-                             "channels yet, so there is nothing to measure">>}}.
+                  {msg_s, <<"msg/s">>, rate}, {max_backlog, <<"peak queue">>, count},
+                  {peak_mem, <<"peak consumer mem">>, bytes}],
+      ratio => [msg_s], primary => {msg_s, higher}, convoy => measured}.
 
 point(Label, Params) -> #{label => Label, params => Params}.
 

@@ -1,0 +1,454 @@
+%% @doc Credit-based channels: a producer sends to one consumer, local or remote,
+%% and never has more than `window' messages sent that the consumer has not yet
+%% acknowledged as processed.
+%%
+%% A fast producer flooding a slow consumer builds a mailbox that grows without
+%% bound and makes the consumer slower still (seed 004). A channel gives the
+%% producer `window' credits; each `send/2' spends one, and when none is left
+%% `send/2' waits until the consumer gives some back, or until the consumer dies,
+%% its node goes away, or the channel's `timeout' passes. The consumer calls
+%% `ack/1' after it has processed a message; every `ack_every' acks one credit
+%% message returns `ack_every' credits (as RabbitMQ's `credit_flow' does), so the
+%% return traffic is one message per `ack_every' messages, not one per message.
+%%
+%% Messages and credits travel with `convoy:send/2' (batched between nodes, plain
+%% sends when convoy is not running). A message reaches the consumer as
+%% `{convoy_channel, Token, Msg}'; `recv/1' receives one, and `ack/1' takes its
+%% `Token'.
+%%
+%% <h3>Example</h3>
+%% ```
+%% %% Consumer: processes each message, then acknowledges it.
+%% consumer() ->
+%%     case convoy_channel:recv(infinity) of
+%%         {ok, Token, {job, N}} ->
+%%             do_work(N),
+%%             ok = convoy_channel:ack(Token),
+%%             consumer();
+%%         {ok, Token, {done, From}} ->
+%%             ok = convoy_channel:ack(Token),
+%%             From ! {consumer_done, self()}
+%%     end.
+%%
+%% %% Producer: never more than 100 jobs ahead of the consumer.
+%% produce(Consumer) ->                   % a pid, a local name or {Name, Node}
+%%     {ok, Ch} = convoy_channel:open(Consumer, #{window => 100}),
+%%     Result = send_all(Ch, lists:seq(1, 10000)),
+%%     #{waits := Waits} = convoy_channel:info(Ch),
+%%     ok = convoy_channel:close(Ch),
+%%     {Result, Waits}.
+%%
+%% send_all(Ch, []) ->
+%%     convoy_channel:send(Ch, {done, self()});
+%% send_all(Ch, [N | Rest]) ->
+%%     case convoy_channel:send(Ch, {job, N}) of
+%%         ok -> send_all(Ch, Rest);
+%%         {error, {consumer_down, Reason}} -> {error, {consumer_down, Reason}, N}
+%%     end.
+%% '''
+%% A gen_server consumer gets the same `{convoy_channel, Token, Msg}' in
+%% `handle_info/2' and calls `ack/1' when it is done with `Msg'.
+%%
+%% <h3>Rules</h3>
+%% <ul>
+%% <li>A channel belongs to the process that opened it: its state lives in that
+%%   process's dictionary (key `{'$convoy_channel', Ref}'); `send/2', `info/1' and
+%%   `close/1' from any other process see a closed channel.</li>
+%% <li>Invariant: `in_flight' (messages sent minus credits returned) never exceeds
+%%   `window'; the consumer never holds more than `window' of the channel's
+%%   messages.</li>
+%% <li>The producer monitors the consumer. When the consumer dies or its node is
+%%   disconnected, a waiting `send/2' returns `{error, {consumer_down, Reason}}' at
+%%   once (`Reason' is `noconnection' for a lost node), and so does every later
+%%   `send/2'. While credit remains, `send/2' does not look at the mailbox: as with
+%%   `!', messages sent to a consumer that has died without the producer knowing
+%%   are lost, at most `window' of them; the `DOWN' is seen when credit runs out or
+%%   by `info/1'.</li>
+%% <li>Credits arrive at the producer as `{'$convoy_credit', Ref, N}', sent to an
+%%   alias of the producer. `send/2' reads them only when its credit is spent (then
+%%   it takes all that are waiting), so the producer's mailbox holds at most
+%%   `window div ack_every' of them. Other messages in the producer's mailbox are
+%%   never touched. After `close/1' the alias is gone: late credits are dropped by
+%%   the runtime, not left in the mailbox.</li>
+%% <li>The consumer counts acks per channel in its process dictionary (key
+%%   `{'$convoy_ack', Ref}'), erased each time a batch of credit is returned.</li>
+%% <li>Waiting is measured: per channel in `info/1', node-wide in `stats/0', and by
+%%   the telemetry event `[convoy, channel, waited]' (once per wait, never per
+%%   message) when the `telemetry' module is loaded: measurements `#{duration}'
+%%   (native time units), metadata `#{consumer, result}' with `result' one of
+%%   `credit', `timeout', `{consumer_down, Reason}'.</li>
+%% </ul>
+-module(convoy_channel).
+
+-export([open/2, send/2, ack/1, recv/1, close/1, info/1, stats/0]).
+
+-export_type([channel/0, token/0, open_opts/0, consumer/0, channel_info/0, open_error/0,
+              send_error/0]).
+
+-record(convoy_channel, {ref :: reference(),                 % the producer's alias
+                         mon :: reference(),
+                         consumer :: pid() | {atom(), node()},
+                         window :: pos_integer(),
+                         ack_every :: pos_integer(),
+                         timeout :: timeout(),
+                         token :: token()}).
+
+%% Producer-side state, in the producer's process dictionary.
+-record(chs, {sent = 0 :: non_neg_integer(),
+              credited = 0 :: non_neg_integer(),
+              waits = 0 :: non_neg_integer(),
+              wait_time = 0 :: non_neg_integer(),       % native units
+              state = open :: open | {down, term()}}).
+
+-opaque channel() :: #convoy_channel{}.
+%% The producer's handle of a channel.
+-opaque token() :: {reference(), pos_integer()}.
+%% What the consumer passes to `ack/1': the producer's alias for credits and
+%% `ack_every'. Small: it travels with every message.
+-type consumer() :: pid() | atom() | {atom(), node()}.
+%% A process, a locally registered name (resolved to its pid when the channel
+%% opens), or a name registered on a node.
+-type open_opts() :: #{window => pos_integer(),
+                       ack_every => pos_integer(),
+                       timeout => timeout()}.
+%% `window': most messages sent but not yet acknowledged (default 1000);
+%% `ack_every': acks per credit message, at most `window' (default
+%% `max(1, window div 2)'); `timeout': milliseconds `send/2' may wait for credit
+%% (default `infinity').
+-type open_error() :: {bad_option, term()} | {bad_value, atom(), term()} | noproc.
+-type send_error() :: timeout | {consumer_down, term()} | closed.
+-type channel_info() :: #{credit := non_neg_integer(),
+                          in_flight := non_neg_integer(),
+                          window := pos_integer(),
+                          waits := non_neg_integer(),
+                          wait_time_us := non_neg_integer(),
+                          state := open | down | closed}.
+
+-define(KEY(Ref), {'$convoy_channel', Ref}).
+-define(ACK_KEY(Ref), {'$convoy_ack', Ref}).
+-define(STATS_KEY, {?MODULE, stats}).
+-define(DEFAULT_WINDOW, 1000).
+
+%%--------------------------------------------------------------------
+%% Producer
+
+%% @doc Open a channel from the calling process (the producer) to `Consumer'.
+%%
+%% Monitors the consumer. A local name nobody holds, or a local pid that is not
+%% alive, gives `{error, noproc}'; for a remote consumer that does not exist the
+%% first `send/2' that has to wait returns `{error, {consumer_down, noproc}}'.
+%% Options are checked key by key: an unknown key gives `{error, {bad_option,
+%% Key}}', a bad value `{error, {bad_value, Key, Value}}' (`ack_every' above
+%% `window' is a bad value of `ack_every'). Raises `badarg' if `Consumer' is not a
+%% pid, an atom or `{Name, Node}', or `Opts' is not a map.
+-spec open(consumer(), open_opts()) -> {ok, channel()} | {error, open_error()}.
+open(Consumer, Opts) when is_map(Opts) ->
+    case {dest(Consumer), validate(Opts)} of
+        {error, _} ->
+            erlang:error(badarg, [Consumer, Opts]);
+        {_, {error, _} = E} ->
+            E;
+        {noproc, _} ->
+            {error, noproc};
+        {Dest, {ok, W, A, T}} ->
+            %% Credits go to an alias, not to the pid: once the channel is closed
+            %% or down the alias is inactive and late credits are dropped.
+            Ref = alias([explicit_unalias]),
+            Mon = erlang:monitor(process, Dest),
+            put(?KEY(Ref), #chs{}),
+            {ok, #convoy_channel{ref = Ref, mon = Mon, consumer = Dest, window = W,
+                                 ack_every = A, timeout = T, token = {Ref, A}}}
+    end;
+open(Consumer, Opts) ->
+    erlang:error(badarg, [Consumer, Opts]).
+
+dest(Pid) when is_pid(Pid), node(Pid) =:= node() ->
+    case is_process_alive(Pid) of
+        true -> Pid;
+        false -> noproc
+    end;
+dest(Pid) when is_pid(Pid) -> Pid;
+dest(Name) when is_atom(Name) ->
+    case whereis(Name) of
+        undefined -> noproc;
+        Pid -> Pid
+    end;
+dest({Name, Node}) when is_atom(Name), Node =:= node() -> dest(Name);
+dest({Name, Node}) when is_atom(Name), is_atom(Node) -> {Name, Node};
+dest(_) -> error.
+
+%% One validator for every option; defaults that depend on others come after.
+validate(Opts) ->
+    try
+        maps:foreach(fun check/2, Opts),
+        W = maps:get(window, Opts, ?DEFAULT_WINDOW),
+        A = maps:get(ack_every, Opts, max(1, W div 2)),
+        A =< W orelse throw({bad_value, ack_every, A}),
+        {ok, W, A, maps:get(timeout, Opts, infinity)}
+    catch
+        throw:Reason -> {error, Reason}
+    end.
+
+check(window, V) when is_integer(V), V > 0 -> ok;
+check(ack_every, V) when is_integer(V), V > 0 -> ok;
+check(timeout, infinity) -> ok;
+check(timeout, V) when is_integer(V), V >= 0 -> ok;
+check(K, V) when K =:= window; K =:= ack_every; K =:= timeout -> throw({bad_value, K, V});
+check(K, _) -> throw({bad_option, K}).
+
+%% @doc Send `Msg' to the channel's consumer as `{convoy_channel, Token, Msg}'.
+%%
+%% With credit left, spends one and sends at once (`convoy:send/2'). Without,
+%% waits (a selective receive on the channel's reference: other messages stay in
+%% the mailbox) for credit, for the consumer's `DOWN' or for the channel's
+%% `timeout'. On `{error, timeout}' the message was not sent and the channel stays
+%% open; on `{error, {consumer_down, Reason}}' it was not sent and every later
+%% send returns the same error; `{error, closed}' after `close/1' (or from a
+%% process that does not own the channel).
+-spec send(channel(), term()) -> ok | {error, send_error()}.
+send(Ch = #convoy_channel{ref = Ref, window = W}, Msg) ->
+    case get(?KEY(Ref)) of
+        S = #chs{state = open, sent = Sent, credited = Cr} when Sent - Cr < W ->
+            deliver(Ch, S, Msg);
+        S = #chs{state = open} ->
+            case refill(Ch, S) of
+                {ok, S1} ->
+                    deliver(Ch, S1, Msg);
+                {error, Reason, S1} ->
+                    put(?KEY(Ref), S1),
+                    {error, Reason}
+            end;
+        #chs{state = {down, Reason}} ->
+            {error, {consumer_down, Reason}};
+        undefined ->
+            {error, closed}
+    end;
+send(Ch, Msg) ->
+    erlang:error(badarg, [Ch, Msg]).
+
+deliver(#convoy_channel{ref = Ref, consumer = C, token = Token}, S = #chs{sent = Sent}, Msg) ->
+    put(?KEY(Ref), S#chs{sent = Sent + 1}),
+    convoy:send(C, {convoy_channel, Token, Msg}).
+
+%% Credit is spent: take what has arrived; wait only if that is nothing.
+refill(Ch = #convoy_channel{ref = Ref, mon = Mon, window = W}, S0) ->
+    case collect(Ref, Mon, S0) of
+        S = #chs{state = {down, Reason}} ->
+            {error, {consumer_down, Reason}, S};
+        S = #chs{sent = Sent, credited = Cr} when Sent - Cr < W ->
+            {ok, S};
+        S ->
+            wait(Ch, S)
+    end.
+
+%% Every credit and a DOWN already in the mailbox, without waiting. The consumer's
+%% credits come before its DOWN, so all of them are counted first.
+collect(Ref, Mon, S) ->
+    receive
+        {'$convoy_credit', Ref, N} -> collect(Ref, Mon, credit(S, N));
+        {'DOWN', Mon, process, _, Reason} -> down(Ref, Reason, S)
+    after 0 ->
+            S
+    end.
+
+%% Credits never exceed what is in flight, whatever a consumer acks.
+credit(S = #chs{sent = Sent, credited = Cr}, N) when is_integer(N), N > 0 ->
+    S#chs{credited = min(Sent, Cr + N)};
+credit(S, _) ->
+    S.
+
+wait(#convoy_channel{ref = Ref, mon = Mon, consumer = C, timeout = Timeout, window = W},
+     S0) ->
+    T0 = erlang:monotonic_time(),
+    Deadline = case Timeout of
+                   infinity -> infinity;
+                   _ -> T0 + erlang:convert_time_unit(Timeout, millisecond, native)
+               end,
+    {Result, S1} = wait_loop(Ref, Mon, W, Deadline, Timeout, S0),
+    Dur = erlang:monotonic_time() - T0,
+    S = S1#chs{waits = S1#chs.waits + 1, wait_time = S1#chs.wait_time + Dur},
+    record_wait(C, Dur, Result),
+    case Result of
+        credit -> {ok, S};
+        Error -> {error, Error, S}
+    end.
+
+wait_loop(Ref, Mon, W, Deadline, Timeout, S) ->
+    receive
+        {'$convoy_credit', Ref, N} ->
+            S1 = #chs{sent = Sent, credited = Cr} = credit(S, N),
+            case Sent - Cr < W of
+                true -> {credit, S1};
+                false -> wait_loop(Ref, Mon, W, Deadline, remaining(Deadline), S1)
+            end;
+        {'DOWN', Mon, process, _, Reason} ->
+            {{consumer_down, Reason}, down(Ref, Reason, S)}
+    after Timeout ->
+            {timeout, S}
+    end.
+
+%% The consumer is gone: no credit can come; credits still in the mailbox (sent
+%% before the DOWN) are dropped with the alias.
+down(Ref, Reason, S) ->
+    true = unalias(Ref),
+    ok = flush_credits(Ref),
+    S#chs{state = {down, Reason}}.
+
+remaining(infinity) ->
+    infinity;
+remaining(Deadline) ->
+    Native = max(0, Deadline - erlang:monotonic_time()),
+    erlang:convert_time_unit(Native, native, millisecond).
+
+record_wait(Consumer, Dur, Result) ->
+    Stats = stats_ref(),
+    counters:add(Stats, 1, 1),
+    counters:add(Stats, 2, Dur),
+    case erlang:function_exported(telemetry, execute, 3) of
+        true ->
+            Mod = telemetry,
+            _ = Mod:execute([convoy, channel, waited], #{duration => Dur},
+                            #{consumer => Consumer, result => Result}),
+            ok;
+        false ->
+            ok
+    end.
+
+%% @doc Close the channel: demonitor the consumer, drop the producer's state and
+%% any credit waiting in the mailbox. Credits the consumer returns later are
+%% dropped by the runtime (they are addressed to an alias that no longer exists).
+%% Messages already sent are not recalled. Closing twice is harmless.
+-spec close(channel()) -> ok.
+close(#convoy_channel{ref = Ref, mon = Mon}) ->
+    _ = erase(?KEY(Ref)),
+    _ = unalias(Ref),
+    true = erlang:demonitor(Mon, [flush]),
+    flush_credits(Ref);
+close(Ch) ->
+    erlang:error(badarg, [Ch]).
+
+flush_credits(Ref) ->
+    receive
+        {'$convoy_credit', Ref, _} -> flush_credits(Ref)
+    after 0 ->
+            ok
+    end.
+
+%% @doc The channel as the producer sees it, after taking any credit (and `DOWN')
+%% waiting in its mailbox. `credit' is what `send/2' may send without waiting,
+%% `in_flight' what was sent and not yet credited back (`credit + in_flight =
+%% window' while open; once down, `credit' is 0 and `in_flight' what was
+%% unconfirmed when the consumer went down). `waits' and `wait_time_us' count the
+%% sends that had to wait and for how long. A closed channel (or one owned by
+%% another process) shows `state => closed' and zeros.
+-spec info(channel()) -> channel_info().
+info(#convoy_channel{ref = Ref, mon = Mon, window = W}) ->
+    case get(?KEY(Ref)) of
+        undefined ->
+            #{state => closed, credit => 0, in_flight => 0, window => W, waits => 0,
+              wait_time_us => 0};
+        S0 ->
+            S = #chs{sent = Sent, credited = Cr, state = St} =
+                case S0#chs.state of
+                    open -> collect(Ref, Mon, S0);
+                    _ -> S0
+                end,
+            put(?KEY(Ref), S),
+            InFlight = Sent - Cr,
+            {State, Credit} = case St of
+                                  open -> {open, W - InFlight};
+                                  {down, _} -> {down, 0}
+                              end,
+            #{state => State, credit => Credit, in_flight => InFlight, window => W,
+              waits => S#chs.waits, wait_time_us => us(S#chs.wait_time)}
+    end;
+info(Ch) ->
+    erlang:error(badarg, [Ch]).
+
+%% @doc Node-wide totals since the node started: how many `send/2' calls waited
+%% for credit and for how long, over all channels.
+%%
+%% Kept in a `counters' array (write concurrency: producers on different
+%% schedulers do not contend) stored in `persistent_term', created on the first
+%% wait. It does not belong to convoy's supervision tree, so channels work and are
+%% counted whether or not convoy is running, and restarting convoy keeps the
+%% totals. The one-time creation runs under a node-local `global:trans/3' lock so
+%% that two first waits cannot each install an array and lose counts (and a
+%% `persistent_term' key is never replaced, which would cost a global GC).
+-spec stats() -> #{waits := non_neg_integer(), wait_time_us := non_neg_integer()}.
+stats() ->
+    case persistent_term:get(?STATS_KEY, undefined) of
+        undefined ->
+            #{waits => 0, wait_time_us => 0};
+        C ->
+            #{waits => counters:get(C, 1), wait_time_us => us(counters:get(C, 2))}
+    end.
+
+stats_ref() ->
+    case persistent_term:get(?STATS_KEY, undefined) of
+        undefined ->
+            case global:trans({?STATS_KEY, self()}, fun create_stats/0, [node()]) of
+                aborted -> erlang:error({convoy_channel, stats_lock_aborted});
+                C -> C
+            end;
+        C ->
+            C
+    end.
+
+create_stats() ->
+    case persistent_term:get(?STATS_KEY, undefined) of
+        undefined ->
+            C = counters:new(2, [write_concurrency]),
+            persistent_term:put(?STATS_KEY, C),
+            C;
+        C ->
+            C
+    end.
+
+us(Native) ->
+    erlang:convert_time_unit(Native, native, microsecond).
+
+%%--------------------------------------------------------------------
+%% Consumer
+
+%% @doc Receive the next channel message: `{ok, Token, Msg}', or `timeout' after
+%% `Timeout' milliseconds. Other messages stay in the mailbox. Does not ack: call
+%% `ack(Token)' once `Msg' is processed, so that the window bounds the work the
+%% consumer has not done yet, not just its mailbox.
+-spec recv(timeout()) -> {ok, token(), term()} | timeout.
+recv(Timeout) when Timeout =:= infinity; is_integer(Timeout), Timeout >= 0 ->
+    receive
+        {convoy_channel, {Ref, A} = Token, Msg} when is_reference(Ref), is_integer(A), A > 0 ->
+            {ok, Token, Msg}
+    after Timeout ->
+            timeout
+    end;
+recv(Timeout) ->
+    erlang:error(badarg, [Timeout]).
+
+%% @doc Acknowledge one processed message of the channel `Token' came with. Every
+%% `ack_every' acks of a channel, `ack_every' credits go back to its producer in
+%% one message. Called by the consumer (the count is in its process dictionary).
+%% Acking a message twice does not let the producer exceed its window. Raises
+%% `badarg' if `Token' is not a token.
+-spec ack(token()) -> ok.
+ack({Ref, A}) when is_reference(Ref), is_integer(A), A > 0 ->
+    Key = ?ACK_KEY(Ref),
+    case get(Key) of
+        undefined when A =:= 1 ->
+            return_credit(Ref, 1);
+        undefined ->
+            _ = put(Key, 1),
+            ok;
+        N when N + 1 >= A ->
+            _ = erase(Key),
+            return_credit(Ref, A);
+        N ->
+            _ = put(Key, N + 1),
+            ok
+    end;
+ack(Token) ->
+    erlang:error(badarg, [Token]).
+
+return_credit(Ref, N) ->
+    convoy:send(Ref, {'$convoy_credit', Ref, N}).
