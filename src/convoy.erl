@@ -13,10 +13,10 @@
 %% back to plain sends.
 -module(convoy).
 
--export([send/2, multicast/2, flush/0, flush/1, flush/2, info/0, set_config/1,
+-export([send/2, send/3, multicast/2, flush/0, flush/1, flush/2, info/0, set_config/1,
          child_spec/1, start_link/1]).
 
--export_type([dest/0, options/0, info/0, node_info/0]).
+-export_type([dest/0, options/0, send_options/0, info/0, node_info/0]).
 
 -include("convoy_runtime.hrl").
 
@@ -28,7 +28,15 @@
                       max_delay => non_neg_integer(),
                       large_threshold => non_neg_integer() | infinity,
                       barrier_timeout => non_neg_integer(),
+                      bypass_after => non_neg_integer() | never,
+                      max_buffered => pos_integer() | infinity,
+                      max_buffered_bytes => pos_integer() | infinity,
+                      overload => block | drop | error,
+                      block_timeout => non_neg_integer(),
                       telemetry => boolean()}.
+-type send_options() :: #{overload => block | drop | error,
+                          block_timeout => non_neg_integer()}.
+%% Per-call overload behaviour; see `send/3'.
 -type node_info() :: #{route := convoy | plain,
                        accepted := non_neg_integer(),
                        messages := non_neg_integer(),
@@ -36,7 +44,11 @@
                        dropped := non_neg_integer(),
                        buffered := non_neg_integer(),
                        received := non_neg_integer(),
-                       direct := non_neg_integer()}.
+                       direct := non_neg_integer(),
+                       refused := non_neg_integer(),
+                       blocked_us := non_neg_integer(),
+                       queued := non_neg_integer(),
+                       queued_bytes := non_neg_integer()}.
 -type info() :: #{running := boolean(),
                   settings := options(),
                   nodes := #{node() => node_info()},
@@ -48,12 +60,35 @@
 %% once, order kept per sender/receiver pair (among messages sent through convoy;
 %% `!' and `convoy:send/2' to one process are not ordered with each other). Local
 %% destinations get the message at once; remote ones through the sender's lane.
-%% Never suspends the caller on a busy or unconnected node, except that a message
-%% over `large_threshold' may wait up to `barrier_timeout' ms for the sender's
-%% earlier messages to be delivered. Raises `badarg' where `!' would.
+%% The caller waits only when convoy already holds `max_buffered' messages (or
+%% `max_buffered_bytes') for that node: then the `overload' setting applies
+%% (default `block': wait up to `block_timeout' ms for room), and a message that
+%% finds no room is dropped and counted in `dropped', as `!' gives no error either.
+%% A large message may also wait up to `barrier_timeout' ms for the sender's
+%% earlier messages to be delivered. Never suspends the caller on a busy or
+%% unconnected distribution connection. Raises `badarg' where `!' would.
 -spec send(dest(), term()) -> ok.
 send(Dest, Msg) ->
     convoy_route:send(Dest, Msg).
+
+%% @doc Send `Msg' to `Dest' with a per-call overload behaviour, for when convoy
+%% already holds `max_buffered' messages or `max_buffered_bytes' for that node:
+%% `block' waits for room up to `block_timeout' ms, then returns
+%% `{error, overload}'; `drop' drops the message (counted in `dropped') and returns
+%% `ok'; `error' returns `{error, overload}' at once (counted in `refused').
+%% Unset keys take the settings' values. Raises `badarg' for bad options.
+-spec send(dest(), term(), send_options()) -> ok | {error, overload}.
+send(Dest, Msg, Opts) when is_map(Opts) ->
+    case maps:fold(fun valid_send_option/3, true, Opts) of
+        true -> convoy_route:send(Dest, Msg, Opts);
+        false -> erlang:error(badarg, [Dest, Msg, Opts])
+    end;
+send(Dest, Msg, Opts) ->
+    erlang:error(badarg, [Dest, Msg, Opts]).
+
+valid_send_option(overload, V, Acc) -> Acc andalso lists:member(V, [block, drop, error]);
+valid_send_option(block_timeout, V, Acc) -> Acc andalso is_integer(V) andalso V >= 0;
+valid_send_option(_, _, _) -> false.
 
 %% @doc Send `Msg' to every destination: one copy travels to each remote node and is
 %% fanned out there. Order relative to the caller's `send/2' to each destination is
@@ -123,8 +158,8 @@ info() ->
         RT ->
             #{running => true,
               settings => RT#runtime.config,
-              nodes => maps:from_list([{N, node_info(Route, C)}
-                                       || {N, Route, C} <- ets:tab2list(convoy_nodes)]),
+              nodes => maps:from_list([{N, node_info(Route, C, H)}
+                                       || {N, Route, C, H} <- ets:tab2list(convoy_nodes)]),
               lanes => [#{index => I, pid => P, queue => queue_len(P)}
                         || {I, P} <- lists:zip(lists:seq(1, RT#runtime.n),
                                                tuple_to_list(RT#runtime.lanes))],
@@ -132,12 +167,14 @@ info() ->
     end.
 
 %% Messages senders sent themselves (`direct') count as accepted and sent too.
-node_info(Route, C) ->
+node_info(Route, C, H) ->
     Counts = #{accepted := A0, messages := M0, dropped := D, direct := Direct} =
         convoy_metrics:node_info(C),
     A = A0 + Direct,
     M = M0 + Direct,
-    Counts#{accepted := A, messages := M,
+    {Queued, QueuedBytes} = convoy_metrics:held(H),
+    Counts#{accepted := A, messages := M, queued => max(0, Queued),
+            queued_bytes => max(0, QueuedBytes),
             route => case Route of
                          plain -> plain;
                          {convoy, _, _} -> convoy

@@ -63,7 +63,8 @@ push_many(Node, Entries, K, Now, Core) ->
                 0 -> Now;
                 _ -> NQ#nq.since
             end,
-    Core#{Node => NQ#nq{q = queue:join(NQ#nq.q, queue:from_list(Entries)),
+    %% queue:join/2 would copy the whole existing queue: in/2 costs per new entry.
+    Core#{Node => NQ#nq{q = lists:foldl(fun queue:in/2, NQ#nq.q, Entries),
                         msgs = NQ#nq.msgs + K, large = NQ#nq.large + count_large(Entries),
                         since = Since}}.
 

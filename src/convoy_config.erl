@@ -8,7 +8,7 @@
 
 -export([defaults/0, keys/0, validate/1, merge/2, from_env/1]).
 
--export_type([config/0, error/0]).
+-export_type([config/0, error/0, overload/0]).
 
 -type config() :: #{lanes := pos_integer(),
                     max_batch := pos_integer(),
@@ -16,8 +16,13 @@
                     large_threshold := non_neg_integer() | infinity,
                     barrier_timeout := non_neg_integer(),
                     bypass_after := non_neg_integer() | never,
+                    max_buffered := pos_integer() | infinity,
+                    max_buffered_bytes := pos_integer() | infinity,
+                    overload := overload(),
+                    block_timeout := non_neg_integer(),
                     telemetry := boolean()}.
 -type error() :: {bad_option, term()} | {bad_value, atom(), term()}.
+-type overload() :: block | drop | error.
 
 -define(MAX_LANES, 1024).
 
@@ -34,6 +39,10 @@ defaults() ->
       large_threshold => 65536,
       barrier_timeout => 100,
       bypass_after => 20,
+      max_buffered => 100000,
+      max_buffered_bytes => 64 * 1024 * 1024,
+      overload => block,
+      block_timeout => 5000,
       telemetry => true}.
 
 -spec keys() -> [atom()].
@@ -74,6 +83,10 @@ valid(max_batch, V) -> is_integer(V) andalso V >= 1 andalso V =< 1000000;
 valid(max_delay, V) -> is_integer(V) andalso V >= 0 andalso V =< 10000000;
 valid(large_threshold, infinity) -> true;
 valid(large_threshold, V) -> is_integer(V) andalso V >= 0;
+valid(max_buffered, V) -> V =:= infinity orelse (is_integer(V) andalso V >= 1);
+valid(max_buffered_bytes, V) -> V =:= infinity orelse (is_integer(V) andalso V >= 1);
+valid(overload, V) -> V =:= block orelse V =:= drop orelse V =:= error;
+valid(block_timeout, V) -> is_integer(V) andalso V >= 0 andalso V =< 3600000;
 valid(bypass_after, never) -> true;
 valid(bypass_after, V) -> is_integer(V) andalso V >= 0 andalso V =< 1000000;
 valid(barrier_timeout, V) -> is_integer(V) andalso V >= 0 andalso V =< 60000;
@@ -106,6 +119,12 @@ from_env_ignores_included_applications_test() ->
     ?assertMatch({ok, #{lanes := 2}},
                  from_env([{included_applications, []}, {lanes, 2}])),
     ?assertEqual({error, {bad_option, bogus}}, from_env([{bogus, 1}])).
+
+bounds_test() ->
+    ?assertMatch({ok, #{max_buffered := infinity, overload := drop}},
+                 validate(#{max_buffered => infinity, overload => drop})),
+    ?assertEqual({error, {bad_value, overload, later}}, validate(#{overload => later})),
+    ?assertEqual({error, {bad_value, max_buffered_bytes, 0}}, validate(#{max_buffered_bytes => 0})).
 
 large_threshold_infinity_test() ->
     ?assertMatch({ok, #{large_threshold := infinity}},

@@ -68,6 +68,10 @@ runtime(Config, A) ->
              large_threshold = maps:get(large_threshold, Config),
              barrier_timeout = maps:get(barrier_timeout, Config),
              bypass_after = maps:get(bypass_after, Config),
+             max_buffered = maps:get(max_buffered, Config),
+             max_buffered_bytes = maps:get(max_buffered_bytes, Config),
+             overload = maps:get(overload, Config),
+             block_timeout = maps:get(block_timeout, Config),
              telemetry = maps:get(telemetry, Config),
              config = Config}.
 

@@ -35,12 +35,15 @@
             parent :: pid(),
             core = convoy_batch:new() :: convoy_batch:core(),
             rt :: #runtime{},
-            counters = #{} :: #{node() => counters:counters_ref()},
+            refs = #{} :: #{node() => {counters:counters_ref(), atomics:atomics_ref()}},
             disposed = 0 :: non_neg_integer(),
             %% sends and multicasts read in this drain, newest first, not yet queued:
             %% queuing them in one go per node keeps the per-message cost to a cons
             pending = [] :: [{'$convoy_send' | '$convoy_large' | '$convoy_multicast', node(),
-                               term(), term()}],
+                               term(), term(), non_neg_integer()}],
+            %% per node, {Messages, Bytes} per queued run, oldest first: what each
+            %% disposal gives back to the node's held-bytes count
+            segments = #{} :: #{node() => queue:queue({pos_integer(), non_neg_integer()})},
             npending = 0 :: non_neg_integer(),
             workers = #{} :: #{reference() => {courier, node(), [term()], integer()}
                                                 | {connector, node()}
@@ -118,11 +121,11 @@ held(Node, #s{held = Held}) -> is_map_key(Node, Held).
 %%--------------------------------------------------------------------
 %% Messages
 
-handle({'$convoy_send', _Node, _To, _Msg} = M, S) ->
+handle({'$convoy_send', _Node, _To, _Msg, _Bytes} = M, S) ->
     add_pending(M, S);
-handle({'$convoy_large', _Node, _To, _Msg} = M, S) ->
+handle({'$convoy_large', _Node, _To, _Msg, _Bytes} = M, S) ->
     add_pending(M, S);
-handle({'$convoy_multicast', _Node, _Tos, _Msg} = M, S) ->
+handle({'$convoy_multicast', _Node, _Tos, _Msg, _Bytes} = M, S) ->
     add_pending(M, S);
 handle(M, S) ->
     %% Anything else is ordered after the sends read before it.
@@ -163,18 +166,20 @@ spill(S = #s{pending = P, rt = #runtime{max_delay = MD}}) ->
 
 runs([], _Now, S) ->
     S;
-runs([{_, Node, _, _} | _] = Pending, Now, S) ->
-    {Entries, K, Rest} = run(Node, Pending, [], 0),
-    C = counters(Node, S),
+runs([{_, Node, _, _, _} | _] = Pending, Now, S) ->
+    {Entries, K, Bytes, Rest} = run(Node, Pending, [], 0, 0),
+    {C, _} = Refs = refs(Node, S),
     convoy_metrics:add(C, accepted, K),
+    Segs = queue:in({K, Bytes}, maps:get(Node, S#s.segments, queue:new())),
     runs(Rest, Now, S#s{core = convoy_batch:push_many(Node, Entries, K, Now, S#s.core),
-                        counters = (S#s.counters)#{Node => C}}).
+                        refs = (S#s.refs)#{Node => Refs},
+                        segments = (S#s.segments)#{Node => Segs}}).
 
-run(Node, [{'$convoy_large', Node, To, Msg} | Rest], Acc, K) ->
-    run(Node, Rest, [{'$convoy_large', To, Msg} | Acc], K + 1);
-run(Node, [{_, Node, To, Msg} | Rest], Acc, K) ->
-    run(Node, Rest, [{To, Msg} | Acc], K + 1);
-run(_Node, Rest, Acc, K) -> {lists:reverse(Acc), K, Rest}.
+run(Node, [{'$convoy_large', Node, To, Msg, B} | Rest], Acc, K, Bytes) ->
+    run(Node, Rest, [{'$convoy_large', To, Msg} | Acc], K + 1, Bytes + B);
+run(Node, [{_, Node, To, Msg, B} | Rest], Acc, K, Bytes) ->
+    run(Node, Rest, [{To, Msg} | Acc], K + 1, Bytes + B);
+run(_Node, Rest, Acc, K, Bytes) -> {lists:reverse(Acc), K, Bytes, Rest}.
 
 %% Someone waits on this queue (flush) or it is full: ship it without
 %% waiting for the end of the drain or for max_delay.
@@ -187,10 +192,37 @@ ship_now(Node, Reason, S) ->
         false -> ship(Node, Reason, S)
     end.
 
-counters(Node, #s{counters = Cs}) ->
-    case Cs of
-        #{Node := C} -> C;
-        _ -> convoy_metrics:node_counters(Node)
+counters(Node, S) ->
+    element(1, refs(Node, S)).
+
+refs(Node, #s{refs = Refs}) ->
+    case Refs of
+        #{Node := R} -> R;
+        _ -> convoy_metrics:node_refs(Node)
+    end.
+
+%% K messages for Node left (sent or dropped): the admissions are disposed of and
+%% the node's held counts go down by them and their bytes.
+disposed(_Node, 0, S) ->
+    S;
+disposed(Node, K, S = #s{segments = Segs}) ->
+    {Bytes, Q} = release(K, maps:get(Node, Segs, queue:new()), 0),
+    {_, H} = refs(Node, S),
+    atomics:sub(H, 1, K),
+    atomics:sub(H, 2, Bytes),
+    S#s{disposed = S#s.disposed + K, segments = Segs#{Node => Q}}.
+
+release(0, Q, Acc) ->
+    {Acc, Q};
+release(K, Q, Acc) ->
+    case queue:out(Q) of
+        {{value, {N, B}}, Q1} when N =< K ->
+            release(K - N, Q1, Acc + B);
+        {{value, {N, B}}, Q1} ->
+            Part = B * K div N,
+            {Acc + Part, queue:in_r({N - K, B - Part}, Q1)};
+        {empty, Q} ->
+            {Acc, Q}
     end.
 
 %%--------------------------------------------------------------------
@@ -209,10 +241,7 @@ ship(Node, Reason, S = #s{core = Core, rt = #runtime{max_batch = MB}}) ->
     end.
 
 route(Node) ->
-    case ets:lookup(convoy_nodes, Node) of
-        [{_, Route, _}] -> Route;
-        [] -> plain
-    end.
+    convoy_peers:route(Node).
 
 ship_chunk(Node, {convoy, _Vsn, Inboxes}, Chunk, Reason, S = #s{index = I}) ->
     {Marks, Wire} = lists:partition(fun is_mark/1, Chunk),
@@ -303,7 +332,7 @@ sent(Node, Msgs, Sends, Reason, Route, S = #s{index = I, rt = RT}) ->
     convoy_metrics:add(C, batches, Sends),
     event(RT, [convoy, batch, sent], #{count => Msgs, sends => Sends},
           #{node => Node, lane => I, reason => Reason, route => Route}),
-    S#s{disposed = S#s.disposed + Msgs}.
+    disposed(Node, Msgs, S).
 
 dropped(_Node, [], _Why, S) ->
     S;
@@ -316,7 +345,7 @@ dropped(Node, Entries, Why, S = #s{index = I, rt = RT}) ->
                  convoy_metrics:add(counters(Node, S), dropped, Msgs),
                  event(RT, [convoy, batch, dropped], #{count => Msgs},
                        #{node => Node, lane => I, reason => Why}),
-                 S#s{disposed = S#s.disposed + Msgs}
+                 disposed(Node, Msgs, S)
          end,
     answer_marks(Marks, S1).
 
@@ -365,7 +394,7 @@ worker_done({courier, Node, Marks, Started}, Reason, S = #s{index = I, rt = RT})
                  convoy_metrics:add(counters(Node, S1), dropped, Lost),
                  event(RT, [convoy, batch, dropped], #{count => Lost},
                        #{node => Node, lane => I, reason => noconnect}),
-                 S1#s{disposed = S1#s.disposed + Lost}
+                 disposed(Node, Lost, S1)
          end,
     event(RT, [convoy, node, resumed],
           #{duration => erlang:monotonic_time() - Started}, #{node => Node, lane => I}),
@@ -435,7 +464,7 @@ retire_step(S = #s{retiring = {draining, K, From}, index = I,
                    rt = #runtime{admission = A, n = N}, workers = W}) ->
     case atomics:get(A, N + I) =:= K andalso map_size(W) =:= 0 of
         true ->
-            Nodes = [Node || {Node, {convoy, _, _}, _} <- ets:tab2list(convoy_nodes)],
+            Nodes = [Node || {Node, {convoy, _, _}, _, _} <- ets:tab2list(convoy_nodes)],
             From ! {'$convoy_retiring', self(), Nodes},
             S1 = lists:foldl(fun(Node, Acc) -> retire_barrier(Node, Acc) end,
                              S#s{retiring = {barriers, K, From}}, Nodes),

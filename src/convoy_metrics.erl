@@ -8,8 +8,8 @@
 %% when the `telemetry' module is loaded: there is no build dependency on it.
 -module(convoy_metrics).
 
--export([init/0, node_counters/1, add/3, node_info/1, rejected/1, rejected/0,
-         emit/3]).
+-export([init/0, node_counters/1, node_refs/1, add/3, node_info/1, held/1, rejected/1,
+         rejected/0, emit/3]).
 
 -export_type([counter/0, rejection/0]).
 
@@ -18,11 +18,13 @@
 -define(TABLE, convoy_nodes).
 -define(REJECTED, {convoy, rejected}).
 
--type counter() :: accepted | messages | batches | dropped | received | direct.
+-type counter() :: accepted | messages | batches | dropped | received | direct
+                 | refused | blocked_us.
 -type rejection() :: bad_version | malformed_batch | bad_entry | bad_hello
                    | unknown_message | unknown_node | undeliverable.
 
--define(COUNTERS, [accepted, messages, batches, dropped, received, direct]).
+-define(COUNTERS, [accepted, messages, batches, dropped, received, direct, refused,
+                   blocked_us]).
 -define(REJECTIONS, [bad_version, malformed_batch, bad_entry, bad_hello,
                      unknown_message, unknown_node, undeliverable]).
 
@@ -34,15 +36,27 @@ init() ->
 %% @doc The counters of `Node', created on first use.
 -spec node_counters(node()) -> counters:counters_ref().
 node_counters(Node) ->
+    element(1, node_refs(Node)).
+
+%% @doc The counters of `Node' and its held-message atomics (1: messages handed to a
+%% lane and not yet sent or dropped, 2: their estimated bytes), created on first use.
+-spec node_refs(node()) -> {counters:counters_ref(), atomics:atomics_ref()}.
+node_refs(Node) ->
     case ets:lookup(?TABLE, Node) of
-        [{_, _Route, Ref}] ->
-            Ref;
+        [{_, _Route, C, H}] ->
+            {C, H};
         [] ->
-            Ref = counters:new(length(?COUNTERS), [write_concurrency]),
-            ets:insert_new(?TABLE, {Node, plain, Ref}),
-            [{_, _, Winner}] = ets:lookup(?TABLE, Node),
-            Winner
+            C = counters:new(length(?COUNTERS), [write_concurrency]),
+            H = atomics:new(2, [{signed, true}]),
+            ets:insert_new(?TABLE, {Node, plain, C, H}),
+            [{_, _, C1, H1}] = ets:lookup(?TABLE, Node),
+            {C1, H1}
     end.
+
+%% @doc Messages and bytes held for a node now.
+-spec held(atomics:atomics_ref()) -> {integer(), integer()}.
+held(H) ->
+    {atomics:get(H, 1), atomics:get(H, 2)}.
 
 -spec add(counters:counters_ref(), counter(), integer()) -> ok.
 add(_Ref, _Counter, 0) -> ok;
@@ -58,7 +72,9 @@ index(messages) -> 2;
 index(batches) -> 3;
 index(dropped) -> 4;
 index(received) -> 5;
-index(direct) -> 6.
+index(direct) -> 6;
+index(refused) -> 7;
+index(blocked_us) -> 8.
 
 %% @doc Count one rejected input; the first of each kind is logged.
 -spec rejected(rejection()) -> ok.

@@ -2,7 +2,7 @@
 %% Which connected nodes run a compatible convoy.
 %%
 %% Owns the `convoy_nodes' table: one row per remote node convoy has dealt with,
-%% `{Node, Route, Counters}', where `Route' is `{convoy, Version, InboxNames}' for a
+%% `{Node, Route, Counters, Held}' (see convoy_metrics), where `Route' is `{convoy, Version, InboxNames}' for a
 %% peer that answered our hello with a version we share, and `plain' for every other
 %% node (no convoy, an incompatible one, not yet answered, or gone). Senders and lanes
 %% read it directly; only this process changes routes.
@@ -31,7 +31,7 @@ start_link(Inboxes) ->
 -spec route(node()) -> plain | {convoy, pos_integer(), tuple()}.
 route(Node) ->
     case ets:lookup(?TABLE, Node) of
-        [{_, Route, _}] -> Route;
+        [{_, Route, _, _}] -> Route;
         [] -> plain
     end.
 
@@ -106,7 +106,7 @@ learn(Node, #{versions := Vsns, peers := Pid, inboxes := N}, S) ->
             convoy_metrics:rejected(bad_version),
             S1;
         Vsn ->
-            _ = convoy_metrics:node_counters(Node),
+            _ = convoy_metrics:node_refs(Node),
             true = ets:update_element(?TABLE, Node, {2, {convoy, Vsn, convoy_wire:inbox_names(N)}}),
             S1#s{monitors = (S1#s.monitors)#{Node => erlang:monitor(process, Pid)}}
     end.

@@ -29,7 +29,7 @@
 %% If the barrier does not come back in time the message goes through the lane.
 -module(convoy_route).
 
--export([send/2, multicast/2, lane_of/1, flag_key/1]).
+-export([send/2, send/3, multicast/2, lane_of/1, flag_key/1]).
 
 -include("convoy_runtime.hrl").
 
@@ -38,6 +38,11 @@
 %% @doc See `convoy:send/2'.
 -spec send(convoy:dest(), term()) -> ok.
 send(Dest, Msg) ->
+    ok = send(Dest, Msg, #{}).
+
+%% @doc See `convoy:send/3' (options already checked there).
+-spec send(convoy:dest(), term(), convoy:send_options()) -> ok | {error, overload}.
+send(Dest, Msg, Opts) ->
     case resolve(Dest) of
         local ->
             erlang:send(Dest, Msg),
@@ -51,7 +56,7 @@ send(Dest, Msg) ->
                     erlang:send(Dest, Msg),
                     ok;
                 RT ->
-                    remote(RT, Node, To, Msg)
+                    remote(with_opts(RT, Opts), Node, To, Msg)
             end;
         error ->
             erlang:error(badarg, [Dest, Msg])
@@ -91,6 +96,18 @@ group([D | Rest], Msg, Local, Remote) ->
         error ->
             erlang:error(badarg, [[D | Rest], Msg])
     end.
+
+%% send/3 options apply to this call: a refused message is reported, not dropped.
+with_opts(RT, Opts) when map_size(Opts) =:= 0 ->
+    RT;
+with_opts(RT = #runtime{overload = O, block_timeout = T}, Opts) ->
+    RT#runtime{overload = maps:get(overload, Opts, O),
+               block_timeout = maps:get(block_timeout, Opts, T),
+               refuse = error}.
+
+%% The runtime republished by a lane change, with this call's options kept.
+refreshed(#runtime{overload = O, block_timeout = T, refuse = R}) ->
+    (persistent_term:get(?RUNTIME_KEY))#runtime{overload = O, block_timeout = T, refuse = R}.
 
 resolve(Pid) when is_pid(Pid) -> local_or_remote(node(Pid), Pid);
 resolve(Ref) when is_reference(Ref) -> local_or_remote(node(Ref), Ref);
@@ -136,7 +153,7 @@ admitted(RT = #runtime{admission = A}, L, Node, To, Msg, Large, Quiet) ->
     case atomics:add_get(A, L, 1) of
         V when V >= ?CLOSED ->
             %% The lane is being retired; the new runtime is already published.
-            remote(persistent_term:get(?RUNTIME_KEY), Node, To, Msg);
+            remote(refreshed(RT), Node, To, Msg);
         V ->
             Idle = idle(RT, L, V),
             case Large of
@@ -157,7 +174,7 @@ direct(RT, L, Node, To, Msg, Kind) ->
 admit_to_lane(RT = #runtime{admission = A}, L, Node, To, Msg, Kind) ->
     case atomics:add_get(A, L, 1) of
         V when V >= ?CLOSED ->
-            RT1 = persistent_term:get(?RUNTIME_KEY),
+            RT1 = refreshed(RT),
             admit_to_lane(RT1, lane_of(RT1), Node, To, Msg, Kind);
         _ ->
             to_lane(RT, L, Node, To, Msg, Kind)
@@ -171,9 +188,9 @@ kind(true) -> '$convoy_large'.
 %% has shipped all it was given, so the sender's message may follow it directly.
 small_idle(RT, L, Node, To, Msg) ->
     case ets:lookup(convoy_nodes, Node) of
-        [{_, {convoy, _Vsn, Inboxes}, C}] ->
+        [{_, {convoy, _Vsn, Inboxes}, C, _}] ->
             via_inbox(RT, L, Node, Inboxes, C, {To, Msg}, To, Msg);
-        [{_, plain, C}] ->
+        [{_, plain, C, _}] ->
             admitted_direct(RT, L, Node, C, To, Msg, '$convoy_send');
         [] ->
             to_lane(RT, L, Node, To, Msg, '$convoy_send')
@@ -202,14 +219,89 @@ disposed(#runtime{admission = A, n = N}, L, C) ->
 count_direct(C) ->
     convoy_metrics:add(C, direct, 1).
 
-to_lane(#runtime{lanes = Lanes}, L, Node, To, Msg, Kind) ->
+to_lane_multi(RT, L, Node, Tos, Msg) ->
+    to_lane(RT, L, Node, Tos, Msg, '$convoy_multicast').
+
+%% Hand an admitted message to the lane, within the node's bounds (max_buffered
+%% messages and max_buffered_bytes held by convoy for it, lane mailbox included).
+%% When full, the overload policy decides; a message that does not go to the lane
+%% has its admission disposed of here.
+to_lane(RT, L, Node, To, Msg, Kind) ->
+    Bytes = convoy_size:estimate(Msg),
+    {C, H} = convoy_metrics:node_refs(Node),
+    case hold(RT, H, Bytes) of
+        ok -> hand_over(RT, L, Node, To, Msg, Kind, Bytes);
+        full -> overloaded(RT, L, Node, To, Msg, Kind, Bytes, C, H)
+    end.
+
+hand_over(#runtime{lanes = Lanes}, L, Node, To, Msg, Kind, Bytes) ->
     flag(Node),
-    erlang:send(element(L, Lanes), {Kind, Node, To, Msg}),
+    erlang:send(element(L, Lanes), {Kind, Node, To, Msg, Bytes}),
     ok.
 
-to_lane_multi(#runtime{lanes = Lanes}, L, Node, Tos, Msg) ->
-    flag(Node),
-    erlang:send(element(L, Lanes), {'$convoy_multicast', Node, Tos, Msg}),
+%% Take room for one message of Bytes; a message alone may exceed the byte bound.
+hold(#runtime{max_buffered = MaxN, max_buffered_bytes = MaxB}, H, Bytes) ->
+    N = atomics:add_get(H, 1, 1),
+    B = atomics:add_get(H, 2, Bytes),
+    case within(N, MaxN) andalso (within(B, MaxB) orelse B =:= Bytes) of
+        true ->
+            ok;
+        false ->
+            atomics:sub(H, 1, 1),
+            atomics:sub(H, 2, Bytes),
+            full
+    end.
+
+within(_, infinity) -> true;
+within(V, Max) -> V =< Max.
+
+overloaded(RT = #runtime{overload = block, block_timeout = Timeout}, L, Node, To, Msg, Kind,
+           Bytes, C, H) ->
+    T0 = erlang:monotonic_time(),
+    Deadline = T0 + erlang:convert_time_unit(Timeout, millisecond, native),
+    Result = wait_room(RT, H, Bytes, Deadline),
+    Waited = erlang:monotonic_time() - T0,
+    convoy_metrics:add(C, blocked_us, erlang:convert_time_unit(Waited, native, microsecond)),
+    event(RT, [convoy, overload, blocked], #{duration => Waited},
+          #{node => Node, result => Result}),
+    case Result of
+        ok -> hand_over(RT, L, Node, To, Msg, Kind, Bytes);
+        timeout -> refuse(RT, L, C)
+    end;
+overloaded(RT = #runtime{overload = drop}, L, _Node, _To, _Msg, _Kind, _Bytes, C, _H) ->
+    refuse(RT#runtime{refuse = drop}, L, C);
+overloaded(RT = #runtime{overload = error}, L, _Node, _To, _Msg, _Kind, _Bytes, C, _H) ->
+    refuse(RT, L, C).
+
+%% Room is polled every millisecond: a blocked sender is overloaded anyway, and a
+%% poll cannot miss a wake-up.
+wait_room(RT, H, Bytes, Deadline) ->
+    case hold(RT, H, Bytes) of
+        ok ->
+            ok;
+        full ->
+            case erlang:monotonic_time() >= Deadline of
+                true -> timeout;
+                false -> receive after 1 -> wait_room(RT, H, Bytes, Deadline) end
+            end
+    end.
+
+%% Not sent: counted as dropped (send/2, or policy drop) or refused (send/3).
+refuse(#runtime{admission = A, n = N, refuse = Refuse}, L, C) ->
+    atomics:add(A, N + L, 1),
+    case Refuse of
+        drop ->
+            convoy_metrics:add(C, accepted, 1),
+            convoy_metrics:add(C, dropped, 1),
+            ok;
+        error ->
+            convoy_metrics:add(C, refused, 1),
+            {error, overload}
+    end.
+
+event(#runtime{telemetry = true}, Name, Measurements, Meta) ->
+    convoy_metrics:emit(Name, Measurements, Meta);
+event(_RT, _Name, _Measurements, _Meta) ->
     ok.
 
 flag(Node) ->
@@ -225,7 +317,7 @@ flag(Node) ->
 %% waits: the lane takes the message, in order.
 large(RT, L, true, Node, To, Msg) ->
     case ets:lookup(convoy_nodes, Node) of
-        [{_, {convoy, _Vsn, Inboxes}, C}] ->
+        [{_, {convoy, _Vsn, Inboxes}, C, _}] ->
             case barrier(RT, L, Node, Inboxes) of
                 ok ->
                     erase(flag_key(Node)),
@@ -233,7 +325,7 @@ large(RT, L, true, Node, To, Msg) ->
                 timeout ->
                     to_lane(RT, L, Node, To, Msg, '$convoy_large')
             end;
-        [{_, plain, C}] ->
+        [{_, plain, C, _}] ->
             %% Plain peer: what the lane shipped is already in the connection.
             erase(flag_key(Node)),
             admitted_direct(RT, L, Node, C, To, Msg, '$convoy_large');
@@ -283,10 +375,10 @@ remote_multi(RT = #runtime{admission = A}, Node, Tos, Msg) ->
     L = lane_of(RT),
     case atomics:add_get(A, L, 1) of
         V when V >= ?CLOSED ->
-            remote_multi(persistent_term:get(?RUNTIME_KEY), Node, Tos, Msg);
+            remote_multi(refreshed(RT), Node, Tos, Msg);
         V ->
             case quiet(RT, L) andalso idle(RT, L, V) andalso ets:lookup(convoy_nodes, Node) of
-                [{_, {convoy, _Vsn, Inboxes}, C}] ->
+                [{_, {convoy, _Vsn, Inboxes}, C, _}] ->
                     via_inbox(RT, L, Node, Inboxes, C, {Tos, Msg}, Tos, Msg);
                 _ ->
                     to_lane_multi(RT, L, Node, Tos, Msg)

@@ -14,6 +14,13 @@
     %% latest small send (monotonic microseconds)
     admission :: atomics:atomics_ref(),
     bypass_after :: non_neg_integer() | never,
+    max_buffered :: pos_integer() | infinity,
+    max_buffered_bytes :: pos_integer() | infinity,
+    overload :: block | drop | error,
+    block_timeout :: non_neg_integer(),
+    %% what a refused message becomes: send/2 drops it (counted), send/3 returns
+    %% {error, overload}; set per call, not a setting
+    refuse = drop :: drop | error,
     max_batch :: pos_integer(),
     max_delay :: non_neg_integer(),
     large_threshold :: non_neg_integer() | infinity,

@@ -15,13 +15,14 @@
          settings_change_under_traffic/1, bad_settings_named/1, flush_semantics/1,
          info_shape/1, telemetry_events/1, badarg_like_send/1, local_destinations/1,
          child_spec_in_own_tree/1, idle_message_leaves_at_once/1,
-         not_started_falls_back/1]).
+         not_started_falls_back/1, overload_policies/1, memory_bounded_when_stalled/1,
+         blocked_sender_resumes/1, bounded_when_disconnected/1]).
 %% Run on peer nodes.
 -export([collector/0, sender/5]).
 
 all() ->
     [{group, ordering}, {group, peers}, {group, failures}, {group, settings},
-     {group, api}].
+     {group, api}, {group, bounds}].
 
 groups() ->
     [{ordering, [], [order_many_senders, order_fragmented_batches, order_with_lanes,
@@ -31,6 +32,8 @@ groups() ->
                      netsplit_and_reconnect]},
      {settings, [], [lanes_change_under_traffic, settings_change_under_traffic,
                      bad_settings_named]},
+     {bounds, [], [overload_policies, memory_bounded_when_stalled, blocked_sender_resumes,
+                   bounded_when_disconnected]},
      {api, [], [flush_semantics, info_shape, telemetry_events, badarg_like_send,
                 local_destinations, child_spec_in_own_tree, idle_message_leaves_at_once,
                 not_started_falls_back]}].
@@ -625,3 +628,128 @@ not_started_falls_back(Config) ->
     receive {got, plain} -> ok after 5000 -> ct:fail(not_delivered) end,
     ?assertMatch(#{running := false}, convoy:info()),
     ok = convoy:flush().
+
+%%--------------------------------------------------------------------
+%% Bounds and overload
+
+%% A peer whose OS process is stopped (SIGSTOP) until Fun returns.
+with_stalled(Peer, Fun) ->
+    OsPid = peer:call(Peer, os, getpid, []),
+    os:cmd("kill -STOP " ++ OsPid),
+    try Fun() after os:cmd("kill -CONT " ++ OsPid) end.
+
+stalled_peer(Config, Settings) ->
+    {Peer, Node} = peer(Config, ?CT_PEER_NAME(bounds)),
+    start_convoy(Settings),
+    start_convoy(Peer, #{}),
+    await_route(Node, convoy),
+    Sink = spawn(Node, fun S() -> receive _ -> S() end end),
+    {Peer, Node, Sink}.
+
+%% Saturate a stalled node: the socket buffers take several megabytes before the
+%% distribution buffer fills, so send 40 MB with no bound, then set the bound
+%% under what convoy now holds: from then on the node is full, deterministically.
+saturate(Sink, Node, Bound) ->
+    ok = convoy:set_config(#{max_buffered => infinity}),
+    Payload = binary:copy(<<"p">>, 2000),
+    [ok = convoy:send(Sink, Payload) || _ <- lists:seq(1, 20000)],
+    ok = convoy:set_config(#{max_buffered => Bound}),
+    #{queued := Q} = Stats = node_stats(Node),
+    ?assert(Q > Bound),
+    Stats.
+
+overload_policies(Config) ->
+    {Peer, Node, Sink} = stalled_peer(Config, #{}),
+    with_stalled(Peer, fun() ->
+        #{dropped := D0, refused := R0} = saturate(Sink, Node, 2000),
+        %% error: refused at once, counted
+        ?assertEqual({error, overload}, convoy:send(Sink, x, #{overload => error})),
+        %% drop: ok, counted as dropped
+        ?assertEqual(ok, convoy:send(Sink, x, #{overload => drop})),
+        %% block: waits block_timeout, then refuses
+        T0 = erlang:monotonic_time(millisecond),
+        ?assertEqual({error, overload}, convoy:send(Sink, x, #{block_timeout => 200})),
+        ?assert(erlang:monotonic_time(millisecond) - T0 >= 200),
+        %% send/2 with the default policy (block; block_timeout cut to 50 ms)
+        ok = convoy:set_config(#{block_timeout => 50}),
+        ?assertEqual(ok, convoy:send(Sink, x)),
+        #{refused := R1, dropped := D1, blocked_us := B} = node_stats(Node),
+        ?assertEqual(R0 + 2, R1),
+        ?assertEqual(D0 + 2, D1),
+        ?assert(B >= 250000)
+    end),
+    ok = convoy:flush(Node),
+    #{accepted := A, messages := M, dropped := D, buffered := 0, queued := 0} = node_stats(Node),
+    ?assertEqual(A, M + D).
+
+%% convoy's memory for a stalled node stays under max_buffered_bytes plus a
+%% constant, whatever the producers do.
+memory_bounded_when_stalled(Config) ->
+    Bound = 4 * 1024 * 1024,
+    {Peer, Node, Sink} = stalled_peer(Config, #{max_buffered_bytes => Bound,
+                                               overload => drop}),
+    Payload = binary:copy(<<"m">>, 1000),
+    [Lane] = [P || #{pid := P} <- maps:get(lanes, convoy:info())],
+    with_stalled(Peer, fun() ->
+        Self = self(),
+        Producers = [spawn_link(fun() -> [convoy:send(Sink, Payload) || _ <- lists:seq(1, 50000)],
+                                         Self ! {done, self()} end) || _ <- lists:seq(1, 4)],
+        [receive {done, P} -> ok after 60000 -> ct:fail(producer_stuck) end || P <- Producers],
+        _ = sys:get_state(Lane),
+        Memory = convoy_memory(Lane),
+        #{queued_bytes := QB, dropped := D} = node_stats(Node),
+        ct:pal("convoy memory ~p bytes; queued ~p bytes; dropped ~p", [Memory, QB, D]),
+        ?assert(QB =< Bound + byte_size(Payload) + 64),
+        %% Most were dropped (the socket buffers took a few megabytes first).
+        ?assert(D >= 4 * 50000 div 2),
+        %% Documented constant: 8 MB for process overheads (heaps, queue cells).
+        ?assert(Memory =< Bound + 8 * 1024 * 1024)
+    end),
+    ok = convoy:flush(Node).
+
+%% Memory of the lane and its helpers, with the binaries they reference.
+convoy_memory(Lane) ->
+    {links, _} = erlang:process_info(Lane, links),
+    Procs = [Lane | [P || P <- processes(), is_helper_of(P, Lane)]],
+    lists:sum([proc_memory(P) || P <- Procs]).
+
+is_helper_of(P, Lane) ->
+    case erlang:process_info(P, monitored_by) of
+        {monitored_by, By} -> lists:member(Lane, By);
+        undefined -> false
+    end.
+
+proc_memory(P) ->
+    case erlang:process_info(P, [memory, binary]) of
+        [{memory, M}, {binary, Bins}] -> M + lists:sum([Size || {_, Size, _} <- Bins]);
+        undefined -> 0
+    end.
+
+%% A sender blocked on a full node goes on as soon as there is room.
+blocked_sender_resumes(Config) ->
+    {Peer, Node, Sink} = stalled_peer(Config, #{block_timeout => 60000}),
+    Self = self(),
+    OsPid = peer:call(Peer, os, getpid, []),
+    os:cmd("kill -STOP " ++ OsPid),
+    saturate(Sink, Node, 1000),
+    Blocked = spawn_link(fun() -> Self ! {result, convoy:send(Sink, last, #{})} end),
+    receive {result, R} -> ct:fail({did_not_block, R}) after 300 -> ok end,
+    os:cmd("kill -CONT " ++ OsPid),
+    receive {result, ok} -> ok after 30000 -> ct:fail({still_blocked, Blocked}) end,
+    ok = convoy:flush(Node),
+    ?assertMatch(#{queued := 0, buffered := 0}, node_stats(Node)).
+
+%% A node that is gone: messages cannot pile up either.
+bounded_when_disconnected(Config) ->
+    {Peer, Node, Sink} = stalled_peer(Config, #{max_buffered => 500, overload => drop}),
+    OsPid = peer:call(Peer, os, getpid, []),
+    os:cmd("kill -KILL " ++ OsPid),
+    catch peer:stop(Peer),
+    await(fun() -> lists:member(Node, nodes()) end, fun(Up) -> not Up end, 20000),
+    [convoy:send(Sink, {x, I}) || I <- lists:seq(1, 20000)],
+    #{queued := Q} = node_stats(Node),
+    ?assert(Q =< 500),
+    ok = convoy:flush(Node),
+    #{accepted := A, messages := M, dropped := D, queued := 0} = node_stats(Node),
+    ?assertEqual(20000, A),
+    ?assertEqual(A, M + D).
