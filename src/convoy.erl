@@ -54,7 +54,9 @@
                   nodes := #{node() => node_info()},
                   lanes := [#{index := pos_integer(), pid := pid(),
                               queue := non_neg_integer()}],
-                  rejected := #{atom() => non_neg_integer()}}.
+                  rejected := #{atom() => non_neg_integer()},
+                  channels := #{waits := non_neg_integer(),
+                                wait_time_us := non_neg_integer()}}.
 
 %% @doc Send `Msg' to `Dest'. Same meaning as `erlang:send/2': asynchronous, at most
 %% once, order kept per sender/receiver pair (among messages sent through convoy;
@@ -141,12 +143,16 @@ flush(Which, Timeout) when is_atom(Which), Timeout =:= infinity;
 flush(Which, Timeout) ->
     erlang:error(badarg, [Which, Timeout]).
 
-%% @doc Settings in force, counters per remote node, lanes and rejected input.
+%% @doc Settings in force, counters per remote node, lanes, rejected input and
+%% credit channel waits (`convoy_channel:stats/0').
 %%
 %% Per node: `accepted' (messages handed to convoy for it), `messages' (handed to
 %% distribution), `batches' (distribution messages sent), `dropped', `buffered'
 %% (accepted but neither sent nor dropped yet), `received' (delivered here from that
-%% node), `direct' (sent by the sender itself while its lane was idle) and `route'.
+%% node), `direct' (sent by the sender itself while its lane was idle), `refused'
+%% (`{error, overload}' returned by `send/3'), `blocked_us' (time senders waited for
+%% room), `queued' and `queued_bytes' (held by convoy now, lane mailboxes included)
+%% and `route'.
 %% A multicast counts as one message per node. All counters are cumulative since
 %% convoy started.
 -spec info() -> info().
@@ -154,7 +160,7 @@ info() ->
     case persistent_term:get(?RUNTIME_KEY, undefined) of
         undefined ->
             #{running => false, settings => #{}, nodes => #{}, lanes => [],
-              rejected => #{}};
+              rejected => #{}, channels => convoy_channel:stats()};
         RT ->
             #{running => true,
               settings => RT#runtime.config,
@@ -163,7 +169,8 @@ info() ->
               lanes => [#{index => I, pid => P, queue => queue_len(P)}
                         || {I, P} <- lists:zip(lists:seq(1, RT#runtime.n),
                                                tuple_to_list(RT#runtime.lanes))],
-              rejected => convoy_metrics:rejected()}
+              rejected => convoy_metrics:rejected(),
+              channels => convoy_channel:stats()}
     end.
 
 %% Messages senders sent themselves (`direct') count as accepted and sent too.
