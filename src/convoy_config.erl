@@ -39,7 +39,7 @@ defaults() ->
       large_threshold => 65536,
       barrier_timeout => 100,
       bypass_after => 20,
-      max_buffered => 100000,
+      max_buffered => 1000000,
       max_buffered_bytes => 64 * 1024 * 1024,
       overload => block,
       block_timeout => 5000,

@@ -49,6 +49,8 @@
                                                 | {connector, node()}
                                                 | {barrier, node()}},
             flushes = #{} :: #{reference() => {pid() | reference(), term(), pos_integer()}},
+            %% senders blocked on a full node (overload block), oldest first
+            waiters = #{} :: #{node() => queue:queue(reference())},
             held = none :: none | all | #{node() => true},
             deferred = [] :: [{pid() | reference(), term()}],
             retiring = false :: false | {draining | barriers, non_neg_integer(), pid()},
@@ -131,6 +133,16 @@ handle(M, S) ->
     %% Anything else is ordered after the sends read before it.
     handle_other(M, spill(S)).
 
+handle_other({'$convoy_wait', Node, Alias}, S = #s{rt = RT}) when is_reference(Alias) ->
+    {_, H} = refs(Node, S),
+    case room(RT, H) of
+        true ->
+            Alias ! {Alias, room},
+            S;
+        false ->
+            Q = maps:get(Node, S#s.waiters, queue:new()),
+            S#s{waiters = (S#s.waiters)#{Node => queue:in(Alias, Q)}}
+    end;
 handle_other({'$convoy_flush', Which, ReplyTo, Tag}, S) ->
     flush_request(Which, ReplyTo, Tag, S);
 handle_other({'DOWN', Ref, process, _Pid, Reason}, S = #s{workers = W}) when is_map_key(Ref, W) ->
@@ -210,7 +222,28 @@ disposed(Node, K, S = #s{segments = Segs}) ->
     {_, H} = refs(Node, S),
     atomics:sub(H, 1, K),
     atomics:sub(H, 2, Bytes),
-    S#s{disposed = S#s.disposed + K, segments = Segs#{Node => Q}}.
+    wake(Node, K, S#s{disposed = S#s.disposed + K, segments = Segs#{Node => Q}}).
+
+%% K messages left: wake up to K blocked senders, oldest first.
+wake(Node, K, S = #s{waiters = W}) ->
+    case W of
+        #{Node := Q} ->
+            {Woken, Rest} = queue:split(min(K, queue:len(Q)), Q),
+            _ = [A ! {A, room} || A <- queue:to_list(Woken)],
+            S#s{waiters = case queue:is_empty(Rest) of
+                              true -> maps:remove(Node, W);
+                              false -> W#{Node := Rest}
+                          end};
+        _ ->
+            S
+    end.
+
+%% Whether a node has room for one more small message.
+room(#runtime{max_buffered = MaxN, max_buffered_bytes = MaxB}, H) ->
+    below(atomics:get(H, 1), MaxN) andalso below(atomics:get(H, 2), MaxB).
+
+below(_, infinity) -> true;
+below(V, Max) -> V < Max.
 
 release(0, Q, Acc) ->
     {Acc, Q};

@@ -259,7 +259,7 @@ overloaded(RT = #runtime{overload = block, block_timeout = Timeout}, L, Node, To
            Bytes, C, H) ->
     T0 = erlang:monotonic_time(),
     Deadline = T0 + erlang:convert_time_unit(Timeout, millisecond, native),
-    Result = wait_room(RT, H, Bytes, Deadline),
+    Result = wait_room(RT, L, Node, H, Bytes, Deadline),
     Waited = erlang:monotonic_time() - T0,
     convoy_metrics:add(C, blocked_us, erlang:convert_time_unit(Waited, native, microsecond)),
     event(RT, [convoy, overload, blocked], #{duration => Waited},
@@ -273,17 +273,42 @@ overloaded(RT = #runtime{overload = drop}, L, _Node, _To, _Msg, _Kind, _Bytes, C
 overloaded(RT = #runtime{overload = error}, L, _Node, _To, _Msg, _Kind, _Bytes, C, _H) ->
     refuse(RT, L, C).
 
-%% Room is polled every millisecond: a blocked sender is overloaded anyway, and a
-%% poll cannot miss a wake-up.
-wait_room(RT, H, Bytes, Deadline) ->
+%% A blocked sender registers with its lane once, and again only after a wake-up
+%% that found no room (another sender took it); the lane wakes waiters oldest
+%% first as it frees room. A sender also looks again every 50 ms without asking
+%% the lane (room freed by another lane, a wake-up spent on a sender gone).
+wait_room(RT = #runtime{lanes = Lanes}, L, Node, H, Bytes, Deadline) ->
     case hold(RT, H, Bytes) of
         ok ->
             ok;
         full ->
-            case erlang:monotonic_time() >= Deadline of
-                true -> timeout;
-                false -> receive after 1 -> wait_room(RT, H, Bytes, Deadline) end
-            end
+            Lane = element(L, Lanes),
+            Mon = erlang:monitor(process, Lane, [{alias, demonitor}]),
+            Lane ! {'$convoy_wait', Node, Mon},
+            Result = wait_loop(RT, Lane, Mon, Node, H, Bytes, Deadline),
+            erlang:demonitor(Mon, [flush]),
+            Result
+    end.
+
+wait_loop(RT, Lane, Mon, Node, H, Bytes, Deadline) ->
+    Left = erlang:convert_time_unit(Deadline - erlang:monotonic_time(), native, millisecond),
+    receive
+        {Mon, room} ->
+            case hold(RT, H, Bytes) of
+                ok ->
+                    ok;
+                full ->
+                    Lane ! {'$convoy_wait', Node, Mon},
+                    wait_loop(RT, Lane, Mon, Node, H, Bytes, Deadline)
+            end;
+        {'DOWN', Mon, process, _, _} ->
+            timeout
+    after max(0, min(Left, 50)) ->
+        case hold(RT, H, Bytes) of
+            ok -> ok;
+            full when Left =< 0 -> timeout;
+            full -> wait_loop(RT, Lane, Mon, Node, H, Bytes, Deadline)
+        end
     end.
 
 %% Not sent: counted as dropped (send/2, or policy drop) or refused (send/3).
