@@ -39,20 +39,9 @@ new() -> #{}.
 %% @doc Append an entry to `Node''s queue; `Now' is a monotonic time in microseconds.
 -spec push(node(), term(), integer(), core()) -> core().
 push(Node, Entry, Now, Core) ->
-    NQ = case Core of
-             #{Node := Q} -> Q;
-             _ -> #nq{}
-         end,
-    Since = case NQ#nq.msgs of
-                0 -> Now;
-                _ -> NQ#nq.since
-            end,
-    Core#{Node => NQ#nq{q = queue:in(Entry, NQ#nq.q),
-                        msgs = NQ#nq.msgs + count(Entry),
-                        large = NQ#nq.large + count_large([Entry]),
-                        since = Since}}.
+    push_many(Node, [Entry], count(Entry), Now, Core).
 
-%% @doc Append `K' messages (no control entries), in order.
+%% @doc Append entries, in order, `K' of them messages.
 -spec push_many(node(), [term()], non_neg_integer(), integer(), core()) -> core().
 push_many(Node, Entries, K, Now, Core) ->
     NQ = case Core of

@@ -48,7 +48,7 @@ set_config(Opts) ->
 -spec init(convoy_config:config()) -> {ok, #s{}}.
 init(Config = #{lanes := N}) ->
     process_flag(trap_exit, true),
-    RT = start_lanes(runtime(Config, atomics:new(3 * N, [{signed, true}])), none),
+    RT = start_lanes(runtime(Config, atomics:new(3 * N, [{signed, true}]), make_ref()), none),
     persistent_term:put(?RUNTIME_KEY, RT),
     {ok, #s{config = Config, runtime = RT}}.
 
@@ -61,8 +61,8 @@ start_lanes(RT = #runtime{n = N}, Held) ->
              end || I <- lists:seq(1, N)],
     RT#runtime{lanes = list_to_tuple(Lanes)}.
 
-runtime(Config, A) ->
-    #runtime{lanes = {}, n = maps:get(lanes, Config), admission = A,
+runtime(Config, A, Generation) ->
+    #runtime{lanes = {}, generation = Generation, n = maps:get(lanes, Config), admission = A,
              max_batch = maps:get(max_batch, Config),
              max_delay = maps:get(max_delay, Config),
              large_threshold = maps:get(large_threshold, Config),
@@ -82,8 +82,8 @@ handle_call({set_config, Opts}, _From, S = #s{config = Old}) ->
         {error, _} = E ->
             {reply, E, S};
         {ok, New} when map_get(lanes, New) =:= map_get(lanes, Old) ->
-            RT = (runtime(New, S#s.runtime#runtime.admission))#runtime{
-                   lanes = S#s.runtime#runtime.lanes},
+            #runtime{admission = A, generation = Gen, lanes = Lanes} = S#s.runtime,
+            RT = (runtime(New, A, Gen))#runtime{lanes = Lanes},
             persistent_term:put(?RUNTIME_KEY, RT),
             {reply, ok, S#s{config = New, runtime = RT}};
         {ok, _New} when S#s.switch =/= none ->
@@ -104,7 +104,7 @@ handle_cast(_Msg, S) ->
 switch_lanes(New = #{lanes := M}, S = #s{runtime = OldRT}) ->
     A = atomics:new(3 * M, [{signed, true}]),
     [atomics:put(A, M + I, -1) || I <- lists:seq(1, M)],
-    RT = start_lanes(runtime(New, A), all),
+    RT = start_lanes(runtime(New, A, OldRT#runtime.generation), all),
     persistent_term:put(?RUNTIME_KEY, RT),
     Old = tuple_to_list(OldRT#runtime.lanes),
     OldA = OldRT#runtime.admission,

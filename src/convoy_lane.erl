@@ -133,9 +133,10 @@ handle(M, S) ->
     %% Anything else is ordered after the sends read before it.
     handle_other(M, spill(S)).
 
-handle_other({'$convoy_wait', Node, Alias}, S = #s{rt = RT}) when is_reference(Alias) ->
+handle_other({'$convoy_wait', Node, Alias, Bytes}, S = #s{rt = RT})
+  when is_reference(Alias), is_integer(Bytes) ->
     {_, H} = refs(Node, S),
-    case room(RT, H) of
+    case convoy_route:fits(RT, atomics:get(H, 1), atomics:get(H, 2), Bytes) of
         true ->
             Alias ! {Alias, room},
             S;
@@ -238,12 +239,6 @@ wake(Node, K, S = #s{waiters = W}) ->
             S
     end.
 
-%% Whether a node has room for one more small message.
-room(#runtime{max_buffered = MaxN, max_buffered_bytes = MaxB}, H) ->
-    below(atomics:get(H, 1), MaxN) andalso below(atomics:get(H, 2), MaxB).
-
-below(_, infinity) -> true;
-below(V, Max) -> V < Max.
 
 release(0, Q, Acc) ->
     {Acc, Q};

@@ -29,7 +29,7 @@
 %% If the barrier does not come back in time the message goes through the lane.
 -module(convoy_route).
 
--export([send/2, send/3, multicast/2, lane_of/1, flag_key/1]).
+-export([send/2, send/3, multicast/2, lane_of/1, flag_key/1, fits/4]).
 
 -include("convoy_runtime.hrl").
 
@@ -139,77 +139,86 @@ flag_key(Node) -> {'$convoy_inbox', Node}.
 %% One message to a remote node. A sender with nothing of its own pending for Node
 %% (no flag) sends directly when the lane is quiet, or whatever the lane does when
 %% the message is large: no admission is needed, as nothing can be overtaken.
+%% Size is {small, EstimatedBytes} or large (measured once, here).
 remote(RT = #runtime{large_threshold = T}, Node, To, Msg) ->
     L = lane_of(RT),
-    Large = convoy_size:is_large(Msg, T),
-    Quiet = Large orelse quiet(RT, L),
+    Size = convoy_size:measure(Msg, T),
+    Quiet = Size =:= large orelse quiet(RT, L),
     case get(flag_key(Node)) of
-        undefined when Quiet -> direct(RT, L, Node, To, Msg, kind(Large));
-        _ -> admitted(RT, L, Node, To, Msg, Large, Quiet)
+        undefined when Quiet -> direct(RT, L, Node, To, Msg, Size);
+        _ -> admitted(RT, L, Node, To, Msg, Size, Quiet)
     end.
 
 %% Once admitted, a message must be disposed of: nothing after add_get may fail.
-admitted(RT = #runtime{admission = A}, L, Node, To, Msg, Large, Quiet) ->
+admitted(RT = #runtime{admission = A}, L, Node, To, Msg, Size, Quiet) ->
     case atomics:add_get(A, L, 1) of
         V when V >= ?CLOSED ->
             %% The lane is being retired; the new runtime is already published.
             remote(refreshed(RT), Node, To, Msg);
         V ->
             Idle = idle(RT, L, V),
-            case Large of
-                false when Quiet, Idle -> small_idle(RT, L, Node, To, Msg);
-                false -> to_lane(RT, L, Node, To, Msg, '$convoy_send');
-                true -> large(RT, L, Idle, Node, To, Msg)
+            case Size of
+                large -> large(RT, L, Idle, Node, To, Msg);
+                _ when Quiet, Idle -> small_idle(RT, L, Node, To, Msg, Size);
+                _ -> to_lane(RT, L, Node, To, Msg, Size)
             end
     end.
 
 %% Plain send straight to the destination, never suspending or connecting; if
 %% that is not possible now, the lane takes the message.
-direct(RT, L, Node, To, Msg, Kind) ->
+direct(RT, L, Node, To, Msg, Size) ->
     case erlang:send(full_dest(To, Node), Msg, ?DIRECT_OPTS) of
-        ok -> count_direct(convoy_metrics:node_counters(Node));
-        _NoSuspendOrNoConnect -> admit_to_lane(RT, L, Node, To, Msg, Kind)
+        ok -> count_direct(element(1, refs(RT, Node)));
+        _NoSuspendOrNoConnect -> admit_to_lane(RT, L, Node, To, Msg, Size)
     end.
 
-admit_to_lane(RT = #runtime{admission = A}, L, Node, To, Msg, Kind) ->
+admit_to_lane(RT = #runtime{admission = A}, L, Node, To, Msg, Size) ->
     case atomics:add_get(A, L, 1) of
         V when V >= ?CLOSED ->
             RT1 = refreshed(RT),
-            admit_to_lane(RT1, lane_of(RT1), Node, To, Msg, Kind);
+            admit_to_lane(RT1, lane_of(RT1), Node, To, Msg, Size);
         _ ->
-            to_lane(RT, L, Node, To, Msg, Kind)
+            to_lane(RT, L, Node, To, Msg, Size)
     end.
 
-%% Large messages go to the lane tagged: they ship alone, never inside a batch.
-kind(false) -> '$convoy_send';
-kind(true) -> '$convoy_large'.
+%% A node's counters and held-message atomics, cached in the sender's process
+%% dictionary for this start of convoy (an ETS lookup per message costs more).
+refs(#runtime{generation = Gen}, Node) ->
+    Key = {'$convoy_refs', Node},
+    case get(Key) of
+        {Gen, C, H} ->
+            {C, H};
+        _ ->
+            {C, H} = convoy_metrics:node_refs(Node),
+            put(Key, {Gen, C, H}),
+            {C, H}
+    end.
 
 %% A flagged sender's small message while its lane is idle and quiet: the lane
 %% has shipped all it was given, so the sender's message may follow it directly.
-small_idle(RT, L, Node, To, Msg) ->
+small_idle(RT, L, Node, To, Msg, Size) ->
     case ets:lookup(convoy_nodes, Node) of
         [{_, {convoy, _Vsn, Inboxes}, C, _}] ->
-            via_inbox(RT, L, Node, Inboxes, C, {To, Msg}, To, Msg);
+            via_inbox(RT, L, Node, Inboxes, C, {To, Msg}, To, Msg, Size);
         [{_, plain, C, _}] ->
-            admitted_direct(RT, L, Node, C, To, Msg, '$convoy_send');
+            admitted_direct(RT, L, Node, C, To, Msg, Size);
         [] ->
-            to_lane(RT, L, Node, To, Msg, '$convoy_send')
+            to_lane(RT, L, Node, To, Msg, Size)
     end.
 
-admitted_direct(RT, L, Node, C, To, Msg, Kind) ->
+admitted_direct(RT, L, Node, C, To, Msg, Size) ->
     case erlang:send(full_dest(To, Node), Msg, ?DIRECT_OPTS) of
         ok -> disposed(RT, L, C);
-        _NoSuspendOrNoConnect -> to_lane(RT, L, Node, To, Msg, Kind)
+        _NoSuspendOrNoConnect -> to_lane(RT, L, Node, To, Msg, Size)
     end.
 
 %% A batch of one to the inbox this sender's lane uses.
-via_inbox(RT, L, Node, Inboxes, C, Entry, To, Msg) ->
+via_inbox(RT, L, Node, Inboxes, C, Entry, To, Msg, Size) ->
     Inbox = {element((L - 1) rem tuple_size(Inboxes) + 1, Inboxes), Node},
     flag(Node),
     case erlang:send(Inbox, convoy_wire:batch(node(), [Entry]), ?DIRECT_OPTS) of
         ok -> disposed(RT, L, C);
-        _ when is_list(To) -> to_lane_multi(RT, L, Node, To, Msg);
-        _ -> to_lane(RT, L, Node, To, Msg, '$convoy_send')
+        _ -> to_lane(RT, L, Node, To, Msg, Size)
     end.
 
 disposed(#runtime{admission = A, n = N}, L, C) ->
@@ -219,16 +228,18 @@ disposed(#runtime{admission = A, n = N}, L, C) ->
 count_direct(C) ->
     convoy_metrics:add(C, direct, 1).
 
-to_lane_multi(RT, L, Node, Tos, Msg) ->
-    to_lane(RT, L, Node, Tos, Msg, '$convoy_multicast').
-
 %% Hand an admitted message to the lane, within the node's bounds (max_buffered
 %% messages and max_buffered_bytes held by convoy for it, lane mailbox included).
 %% When full, the overload policy decides; a message that does not go to the lane
-%% has its admission disposed of here.
-to_lane(RT, L, Node, To, Msg, Kind) ->
-    Bytes = convoy_size:estimate(Msg),
-    {C, H} = convoy_metrics:node_refs(Node),
+%% has its admission disposed of here. Large messages are tagged: the lane ships
+%% them alone, never inside a batch.
+to_lane(RT, L, Node, To, Msg, Size) ->
+    {Kind, Bytes} = case Size of
+                        {small, B} -> {'$convoy_send', B};
+                        {multicast, B} -> {'$convoy_multicast', B};
+                        large -> {'$convoy_large', convoy_size:estimate(Msg)}
+                    end,
+    {C, H} = refs(RT, Node),
     case hold(RT, H, Bytes) of
         ok -> hand_over(RT, L, Node, To, Msg, Kind, Bytes);
         full -> overloaded(RT, L, Node, To, Msg, Kind, Bytes, C, H)
@@ -239,11 +250,11 @@ hand_over(#runtime{lanes = Lanes}, L, Node, To, Msg, Kind, Bytes) ->
     erlang:send(element(L, Lanes), {Kind, Node, To, Msg, Bytes}),
     ok.
 
-%% Take room for one message of Bytes; a message alone may exceed the byte bound.
-hold(#runtime{max_buffered = MaxN, max_buffered_bytes = MaxB}, H, Bytes) ->
+%% Take room for one message of Bytes.
+hold(RT, H, Bytes) ->
     N = atomics:add_get(H, 1, 1),
     B = atomics:add_get(H, 2, Bytes),
-    case within(N, MaxN) andalso (within(B, MaxB) orelse B =:= Bytes) of
+    case fits(RT, N - 1, B - Bytes, Bytes) of
         true ->
             ok;
         false ->
@@ -251,6 +262,12 @@ hold(#runtime{max_buffered = MaxN, max_buffered_bytes = MaxB}, H, Bytes) ->
             atomics:sub(H, 2, Bytes),
             full
     end.
+
+%% @doc Whether a message of Bytes fits beside Held messages of HeldBytes within the
+%% node's bounds; a message alone may exceed the byte bound.
+-spec fits(#runtime{}, integer(), integer(), non_neg_integer()) -> boolean().
+fits(#runtime{max_buffered = MaxN, max_buffered_bytes = MaxB}, Held, HeldBytes, Bytes) ->
+    within(Held + 1, MaxN) andalso (HeldBytes =< 0 orelse within(HeldBytes + Bytes, MaxB)).
 
 within(_, infinity) -> true;
 within(V, Max) -> V =< Max.
@@ -284,21 +301,22 @@ wait_room(RT = #runtime{lanes = Lanes}, L, Node, H, Bytes, Deadline) ->
         full ->
             Lane = element(L, Lanes),
             Mon = erlang:monitor(process, Lane, [{alias, demonitor}]),
-            Lane ! {'$convoy_wait', Node, Mon},
+            Lane ! {'$convoy_wait', Node, Mon, Bytes},
             Result = wait_loop(RT, Lane, Mon, Node, H, Bytes, Deadline),
             erlang:demonitor(Mon, [flush]),
             Result
     end.
 
 wait_loop(RT, Lane, Mon, Node, H, Bytes, Deadline) ->
-    Left = erlang:convert_time_unit(Deadline - erlang:monotonic_time(), native, millisecond),
+    Left = (erlang:convert_time_unit(Deadline - erlang:monotonic_time(), native, microsecond)
+            + 999) div 1000, % rounded up: never give up before block_timeout
     receive
         {Mon, room} ->
             case hold(RT, H, Bytes) of
                 ok ->
                     ok;
                 full ->
-                    Lane ! {'$convoy_wait', Node, Mon},
+                    Lane ! {'$convoy_wait', Node, Mon, Bytes},
                     wait_loop(RT, Lane, Mon, Node, H, Bytes, Deadline)
             end;
         {'DOWN', Mon, process, _, _} ->
@@ -346,19 +364,19 @@ large(RT, L, true, Node, To, Msg) ->
             case barrier(RT, L, Node, Inboxes) of
                 ok ->
                     erase(flag_key(Node)),
-                    admitted_direct(RT, L, Node, C, To, Msg, '$convoy_large');
+                    admitted_direct(RT, L, Node, C, To, Msg, large);
                 timeout ->
-                    to_lane(RT, L, Node, To, Msg, '$convoy_large')
+                    to_lane(RT, L, Node, To, Msg, large)
             end;
         [{_, plain, C, _}] ->
             %% Plain peer: what the lane shipped is already in the connection.
             erase(flag_key(Node)),
-            admitted_direct(RT, L, Node, C, To, Msg, '$convoy_large');
+            admitted_direct(RT, L, Node, C, To, Msg, large);
         [] ->
-            to_lane(RT, L, Node, To, Msg, '$convoy_large')
+            to_lane(RT, L, Node, To, Msg, large)
     end;
 large(RT, L, false, Node, To, Msg) ->
-    to_lane(RT, L, Node, To, Msg, '$convoy_large').
+    to_lane(RT, L, Node, To, Msg, large).
 
 %% Wait until the inbox has delivered everything this sender sent before.
 barrier(#runtime{lanes = Lanes, barrier_timeout = Timeout}, L, Node, Inboxes) ->
@@ -402,10 +420,11 @@ remote_multi(RT = #runtime{admission = A}, Node, Tos, Msg) ->
         V when V >= ?CLOSED ->
             remote_multi(refreshed(RT), Node, Tos, Msg);
         V ->
+            Size = {multicast, convoy_size:estimate(Msg)},
             case quiet(RT, L) andalso idle(RT, L, V) andalso ets:lookup(convoy_nodes, Node) of
                 [{_, {convoy, _Vsn, Inboxes}, C, _}] ->
-                    via_inbox(RT, L, Node, Inboxes, C, {Tos, Msg}, Tos, Msg);
+                    via_inbox(RT, L, Node, Inboxes, C, {Tos, Msg}, Tos, Msg, Size);
                 _ ->
-                    to_lane_multi(RT, L, Node, Tos, Msg)
+                    to_lane(RT, L, Node, Tos, Msg, Size)
             end
     end.

@@ -8,6 +8,7 @@
 
 -record(runtime, {
     lanes :: tuple(),                 % lane pids, index 1..n
+    generation :: reference(),        % this start of convoy (tells stale caches)
     n :: pos_integer(),
     %% slots 1..n: admissions per lane; n+1..2n: admissions disposed of
     %% (shipped, handed to distribution or dropped); 2n+1..3n: time of the lane's

@@ -8,7 +8,7 @@
 %% format of the terms that make messages large (binaries, long lists, big tuples).
 -module(convoy_size).
 
--export([is_large/2, estimate/1]).
+-export([is_large/2, measure/2, estimate/1]).
 
 -define(WORD, 8).
 
@@ -17,6 +17,19 @@
 is_large(_Term, infinity) -> false;
 is_large(_Term, 0) -> true;
 is_large(Term, Threshold) -> walk(Term, [], Threshold) =< 0.
+
+%% @doc `{small, EstimatedBytes}' below `Threshold', else `large'; one walk, which
+%% stops at the threshold.
+-spec measure(term(), non_neg_integer() | infinity) -> {small, non_neg_integer()} | large.
+measure(Term, infinity) ->
+    {small, estimate(Term)};
+measure(_Term, 0) ->
+    large;
+measure(Term, Threshold) ->
+    case walk(Term, [], Threshold) of
+        Left when Left > 0 -> {small, Threshold - Left};
+        _ -> large
+    end.
 
 %% @doc The whole estimate, in bytes.
 -spec estimate(term()) -> non_neg_integer().
@@ -57,6 +70,12 @@ long_list_test() ->
 big_tuple_and_map_test() ->
     ?assert(is_large(list_to_tuple(lists:seq(1, 10000)), 65536)),
     ?assert(is_large(maps:from_list([{I, I} || I <- lists:seq(1, 5000)]), 65536)).
+
+measure_test() ->
+    ?assertEqual({small, estimate({a, <<"xyz">>})}, measure({a, <<"xyz">>}, 1000)),
+    ?assertEqual(large, measure(<<0:8000>>, 1000)),
+    ?assertEqual({small, estimate(<<0:8000>>)}, measure(<<0:8000>>, infinity)),
+    ?assertEqual(large, measure(a, 0)).
 
 improper_list_test() ->
     ?assertEqual(estimate([a | {b, 1}]), estimate([a | {b, 2}])),

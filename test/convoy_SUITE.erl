@@ -371,17 +371,35 @@ node_down_accounting(Config) ->
     start_convoy(#{}),
     start_convoy(Peer, #{}),
     await_route(Node, convoy),
-    Sink = spawn(Node, fun S() -> receive _ -> S() end end),
-    Self = self(),
-    Handed = counters:new(1, []),
-    Senders = [spawn_link(fun() -> flood(Sink, Handed, Self) end) || _ <- lists:seq(1, 4)],
-    await(fun() -> counters:get(Handed, 1) end, fun(H) -> H > 20000 end, 20000),
+    {Senders, Handed} = start_flood(Node, 4),
     Lanes = [P || #{pid := P} <- maps:get(lanes, convoy:info())],
     OsPid = peer:call(Peer, os, getpid, []),
     os:cmd("kill -KILL " ++ OsPid),
     catch peer:stop(Peer),
     %% Senders keep going for a moment against the dead node, then stop.
     await(fun() -> lists:member(Node, nodes()) end, fun(Up) -> not Up end, 20000),
+    stop_flood_and_check(Senders, Handed, Node),
+    %% Same lanes: nothing crashed.
+    ?assertEqual(Lanes, [P || #{pid := P} <- maps:get(lanes, convoy:info())]),
+    %% The node comes back: traffic resumes.
+    {Peer2, Node} = peer(Config, Name),
+    start_convoy(Peer2, #{}),
+    Cs = start_collectors(Node, 1),
+    check_collectors(run_senders(2, Cs, 1000, [8])).
+
+%% Senders flooding a sink on Node, counting what they hand over; returns once
+%% 20,000 are handed over.
+start_flood(Node, N) ->
+    Sink = spawn(Node, fun S() -> receive _ -> S() end end),
+    Self = self(),
+    Handed = counters:new(1, []),
+    Senders = [spawn_link(fun() -> flood(Sink, Handed, Self) end) || _ <- lists:seq(1, N)],
+    await(fun() -> counters:get(Handed, 1) end, fun(H) -> H > 20000 end, 20000),
+    {Senders, Handed}.
+
+%% Stop the senders; what they handed over is accepted = sent + dropped, nothing
+%% left buffered.
+stop_flood_and_check(Senders, Handed, Node) ->
     [S ! stop || S <- Senders],
     [receive {stopped, S} -> ok after 30000 -> ct:fail({sender_stuck, S}) end || S <- Senders],
     ok = convoy:flush(Node),
@@ -390,14 +408,7 @@ node_down_accounting(Config) ->
            [counters:get(Handed, 1), A, M, D, B]),
     ?assertEqual(counters:get(Handed, 1), A),
     ?assertEqual(A, M + D + B),
-    ?assertEqual(0, B),
-    %% Same lanes: nothing crashed.
-    ?assertEqual(Lanes, [P || #{pid := P} <- maps:get(lanes, convoy:info())]),
-    %% The node comes back: traffic resumes.
-    {Peer2, Node} = peer(Config, Name),
-    start_convoy(Peer2, #{}),
-    Cs = start_collectors(Node, 1),
-    check_collectors(run_senders(2, Cs, 1000, [8])).
+    ?assertEqual(0, B).
 
 flood(Sink, Handed, Parent) ->
     receive stop -> Parent ! {stopped, self()}
@@ -414,21 +425,10 @@ netsplit_and_reconnect(Config) ->
     start_convoy(#{}),
     start_convoy(Peer, #{}),
     await_route(Node, convoy),
-    Sink = spawn(Node, fun S() -> receive _ -> S() end end),
-    Self = self(),
-    Handed = counters:new(1, []),
-    Senders = [spawn_link(fun() -> flood(Sink, Handed, Self) end) || _ <- lists:seq(1, 2)],
-    await(fun() -> counters:get(Handed, 1) end, fun(H) -> H > 20000 end, 20000),
+    {Senders, Handed} = start_flood(Node, 2),
     true = erlang:disconnect_node(Node),
     await(fun() -> counters:get(Handed, 1) end, fun(H) -> H > 60000 end, 20000),
-    [S ! stop || S <- Senders],
-    [receive {stopped, S} -> ok after 30000 -> ct:fail({sender_stuck, S}) end || S <- Senders],
-    ok = convoy:flush(Node),
-    #{accepted := A, messages := M, dropped := D, buffered := B} = node_stats(Node),
-    ct:pal("handed ~p accepted ~p sent ~p dropped ~p", [counters:get(Handed, 1), A, M, D]),
-    ?assertEqual(counters:get(Handed, 1), A),
-    ?assertEqual(A, M + D + B),
-    ?assertEqual(0, B),
+    stop_flood_and_check(Senders, Handed, Node),
     %% Reconnected (by convoy, as `!' would) and in use.
     ?assert(lists:member(Node, nodes())),
     await_route(Node, convoy),
@@ -731,10 +731,15 @@ blocked_sender_resumes(Config) ->
     Self = self(),
     OsPid = peer:call(Peer, os, getpid, []),
     os:cmd("kill -STOP " ++ OsPid),
-    saturate(Sink, Node, 1000),
-    Blocked = spawn_link(fun() -> Self ! {result, convoy:send(Sink, last, #{})} end),
-    receive {result, R} -> ct:fail({did_not_block, R}) after 300 -> ok end,
-    os:cmd("kill -CONT " ++ OsPid),
+    Blocked = try
+                  Stats = saturate(Sink, Node, 1000),
+                  B = spawn_link(fun() -> Self ! {result, convoy:send(Sink, last, #{})} end),
+                  receive {result, R} -> ct:fail({did_not_block, R, Stats, node_stats(Node)})
+                  after 300 -> B
+                  end
+              after
+                  os:cmd("kill -CONT " ++ OsPid)
+              end,
     receive {result, ok} -> ok after 30000 -> ct:fail({still_blocked, Blocked}) end,
     ok = convoy:flush(Node),
     ?assertMatch(#{queued := 0, buffered := 0}, node_stats(Node)).
