@@ -5,7 +5,7 @@
 
 REBAR ?= rebar3
 ARGS ?=
-DEBIAN_PKGS = rebar3 erlang-common-test erlang-dialyzer erlang-proper-dev gnuplot-nox
+DEBIAN_PKGS = rebar3 erlang-common-test erlang-dialyzer erlang-proper-dev gnuplot-nox elixir
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: all deps compile test eunit ct dialyzer xref elixir bench docs clean
