@@ -247,22 +247,26 @@ round_trips(M, S, Req, N, Acc) ->
 client(M, Server, Req0, Driver) ->
     Req = setelement(2, Req0, self()),
     receive
-        {go, Warm, Deadline} -> client_loop(M, Server, Req, Driver, Warm, Deadline, [])
+        {go, Warm, Deadline} ->
+            Exchange = fun() -> snd(M, Server, Req), receive resp -> ok end end,
+            window_loop(Exchange, fun(T0, T1) -> T1 - T0 end, Driver, Warm, Deadline, [])
     end.
 
-client_loop(M, S, Req, Driver, Warm, Deadline, Acc) ->
+%% Exchange (one request and its answer) again and again until the deadline;
+%% keeps Sample(T0, T1) of the exchanges that started after the warm-up and ended
+%% before the deadline, then answers `{window_done, self(), Samples}'.
+window_loop(Exchange, Sample, Driver, Warm, Deadline, Acc) ->
     T0 = erlang:monotonic_time(),
     case T0 >= Deadline of
         true ->
             Driver ! {window_done, self(), Acc},
             ok;
         false ->
-            snd(M, S, Req),
-            receive resp -> ok end,
+            Exchange(),
             T1 = erlang:monotonic_time(),
             case T0 >= Warm andalso T1 =< Deadline of
-                true -> client_loop(M, S, Req, Driver, Warm, Deadline, [T1 - T0 | Acc]);
-                false -> client_loop(M, S, Req, Driver, Warm, Deadline, Acc)
+                true -> window_loop(Exchange, Sample, Driver, Warm, Deadline, [Sample(T0, T1) | Acc]);
+                false -> window_loop(Exchange, Sample, Driver, Warm, Deadline, Acc)
             end
     end.
 
@@ -314,23 +318,10 @@ bulk_sink(M) ->
 -spec bulk_sender(mode(), pid(), binary(), pid()) -> ok.
 bulk_sender(M, Sink, Bin, Driver) ->
     receive
-        {go, Warm, Deadline} -> bulk_loop(M, Sink, {self(), Bin}, Driver, Warm, Deadline, [])
-    end.
-
-bulk_loop(M, Sink, Msg, Driver, Warm, Deadline, Acc) ->
-    T0 = erlang:monotonic_time(),
-    case T0 >= Deadline of
-        true ->
-            Driver ! {window_done, self(), Acc},
-            ok;
-        false ->
-            snd(M, Sink, Msg),
-            receive true -> ok end,
-            T1 = erlang:monotonic_time(),
-            case T0 >= Warm andalso T1 =< Deadline of
-                true -> bulk_loop(M, Sink, Msg, Driver, Warm, Deadline, [1 | Acc]);
-                false -> bulk_loop(M, Sink, Msg, Driver, Warm, Deadline, Acc)
-            end
+        {go, Warm, Deadline} ->
+            Msg = {self(), Bin},
+            Exchange = fun() -> snd(M, Sink, Msg), receive true -> ok end end,
+            window_loop(Exchange, fun(_, _) -> 1 end, Driver, Warm, Deadline, [])
     end.
 
 shares(R, K) ->
