@@ -123,12 +123,22 @@ held(Node, #s{held = Held}) -> is_map_key(Node, Held).
 %%--------------------------------------------------------------------
 %% Messages
 
-handle({'$convoy_send', _Node, _To, _Msg, _Bytes} = M, S) ->
+%% Sends come from convoy_route in this node's processes; the guards keep a
+%% malformed one (anything may reach a registered process) from crashing the lane.
+handle({'$convoy_send', Node, To, _Msg, Bytes} = M, S)
+  when is_atom(Node), is_integer(Bytes), Bytes >= 0,
+       (is_pid(To) orelse is_atom(To) orelse is_reference(To)) ->
     add_pending(M, S);
-handle({'$convoy_large', _Node, _To, _Msg, _Bytes} = M, S) ->
+handle({'$convoy_large', Node, To, _Msg, Bytes} = M, S)
+  when is_atom(Node), is_integer(Bytes), Bytes >= 0,
+       (is_pid(To) orelse is_atom(To) orelse is_reference(To)) ->
     add_pending(M, S);
-handle({'$convoy_multicast', _Node, _Tos, _Msg, _Bytes} = M, S) ->
-    add_pending(M, S);
+handle({'$convoy_multicast', Node, Tos, _Msg, Bytes} = M, S)
+  when is_atom(Node), is_integer(Bytes), Bytes >= 0, is_list(Tos) ->
+    case valid_tos(Tos) of
+        true -> add_pending(M, S);
+        false -> handle_other(bad_multicast, S)
+    end;
 handle(M, S) ->
     %% Anything else is ordered after the sends read before it.
     handle_other(M, spill(S)).
@@ -170,6 +180,10 @@ add_pending(M, S = #s{pending = P, npending = K, rt = #runtime{max_batch = MB}})
                       convoy_batch:buffered(N, S1#s.core) >= MB]);
 add_pending(M, S = #s{pending = P, npending = K}) ->
     S#s{pending = [M | P], npending = K + 1}.
+
+valid_tos([]) -> true;
+valid_tos([To | Rest]) when is_pid(To); is_atom(To); is_reference(To) -> valid_tos(Rest);
+valid_tos(_) -> false.
 
 %% Queue the pending sends, in order, one run of same-node messages at a time.
 spill(S = #s{npending = 0}) ->

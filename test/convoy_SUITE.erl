@@ -16,7 +16,8 @@
          info_shape/1, telemetry_events/1, badarg_like_send/1, local_destinations/1,
          child_spec_in_own_tree/1, idle_message_leaves_at_once/1,
          not_started_falls_back/1, overload_policies/1, memory_bounded_when_stalled/1,
-         blocked_sender_resumes/1, bounded_when_disconnected/1]).
+         blocked_sender_resumes/1, bounded_when_disconnected/1,
+         lane_rejects_malformed_sends/1]).
 %% Run on peer nodes.
 -export([collector/0, sender/5]).
 
@@ -36,7 +37,7 @@ groups() ->
                    bounded_when_disconnected]},
      {api, [], [flush_semantics, info_shape, telemetry_events, badarg_like_send,
                 local_destinations, child_spec_in_own_tree, idle_message_leaves_at_once,
-                not_started_falls_back]}].
+                not_started_falls_back, lane_rejects_malformed_sends]}].
 
 init_per_suite(Config) ->
     [{code_args, ["-pa", filename:dirname(code:which(convoy)),
@@ -758,3 +759,24 @@ bounded_when_disconnected(Config) ->
     #{accepted := A, messages := M, dropped := D, queued := 0} = node_stats(Node),
     ?assertEqual(20000, A),
     ?assertEqual(A, M + D).
+
+%% Anything may reach a lane: send-shaped messages that convoy_route would never
+%% build are counted, and the lane carries on.
+lane_rejects_malformed_sends(Config) ->
+    {Peer, Node} = peer(Config, ?CT_PEER_NAME()),
+    start_convoy(#{}),
+    start_convoy(Peer, #{}),
+    await_route(Node, convoy),
+    [#{pid := Lane}] = maps:get(lanes, convoy:info()),
+    Bad = [{'$convoy_send', Node, 123, m, 8}, {'$convoy_send', "node", self(), m, 8},
+           {'$convoy_send', Node, self(), m, -1}, {'$convoy_large', Node, {x}, m, 8},
+           {'$convoy_multicast', Node, [self() | bad], m, 8},
+           {'$convoy_multicast', Node, [self(), 1], m, 8}, {'$convoy_wait', Node, x, 1}],
+    #{unknown_message := U0} = maps:get(rejected, convoy:info()),
+    [Lane ! B || B <- Bad],
+    _ = sys:get_state(Lane),
+    #{unknown_message := U1} = maps:get(rejected, convoy:info()),
+    ?assertEqual(U0 + length(Bad), U1),
+    ?assertMatch([#{pid := Lane}], maps:get(lanes, convoy:info())),
+    Cs = start_collectors(Node, 1),
+    check_collectors(run_senders(2, Cs, 1000, [8])).
