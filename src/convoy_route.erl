@@ -29,7 +29,7 @@
 %% If the barrier does not come back in time the message goes through the lane.
 -module(convoy_route).
 
--export([send/2, send/3, multicast/2, lane_of/1, flag_key/1, fits/4]).
+-export([send/2, send/3, multicast/2, lane_of/1, fits/4]).
 
 -include("convoy_runtime.hrl").
 
@@ -133,7 +133,7 @@ full_dest(PidOrRef, _Node) -> PidOrRef.
 lane_of(#runtime{n = 1}) -> 1;
 lane_of(#runtime{n = N}) -> erlang:phash2(self(), N) + 1.
 
--spec flag_key(node()) -> {'$convoy_inbox', node()}.
+%% The marker of a sender whose traffic to Node went through a lane or an inbox.
 flag_key(Node) -> {'$convoy_inbox', Node}.
 
 %% One message to a remote node. A sender with nothing of its own pending for Node
