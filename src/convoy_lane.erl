@@ -69,12 +69,17 @@ init(Parent, Index, Held, RT) ->
     loop(#s{index = Index, parent = Parent, held = Held, auto_connect = AutoConnect,
             rt = RT}).
 
+%% Settings are re-read when the lane wakes and at the end of each drain, so a
+%% set_config/1 that has returned applies to everything the lane does next.
 loop(S) ->
     receive
-        Msg -> drain(handle(Msg, S), ?DRAIN_BUDGET)
+        Msg -> drain(handle(Msg, refresh(S)), ?DRAIN_BUDGET)
     after timeout(S) ->
         loop(cycle(S))
     end.
+
+refresh(S = #s{rt = Own}) ->
+    S#s{rt = settings(persistent_term:get(?RUNTIME_KEY, Own), Own)}.
 
 drain(S, 0) ->
     loop(cycle(S));
@@ -95,7 +100,7 @@ now_us(_) -> erlang:monotonic_time(microsecond).
 
 %% End of a drain: ship what is due, publish the count of disposed admissions.
 cycle(S0) ->
-    S1 = spill(S0#s{rt = settings(persistent_term:get(?RUNTIME_KEY, S0#s.rt), S0#s.rt)}),
+    S1 = spill(refresh(S0)),
     #runtime{max_batch = MB, max_delay = MD} = S1#s.rt,
     Due = convoy_batch:due(now_us(MD), MB, MD, S1#s.core),
     S2 = lists:foldl(fun({Node, Reason}, Acc) -> ship(Node, Reason, Acc) end, S1,
