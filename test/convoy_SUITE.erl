@@ -40,8 +40,7 @@ groups() ->
                 not_started_falls_back, lane_rejects_malformed_sends]}].
 
 init_per_suite(Config) ->
-    [{code_args, ["-pa", filename:dirname(code:which(convoy)),
-                  "-pa", filename:dirname(code:which(?MODULE))]} | Config].
+    Config.
 
 end_per_suite(_Config) ->
     ok.
@@ -59,18 +58,15 @@ end_per_testcase(_TC, _Config) ->
 %%--------------------------------------------------------------------
 %% Helpers
 
-%% A peer node with convoy's code. It is driven over stdio (peer:call works whatever
-%% happens to distribution, and a disconnect does not stop it) and connected over
-%% distribution here.
-peer(Config, Name, Extra) ->
-    Args = ?config(code_args, Config) ++ maps:get(args, Extra, []),
-    {ok, Peer, Node} = ?CT_PEER((maps:remove(args, Extra))#{name => Name, args => Args,
-                                                           connection => standard_io}),
-    true = net_kernel:connect_node(Node),
-    {Peer, Node}.
+peer(_Config, Name, Extra) ->
+    convoy_ct_peers:start(?MODULE, Name, Extra).
 
 peer(Config, Name) ->
     peer(Config, Name, #{}).
+
+%% A peer running convoy with Settings, routed to through convoy.
+convoy_peer(Name, Settings) ->
+    convoy_ct_peers:convoy_peer(?MODULE, Name, Settings).
 
 start_convoy(Settings) ->
     [ok = application:set_env(convoy, K, V) || {K, V} <- maps:to_list(Settings)],
@@ -78,31 +74,13 @@ start_convoy(Settings) ->
     ok.
 
 start_convoy(Peer, Settings) ->
-    [ok = peer:call(Peer, application, set_env, [convoy, K, V]) || {K, V} <- maps:to_list(Settings)],
-    {ok, _} = peer:call(Peer, application, ensure_all_started, [convoy]),
-    ok.
+    convoy_ct_peers:start_convoy(Peer, Settings).
 
-%% Wait until the local convoy_peers knows Node runs convoy (a condition, polled).
-await_route(Node, Route) ->
-    await(fun() -> route_kind(convoy_peers:route(Node)) end, fun(R) -> R =:= Route end, 10000).
-
-route_kind(plain) -> plain;
-route_kind({convoy, _Vsn, _Inboxes}) -> convoy.
+await_route(Node, Kind) ->
+    convoy_ct_peers:await_route(Node, Kind).
 
 await(Get, Ok, Timeout) ->
-    Deadline = erlang:monotonic_time(millisecond) + Timeout,
-    await_loop(Get, Ok, Deadline).
-
-await_loop(Get, Ok, Deadline) ->
-    V = Get(),
-    case Ok(V) of
-        true -> V;
-        false ->
-            case erlang:monotonic_time(millisecond) > Deadline of
-                true -> ct:fail({timeout_waiting, V});
-                false -> receive after 20 -> await_loop(Get, Ok, Deadline) end
-            end
-    end.
+    convoy_ct_peers:await(Get, Ok, Timeout).
 
 %% collector: records, per sender, that sequence numbers only go up, and counts.
 collector() ->
@@ -192,11 +170,9 @@ node_stats(Node) ->
 %%--------------------------------------------------------------------
 %% Ordering
 
-order_many_senders(Config) ->
-    {Peer, Node} = peer(Config, ?CT_PEER_NAME()),
+order_many_senders(_Config) ->
     start_convoy(#{}),
-    start_convoy(Peer, #{}),
-    await_route(Node, convoy),
+    {_Peer, Node} = convoy_peer(?CT_PEER_NAME(), #{}),
     Cs = start_collectors(Node, 4),
     Expected = run_senders(8, Cs, 5000, [8, 100, 1000]),
     check_collectors(Expected),
@@ -204,33 +180,27 @@ order_many_senders(Config) ->
     ct:pal("~p messages in ~p distribution messages", [M, B]),
     ?assert(B < M). % batching happened
 
-order_fragmented_batches(Config) ->
+order_fragmented_batches(_Config) ->
     %% Batches far above 64 KB (fragmented by distribution) mixed with senders'
     %% direct messages; large_threshold off so everything may be batched.
-    {Peer, Node} = peer(Config, ?CT_PEER_NAME()),
     start_convoy(#{max_batch => 500, large_threshold => infinity}),
-    start_convoy(Peer, #{}),
-    await_route(Node, convoy),
+    {_Peer, Node} = convoy_peer(?CT_PEER_NAME(), #{}),
     Cs = start_collectors(Node, 3),
     Expected = run_senders(4, Cs, 3000, [10, 5000, 20000]),
     check_collectors(Expected).
 
-order_with_lanes(Config) ->
-    {Peer, Node} = peer(Config, ?CT_PEER_NAME()),
+order_with_lanes(_Config) ->
     start_convoy(#{lanes => 4}),
-    start_convoy(Peer, #{lanes => 3}),
-    await_route(Node, convoy),
+    {_Peer, Node} = convoy_peer(?CT_PEER_NAME(), #{lanes => 3}),
     Cs = start_collectors(Node, 4),
     Expected = run_senders(8, Cs, 4000, [8, 300]),
     check_collectors(Expected),
     ?assertEqual(4, length(maps:get(lanes, convoy:info()))).
 
-large_messages_in_order(Config) ->
+large_messages_in_order(_Config) ->
     %% A low threshold sends many messages on the large path (barrier, then direct).
-    {Peer, Node} = peer(Config, ?CT_PEER_NAME()),
     start_convoy(#{large_threshold => 2000}),
-    start_convoy(Peer, #{}),
-    await_route(Node, convoy),
+    {_Peer, Node} = convoy_peer(?CT_PEER_NAME(), #{}),
     Cs = start_collectors(Node, 2),
     Expected = run_senders(4, Cs, 2000, [10, 10, 10, 3000, 100000]),
     check_collectors(Expected),
@@ -283,11 +253,9 @@ peer_starts_convoy_later(Config) ->
     ?assert(Received > 0),
     ?assertMatch(#{dropped := 0}, node_stats(Node)).
 
-peer_stops_convoy(Config) ->
-    {Peer, Node} = peer(Config, ?CT_PEER_NAME()),
+peer_stops_convoy(_Config) ->
     start_convoy(#{}),
-    start_convoy(Peer, #{}),
-    await_route(Node, convoy),
+    {Peer, Node} = convoy_peer(?CT_PEER_NAME(), #{}),
     ok = peer:call(Peer, application, stop, [convoy]),
     await_route(Node, plain),
     Cs = start_collectors(Node, 1),
@@ -421,11 +389,9 @@ flood(Sink, Handed, Parent) ->
 
 %% Disconnect a peer mid-flood (it is driven over stdio, so it survives):
 %% convoy reconnects like `!' does and its accounting adds up.
-netsplit_and_reconnect(Config) ->
-    {Peer, Node} = peer(Config, ?CT_PEER_NAME()),
+netsplit_and_reconnect(_Config) ->
     start_convoy(#{}),
-    start_convoy(Peer, #{}),
-    await_route(Node, convoy),
+    {_Peer, Node} = convoy_peer(?CT_PEER_NAME(), #{}),
     {Senders, Handed} = start_flood(Node, 2),
     true = erlang:disconnect_node(Node),
     await(fun() -> counters:get(Handed, 1) end, fun(H) -> H > 60000 end, 20000),
@@ -439,11 +405,9 @@ netsplit_and_reconnect(Config) ->
 %%--------------------------------------------------------------------
 %% Settings
 
-lanes_change_under_traffic(Config) ->
-    {Peer, Node} = peer(Config, ?CT_PEER_NAME()),
+lanes_change_under_traffic(_Config) ->
     start_convoy(#{lanes => 1}),
-    start_convoy(Peer, #{lanes => 2}),
-    await_route(Node, convoy),
+    {_Peer, Node} = convoy_peer(?CT_PEER_NAME(), #{lanes => 2}),
     Cs = start_collectors(Node, 3),
     Self = self(),
     spawn_link(fun() -> Self ! {expected, run_senders(6, Cs, 20000, [8, 100, 3000])} end),
@@ -458,11 +422,9 @@ lanes_change_under_traffic(Config) ->
     #{accepted := A, messages := M, dropped := 0} = node_stats(Node),
     ?assertEqual(A, M).
 
-settings_change_under_traffic(Config) ->
-    {Peer, Node} = peer(Config, ?CT_PEER_NAME()),
+settings_change_under_traffic(_Config) ->
     start_convoy(#{}),
-    start_convoy(Peer, #{}),
-    await_route(Node, convoy),
+    {_Peer, Node} = convoy_peer(?CT_PEER_NAME(), #{}),
     Cs = start_collectors(Node, 2),
     Self = self(),
     spawn_link(fun() -> Self ! {expected, run_senders(4, Cs, 10000, [8, 100])} end),
@@ -512,11 +474,9 @@ flush_semantics(Config) ->
     ?assertEqual(ok, convoy:flush(all, 1000)),
     ?assertError(badarg, convoy:flush("node")).
 
-info_shape(Config) ->
-    {Peer, Node} = peer(Config, ?CT_PEER_NAME()),
+info_shape(_Config) ->
     start_convoy(#{lanes => 2}),
-    start_convoy(Peer, #{}),
-    await_route(Node, convoy),
+    {_Peer, Node} = convoy_peer(?CT_PEER_NAME(), #{}),
     Info = convoy:info(),
     ?assertMatch(#{running := true, settings := #{lanes := 2}, lanes := [_, _],
                    rejected := #{bad_version := 0}}, Info),
@@ -602,13 +562,11 @@ child_spec_in_own_tree(Config) ->
     ok = convoy:send({here, Node}, hi),
     receive {got, hi} -> ok after 5000 -> ct:fail(not_delivered) end.
 
-idle_message_leaves_at_once(Config) ->
+idle_message_leaves_at_once(_Config) ->
     %% With max_delay 0 nothing waits for a timer: a lone message from a busy lane's
     %% sender still leaves when the lane's mailbox drains.
-    {Peer, Node} = peer(Config, ?CT_PEER_NAME()),
     start_convoy(#{}),
-    start_convoy(Peer, #{}),
-    await_route(Node, convoy),
+    {_Peer, Node} = convoy_peer(?CT_PEER_NAME(), #{}),
     Self = self(),
     Echo = spawn(Node, fun E() -> receive {From, X} -> convoy:send(From, X), E() end end),
     Times = [begin
@@ -762,11 +720,9 @@ bounded_when_disconnected(Config) ->
 
 %% Anything may reach a lane: send-shaped messages that convoy_route would never
 %% build are counted, and the lane carries on.
-lane_rejects_malformed_sends(Config) ->
-    {Peer, Node} = peer(Config, ?CT_PEER_NAME()),
+lane_rejects_malformed_sends(_Config) ->
     start_convoy(#{}),
-    start_convoy(Peer, #{}),
-    await_route(Node, convoy),
+    {_Peer, Node} = convoy_peer(?CT_PEER_NAME(), #{}),
     [#{pid := Lane}] = maps:get(lanes, convoy:info()),
     Bad = [{'$convoy_send', Node, 123, m, 8}, {'$convoy_send', "node", self(), m, 8},
            {'$convoy_send', Node, self(), m, -1}, {'$convoy_large', Node, {x}, m, 8},

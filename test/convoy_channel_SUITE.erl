@@ -24,8 +24,7 @@ all() ->
      consumer_node_disconnected, telemetry_waited].
 
 init_per_suite(Config) ->
-    [{code_args, ["-pa", filename:dirname(code:which(convoy)),
-                  "-pa", filename:dirname(code:which(?MODULE))]} | Config].
+    Config.
 
 end_per_suite(_Config) ->
     ok.
@@ -45,12 +44,9 @@ end_per_testcase(_TC, Config) ->
 
 %% A peer driven over stdio (peer:call keeps working whatever happens to
 %% distribution), connected over distribution, running convoy.
-peer(Config, TC) ->
-    {ok, Peer, Node} = ?CT_PEER(#{name => ?CT_PEER_NAME(TC),
-                                  args => ?config(code_args, Config),
-                                  connection => standard_io}),
-    true = net_kernel:connect_node(Node),
-    {ok, _} = peer:call(Peer, application, ensure_all_started, [convoy]),
+peer(_Config, TC) ->
+    {Peer, Node} = convoy_ct_peers:start(?MODULE, ?CT_PEER_NAME(TC), #{}),
+    ok = convoy_ct_peers:start_convoy(Peer, #{}),
     {Peer, Node}.
 
 %% Runs on the peer: processes (a little hashing) and acks every message, checks

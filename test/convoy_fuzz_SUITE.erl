@@ -292,27 +292,12 @@ rpc_whereis(Node, Name) ->
     erpc:call(Node, erlang, whereis, [Name]).
 
 await_route(Node, Kind) ->
-    await(fun() -> route_kind(convoy_peers:route(Node)) end, Kind).
+    convoy_ct_peers:await_route(Node, Kind).
 
 await_remote_route(Peer, Node, Kind) ->
-    await(fun() -> route_kind(peer:call(Peer, convoy_peers, route, [Node])) end, Kind).
-
-route_kind(plain) -> plain;
-route_kind({convoy, _, _}) -> convoy.
-
-%% Poll a condition (the state of other nodes' processes cannot be waited on).
-await(Get, Want) ->
-    await(Get, Want, erlang:monotonic_time(millisecond) + 10000).
-
-await(Get, Want, Deadline) ->
-    case Get() of
-        Want -> ok;
-        Other ->
-            case erlang:monotonic_time(millisecond) > Deadline of
-                true -> ct:fail({timeout_waiting_for, Want, Other});
-                false -> receive after 20 -> await(Get, Want, Deadline) end
-            end
-    end.
+    convoy_ct_peers:await(
+      fun() -> convoy_ct_peers:route_kind(peer:call(Peer, convoy_peers, route, [Node])) end,
+      fun(R) -> R =:= Kind end, 10000).
 
 %%--------------------------------------------------------------------
 %% Counting processes
