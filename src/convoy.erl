@@ -55,6 +55,7 @@
                   lanes := [#{index := pos_integer(), pid := pid(),
                               queue := non_neg_integer()}],
                   rejected := #{atom() => non_neg_integer()},
+                  lost := non_neg_integer(),
                   channels := #{waits := non_neg_integer(),
                                 wait_time_us := non_neg_integer()}}.
 
@@ -124,6 +125,9 @@ flush(Which, Timeout) when is_atom(Which), Timeout =:= infinity;
             ok;
         _ when Which =:= node() ->
             ok;
+        RT = #runtime{stopping = true} ->
+            %% The lane ships everything and goes (convoy_control bounds the wait).
+            convoy_route:await_gone(element(convoy_route:lane_of(RT), RT#runtime.lanes));
         RT ->
             Lane = element(convoy_route:lane_of(RT), RT#runtime.lanes),
             Mon = erlang:monitor(process, Lane, [{alias, demonitor}]),
@@ -153,24 +157,34 @@ flush(Which, Timeout) ->
 %% (`{error, overload}' returned by `send/3'), `blocked_us' (time senders waited for
 %% room), `queued' and `queued_bytes' (held by convoy now, lane mailboxes included)
 %% and `route'.
-%% A multicast counts as one message per node. All counters are cumulative since
-%% convoy started.
+%% A multicast counts as one message per node. `lost' counts messages a lane that
+%% died had been handed and had not disposed of (not per node: the lane took that
+%% with it). All counters are cumulative since convoy started.
 -spec info() -> info().
 info() ->
     case persistent_term:get(?RUNTIME_KEY, undefined) of
         undefined ->
             #{running => false, settings => #{}, nodes => #{}, lanes => [],
-              rejected => #{}, channels => convoy_channel:stats()};
+              rejected => #{}, lost => 0, channels => convoy_channel:stats()};
         RT ->
             #{running => true,
               settings => RT#runtime.config,
               nodes => maps:from_list([{N, node_info(Route, C, H)}
-                                       || {N, Route, C, H} <- ets:tab2list(convoy_nodes)]),
+                                       || {N, Route, C, H} <- node_rows()]),
               lanes => [#{index => I, pid => P, queue => queue_len(P)}
                         || {I, P} <- lists:zip(lists:seq(1, RT#runtime.n),
                                                tuple_to_list(RT#runtime.lanes))],
               rejected => convoy_metrics:rejected(),
+              lost => convoy_metrics:lost(),
               channels => convoy_channel:stats()}
+    end.
+
+%% [] while convoy's tree is being torn down (its node table is gone).
+node_rows() ->
+    try
+        ets:tab2list(convoy_nodes)
+    catch
+        error:badarg -> []
     end.
 
 %% Messages senders sent themselves (`direct') count as accepted and sent too.

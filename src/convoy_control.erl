@@ -1,13 +1,15 @@
 %% @private
 %% Owns the settings in force: publishes them (with the lane table) in
-%% persistent_term, applies `convoy:set_config/1', and replaces lanes when `lanes'
-%% changes, without losing or reordering messages:
+%% persistent_term, applies `convoy:set_config/1', replaces lanes when `lanes'
+%% changes, replaces a lane that dies, and drains the lanes when convoy stops.
+%%
+%% Changing `lanes' loses and reorders nothing:
 %% <ol>
 %% <li>the new lanes start "held": they take messages but ship none, and their
-%%   admission slots start one behind, so no sender sees them idle;</li>
-%% <li>the new runtime is published, then each old lane's admission slot is closed
-%%   (a jump of `CLOSED'): the number returned is exactly how many admissions that
-%%   lane granted; a sender that lands above it re-reads the runtime;</li>
+%%   admission counters start one behind, so no sender sees them idle;</li>
+%% <li>the new runtime is published, then each old lane is closed
+%%   (`convoy_slots:close/1'): the number returned is exactly how many admissions
+%%   that lane granted; a sender that lands above it re-reads the runtime;</li>
 %% <li>each old lane ships everything it was given, waits until all its admissions
 %%   (including senders' own direct sends) are disposed of, reports the convoy peers
 %%   it must confirm, and sends a barrier to each one's inbox;</li>
@@ -16,6 +18,23 @@
 %% </ol>
 %% A stalled node delays only its own release. Other settings apply at the lanes'
 %% next cycle. The number of inboxes is fixed when convoy starts.
+%%
+%% A lane that dies (killed from outside, or a bug) is replaced in place: its
+%% counters are closed, what it held is counted as lost (`convoy_metrics:lost/1')
+%% and logged, and a new lane with new counters takes its index, so it ships to the
+%% same inbox of each peer, behind whatever the dead lane had shipped. Nothing else
+%% restarts.
+%%
+%% Stopping (terminate/2) closes every lane and publishes the runtime marked
+%% `stopping'; the lanes retire as in a lane change, with no successors. Senders
+%% with messages in a lane wait for it to finish before sending plainly (see
+%% convoy_route), so order holds across the switch to plain sends. Bounded by
+%% `?STOP_MS'; a lane still busy then is shut down by its supervisor, and counts
+%% and logs what it could not ship.
+%%
+%% Messages between this process and the lanes carry a secret reference, so a
+%% stray copy cannot act on either side; a `DOWN' is acted on only for a monitor
+%% this process holds.
 -module(convoy_control).
 -behaviour(gen_server).
 
@@ -23,13 +42,24 @@
 -export([init/1, handle_call/3, handle_cast/2, handle_info/2, terminate/2]).
 
 -include("convoy_runtime.hrl").
+-include_lib("kernel/include/logger.hrl").
 
--record(switch, {old :: [pid()],
+%% The longest a stop waits for the lanes to drain; the child spec's shutdown in
+%% convoy_sup leaves room above it.
+-define(STOP_MS, 10000).
+
+-record(switch, {old :: #runtime{},
+                 %% old lanes not yet retired
+                 retiring :: [pid()],
                  reported = [] :: [pid()],
-                 pending = #{} :: #{node() => [pid()]}}).
+                 pending = #{} :: #{node() => [pid()]},
+                 %% whether the new lanes were told which nodes they hold
+                 hold_sent = false :: boolean()}).
 
 -record(s, {config :: convoy_config:config(),
-            runtime :: #runtime{},
+            runtime :: #runtime{} | undefined, % undefined only while starting
+            secret :: reference(),
+            monitors = #{} :: #{reference() => pid()},
             switch = none :: none | #switch{}}).
 
 -spec start_link(convoy_config:config()) -> {ok, pid()} | {error, term()}.
@@ -41,28 +71,32 @@ set_config(Opts) ->
     try
         gen_server:call(?MODULE, {set_config, Opts}, infinity)
     catch
-        exit:{noproc, _} -> {error, not_started}
+        exit:_ -> {error, not_started} % not running, or stopping meanwhile
     end.
 
 %% @private
 -spec init(convoy_config:config()) -> {ok, #s{}}.
 init(Config = #{lanes := N}) ->
     process_flag(trap_exit, true),
-    RT = start_lanes(runtime(Config, atomics:new(3 * N, [{signed, true}]), make_ref()), none),
+    S0 = #s{config = Config, secret = make_ref()},
+    {RT, S1} = start_lanes(runtime(Config, N, make_ref()), none, S0),
     persistent_term:put(?RUNTIME_KEY, RT),
-    {ok, #s{config = Config, runtime = RT}}.
+    {ok, S1#s{runtime = RT}}.
 
 %% Lanes start with the runtime they will serve (all of it but the lane table).
-start_lanes(RT = #runtime{n = N}, Held) ->
-    Lanes = [begin
-                 {ok, Pid} = convoy_lane_sup:start_lane(I, Held, RT),
-                 _ = erlang:monitor(process, Pid),
-                 Pid
-             end || I <- lists:seq(1, N)],
-    RT#runtime{lanes = list_to_tuple(Lanes)}.
+start_lanes(RT = #runtime{n = N}, Held, S) ->
+    Behind = case Held of none -> 0; _ -> 1 end,
+    RT1 = RT#runtime{slots = list_to_tuple([convoy_slots:new(Behind) || _ <- lists:seq(1, N)])},
+    {Pids, S1} = lists:mapfoldl(fun(I, Acc) -> start_lane(I, Held, RT1, Acc) end, S,
+                                lists:seq(1, N)),
+    {RT1#runtime{lanes = list_to_tuple(Pids)}, S1}.
 
-runtime(Config, A, Generation) ->
-    #runtime{lanes = {}, generation = Generation, n = maps:get(lanes, Config), admission = A,
+start_lane(I, Held, RT, S = #s{secret = Secret, monitors = M}) ->
+    {ok, Pid} = convoy_lane_sup:start_lane(I, Held, RT, {self(), Secret}),
+    {Pid, S#s{monitors = M#{erlang:monitor(process, Pid) => Pid}}}.
+
+runtime(Config, N, Generation) ->
+    #runtime{lanes = {}, slots = {}, generation = Generation, n = N,
              max_batch = maps:get(max_batch, Config),
              max_delay = maps:get(max_delay, Config),
              large_threshold = maps:get(large_threshold, Config),
@@ -82,8 +116,8 @@ handle_call({set_config, Opts}, _From, S = #s{config = Old}) ->
         {error, _} = E ->
             {reply, E, S};
         {ok, New} when map_get(lanes, New) =:= map_get(lanes, Old) ->
-            #runtime{admission = A, generation = Gen, lanes = Lanes} = S#s.runtime,
-            RT = (runtime(New, A, Gen))#runtime{lanes = Lanes},
+            #runtime{generation = Gen, lanes = Lanes, slots = Slots, n = N} = S#s.runtime,
+            RT = (runtime(New, N, Gen))#runtime{lanes = Lanes, slots = Slots},
             persistent_term:put(?RUNTIME_KEY, RT),
             {reply, ok, S#s{config = New, runtime = RT}};
         {ok, _New} when S#s.switch =/= none ->
@@ -102,65 +136,212 @@ handle_cast(_Msg, S) ->
     {noreply, S}.
 
 switch_lanes(New = #{lanes := M}, S = #s{runtime = OldRT}) ->
-    A = atomics:new(3 * M, [{signed, true}]),
-    [atomics:put(A, M + I, -1) || I <- lists:seq(1, M)],
-    RT = start_lanes(runtime(New, A, OldRT#runtime.generation), all),
+    {RT, S1} = start_lanes(runtime(New, M, OldRT#runtime.generation), all, S),
     persistent_term:put(?RUNTIME_KEY, RT),
-    Old = tuple_to_list(OldRT#runtime.lanes),
-    OldA = OldRT#runtime.admission,
-    _ = [begin
-         K = atomics:add_get(OldA, I, ?CLOSED) - ?CLOSED,
-         Pid ! {'$convoy_retire', K, self()}
-     end || {I, Pid} <- lists:zip(lists:seq(1, length(Old)), Old)],
-    S#s{config = New, runtime = RT, switch = #switch{old = Old}}.
+    Old = retire_all(OldRT, S1),
+    S1#s{config = New, runtime = RT, switch = #switch{old = OldRT, retiring = Old}}.
+
+%% Close every lane of a runtime and tell it to retire; returns the lanes.
+retire_all(#runtime{lanes = Lanes, slots = Slots}, #s{secret = Secret}) ->
+    [begin
+         K = convoy_slots:close(element(I, Slots)),
+         Pid ! {'$convoy_retire', Secret, K},
+         Pid
+     end || {I, Pid} <- lists:zip(lists:seq(1, tuple_size(Lanes)), tuple_to_list(Lanes))].
 
 %% @private
--spec handle_info(term(), #s{}) -> {noreply, #s{}} | {stop, term(), #s{}}.
-handle_info({'$convoy_retiring', Pid, Nodes}, S = #s{switch = Sw = #switch{}}) ->
-    Pending = lists:foldl(fun(N, P) -> maps:update_with(N, fun(L) -> [Pid | L] end, [Pid], P) end,
-                          Sw#switch.pending, Nodes),
-    Sw1 = Sw#switch{reported = [Pid | Sw#switch.reported], pending = Pending},
-    case length(Sw1#switch.reported) =:= length(Sw1#switch.old) of
-        true -> to_new_lanes(S, {'$convoy_hold', maps:keys(Pending)});
-        false -> ok
-    end,
-    {noreply, S#s{switch = Sw1}};
-handle_info({'$convoy_node_done', Pid, Node}, S = #s{switch = Sw = #switch{pending = P}}) ->
-    Left = lists:delete(Pid, maps:get(Node, P, [])),
-    P1 = case Left of
-             [] -> maps:remove(Node, P);
-             _ -> P#{Node := Left}
-         end,
-    AllReported = length(Sw#switch.reported) =:= length(Sw#switch.old),
-    case Left =:= [] andalso AllReported of
-        true -> to_new_lanes(S, {'$convoy_release', Node});
-        false -> ok
-    end,
-    {noreply, S#s{switch = Sw#switch{pending = P1}}};
-handle_info({'$convoy_retired', Pid}, S = #s{switch = Sw = #switch{old = Old}}) ->
-    case lists:delete(Pid, Old) of
-        [] -> {noreply, S#s{switch = none}};
-        Rest -> {noreply, S#s{switch = Sw#switch{old = Rest,
-                                                 reported = lists:delete(Pid, Sw#switch.reported)}}}
+-spec handle_info(term(), #s{}) -> {noreply, #s{}}.
+handle_info({'$convoy_retiring', Secret, Pid, Nodes}, S = #s{secret = Secret, switch = #switch{}})
+  when is_list(Nodes) ->
+    {noreply, retiring(Pid, Nodes, S)};
+handle_info({'$convoy_node_done', Secret, Pid, Node}, S = #s{secret = Secret, switch = #switch{}}) ->
+    {noreply, node_done(Pid, Node, S)};
+handle_info({'$convoy_retired', Secret, Pid}, S = #s{secret = Secret, switch = #switch{}}) ->
+    {noreply, retired(Pid, S)};
+handle_info({'DOWN', Ref, process, Pid, Reason}, S = #s{monitors = M}) when is_map_key(Ref, M) ->
+    S1 = S#s{monitors = maps:remove(Ref, M)},
+    case Reason of
+        normal -> {noreply, S1}; % retired
+        _ -> {noreply, lane_died(Pid, Reason, S1)}
     end;
-handle_info({'DOWN', _Ref, process, _Pid, normal}, S) ->
-    {noreply, S};
-handle_info({'DOWN', _Ref, process, Pid, Reason}, S) ->
-    %% A lane died: its messages are gone and the admission counts no longer add up.
-    %% Restart convoy as a whole (the supervisor is one_for_one over a fresh state).
-    {stop, {lane_down, Pid, Reason}, S};
 handle_info({'EXIT', _Pid, _Reason}, S) ->
     {noreply, S};
 handle_info(_Msg, S) ->
+    %% Stray, forged or duplicated (a DOWN for a monitor not ours included).
     convoy_metrics:rejected(unknown_message),
     {noreply, S}.
+
+%%--------------------------------------------------------------------
+%% Lane change in progress
+
+retiring(Pid, Nodes, S = #s{switch = Sw}) ->
+    case lists:member(Pid, Sw#switch.retiring) andalso not lists:member(Pid, Sw#switch.reported) of
+        true ->
+            Pending = lists:foldl(fun(N, P) -> maps:update_with(N, fun(L) -> [Pid | L] end,
+                                                                  [Pid], P)
+                                  end, Sw#switch.pending, [N || N <- Nodes, is_atom(N)]),
+            maybe_hold(S#s{switch = Sw#switch{reported = [Pid | Sw#switch.reported],
+                                              pending = Pending}});
+        false ->
+            convoy_metrics:rejected(unknown_message),
+            S
+    end.
+
+%% Once every old lane has reported, the new lanes learn which nodes they still
+%% hold; the others are released at once.
+maybe_hold(S = #s{switch = Sw = #switch{hold_sent = false}}) ->
+    case length(Sw#switch.reported) =:= length(Sw#switch.retiring) of
+        true ->
+            to_new_lanes(S, {'$convoy_hold', S#s.secret, maps:keys(Sw#switch.pending)}),
+            S#s{switch = Sw#switch{hold_sent = true}};
+        false ->
+            S
+    end;
+maybe_hold(S) ->
+    S.
+
+node_done(Pid, Node, S = #s{switch = Sw = #switch{pending = P}}) ->
+    case P of
+        #{Node := Waiting} ->
+            case lists:delete(Pid, Waiting) of
+                [] -> release(Node, S#s{switch = Sw#switch{pending = maps:remove(Node, P)}});
+                Left -> S#s{switch = Sw#switch{pending = P#{Node := Left}}}
+            end;
+        _ ->
+            S
+    end.
+
+release(Node, S = #s{switch = #switch{hold_sent = true}}) ->
+    to_new_lanes(S, {'$convoy_release', S#s.secret, Node}),
+    S;
+release(_Node, S) ->
+    S. % not held yet: the hold message will not name it
+
+retired(Pid, S = #s{switch = Sw}) ->
+    case lists:delete(Pid, Sw#switch.retiring) of
+        [] ->
+            S#s{switch = none};
+        Rest ->
+            S#s{switch = Sw#switch{retiring = Rest,
+                                   reported = lists:delete(Pid, Sw#switch.reported)}}
+    end.
 
 to_new_lanes(#s{runtime = #runtime{lanes = Lanes}}, Msg) ->
     _ = [Pid ! Msg || Pid <- tuple_to_list(Lanes)],
     ok.
 
+%%--------------------------------------------------------------------
+%% A lane died
+
+lane_died(Pid, Reason, S = #s{runtime = RT, switch = Sw}) ->
+    case index_of(Pid, RT#runtime.lanes) of
+        {ok, I} ->
+            replace_lane(I, Reason, S);
+        none when Sw =/= none ->
+            %% An old lane of a lane change: what it held is lost; the change goes on
+            %% without it.
+            count_lost(Sw#switch.old, Pid, 0, Reason),
+            S1 = lists:foldl(fun(Node, Acc) -> node_done(Pid, Node, Acc) end,
+                             S#s{switch = Sw#switch{reported = [Pid | lists:delete(Pid, Sw#switch.reported)]}},
+                             maps:keys(Sw#switch.pending)),
+            retired(Pid, maybe_hold(S1));
+        none ->
+            S
+    end.
+
+%% A new lane at the dead one's index, with new counters: the dead lane's are closed
+%% (senders that land there re-read the runtime).
+replace_lane(I, Reason, S = #s{runtime = RT, switch = Sw}) ->
+    {Held, Behind} = case Sw of
+                         #switch{hold_sent = false} -> {all, 1};
+                         #switch{pending = P} when map_size(P) > 0 -> {maps:keys(P), 1};
+                         _ -> {none, 0} % no change in progress, or every node released
+                     end,
+    count_lost(RT, element(I, RT#runtime.lanes), Behind, Reason),
+    Slots = convoy_slots:new(Behind),
+    RT1 = RT#runtime{slots = setelement(I, RT#runtime.slots, Slots)},
+    {Pid, S1} = start_lane(I, Held, RT1, S),
+    RT2 = RT1#runtime{lanes = setelement(I, RT1#runtime.lanes, Pid)},
+    persistent_term:put(?RUNTIME_KEY, RT2),
+    S1#s{runtime = RT2}.
+
+%% Behind: 1 if the lane was still held (its counters started one behind).
+count_lost(RT = #runtime{lanes = Lanes}, Pid, Behind, Reason) ->
+    {ok, I} = index_of(Pid, Lanes),
+    Slots = element(I, RT#runtime.slots),
+    Granted = convoy_slots:close(Slots),
+    Lost = max(0, Granted - convoy_slots:disposed(Slots) - Behind),
+    convoy_metrics:lost(Lost),
+    ?LOG_ERROR(#{what => convoy_lane_died, lane => I, reason => Reason, lost => Lost,
+                 note => "the lane is replaced; nothing else restarts"}).
+
+index_of(Pid, Lanes) ->
+    index_of(Pid, Lanes, 1).
+
+index_of(_Pid, Lanes, I) when I > tuple_size(Lanes) -> none;
+index_of(Pid, Lanes, I) when element(I, Lanes) =:= Pid -> {ok, I};
+index_of(Pid, Lanes, I) -> index_of(Pid, Lanes, I + 1).
+
+%%--------------------------------------------------------------------
+%% Stop
+
 %% @private
 -spec terminate(term(), #s{}) -> ok.
-terminate(_Reason, _S) ->
-    _ = persistent_term:erase(?RUNTIME_KEY),
-    ok.
+terminate(Reason, S0) ->
+    Deadline = erlang:monotonic_time(millisecond) + ?STOP_MS,
+    S = await_switch(S0, Deadline),
+    RT = S#s.runtime,
+    persistent_term:put(?RUNTIME_KEY, RT#runtime{stopping = true}),
+    Lanes = retire_all(RT, S),
+    await_lanes(Lanes, S, Deadline),
+    log_stop(Reason),
+    case persistent_term:get(?RUNTIME_KEY, undefined) of
+        #runtime{generation = Gen} when Gen =:= RT#runtime.generation ->
+            _ = persistent_term:erase(?RUNTIME_KEY),
+            ok;
+        _ ->
+            ok % a later start of convoy published its own
+    end.
+
+%% A lane change in progress finishes first, so that the new lanes are released
+%% and every message ships in order before they retire.
+await_switch(S = #s{switch = none}, _Deadline) ->
+    S;
+await_switch(S, Deadline) ->
+    receive
+        Msg -> await_switch(element(2, handle_info(Msg, S)), Deadline)
+    after max(0, Deadline - erlang:monotonic_time(millisecond)) ->
+        S
+    end.
+
+await_lanes([], _S, _Deadline) ->
+    ok;
+await_lanes(Lanes, S = #s{secret = Secret, monitors = M}, Deadline) ->
+    receive
+        {'$convoy_retired', Secret, Pid} ->
+            await_lanes(lists:delete(Pid, Lanes), S, Deadline);
+        {'DOWN', Ref, process, Pid, _} when is_map_key(Ref, M) ->
+            await_lanes(lists:delete(Pid, Lanes), S, Deadline);
+        {'$convoy_retiring', Secret, _, _} ->
+            await_lanes(Lanes, S, Deadline);
+        {'$convoy_node_done', Secret, _, _} ->
+            await_lanes(Lanes, S, Deadline)
+    after max(0, Deadline - erlang:monotonic_time(millisecond)) ->
+        ?LOG_WARNING(#{what => convoy_stop_timeout, lanes_still_draining => length(Lanes),
+                       note => "their supervisor shuts them down; they count what is left"})
+    end.
+
+%% The counters go with convoy: say what they held.
+log_stop(Reason) ->
+    Nodes = try convoy:info() of
+                #{nodes := N} -> N
+            catch
+                _:_ -> #{}
+            end,
+    Dropped = maps:fold(fun(_, #{dropped := D}, Acc) -> Acc + D end, 0, Nodes),
+    Lost = try convoy_metrics:lost() catch _:_ -> 0 end,
+    Level = case Dropped + Lost of 0 -> info; _ -> notice end,
+    ?LOG(Level, #{what => convoy_stopped, reason => Reason, dropped => Dropped, lost => Lost,
+                  nodes => maps:map(fun(_, I) -> maps:with([accepted, messages, dropped,
+                                                            buffered], I)
+                                    end, Nodes)}).

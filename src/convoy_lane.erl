@@ -15,26 +15,43 @@
 %% Peers that run a compatible convoy get batches in their inbox; others get plain
 %% sends, one per message.
 %%
-%% Lanes are retired and replaced when `lanes' changes at run time; see
-%% `convoy_control' for the protocol (hold, retire, release).
+%% Lanes are retired and replaced when `lanes' changes at run time and when convoy
+%% stops; see `convoy_control' for the protocol (hold, retire, release). Messages
+%% from convoy_control carry a secret reference given at start, so a stray copy of
+%% one cannot hold, release or retire a lane.
+%%
+%% Helpers (couriers, connectors, barrier senders) are linked: they report their
+%% result as their exit reason, and a lane that is killed takes its couriers with
+%% it, so no chunk of a dead lane can arrive after what its replacement ships.
 -module(convoy_lane).
 
--export([start_link/3, init/4, system_continue/3, system_terminate/4,
+-export([start_link/4, init/5, system_continue/3, system_terminate/4,
          system_get_state/1, system_code_change/4]).
 
 -include("convoy_runtime.hrl").
+-include_lib("kernel/include/logger.hrl").
 
 -define(DRAIN_BUDGET, 10000).
+%% At shutdown, how long to wait for a sender admitted just before the lane closed
+%% (it is between its admission and its send: microseconds, unless descheduled).
+-define(LATE_SENDER_MS, 200).
+%% At shutdown, how long to wait for peers' inboxes to confirm delivery.
+-define(SHUTDOWN_BARRIER_MS, 2000).
 
-%% Couriers and connectors report their result as their exit reason (the lane
-%% monitors them), and terminate/2 ends the process: all end by exit on purpose.
--dialyzer({nowarn_function, [courier/4, connect/3, terminate/2]}).
+%% Couriers and connectors report their result as their exit reason, and
+%% terminate/2 ends the process: all end by exit on purpose.
+-dialyzer({nowarn_function, [courier/4, connect/3, terminate/2, retire_step/1]}).
 -define(SEND_OPTS, [nosuspend, noconnect]).
 
 -record(s, {index :: pos_integer(),
             parent :: pid(),
+            %% convoy_control's pid and the secret its messages carry
+            control :: {pid(), reference()},
             core = convoy_batch:new() :: convoy_batch:core(),
+            %% settings as published (re-read each cycle)
             rt :: #runtime{},
+            %% this lane's own admission counters
+            slots :: convoy_slots:slots(),
             refs = #{} :: #{node() => {counters:counters_ref(), atomics:atomics_ref()}},
             disposed = 0 :: non_neg_integer(),
             %% sends and multicasts read in this drain, newest first, not yet queued:
@@ -45,29 +62,41 @@
             %% disposal gives back to the node's held-bytes count
             segments = #{} :: #{node() => queue:queue({pos_integer(), non_neg_integer()})},
             npending = 0 :: non_neg_integer(),
-            workers = #{} :: #{reference() => {courier, node(), [term()], integer()}
-                                                | {connector, node()}
-                                                | {barrier, node()}},
+            %% linked helpers, by pid
+            workers = #{} :: #{pid() => {courier, node(), [term()], integer(), non_neg_integer()}
+                                          | {connector, node()}
+                                          | {barrier, node()}},
+            %% a large message left this cycle: collect its copy at the cycle's end
+            gc = false :: boolean(),
+            %% the route each node had when this lane last shipped to it
+            routes = #{} :: #{node() => plain | {convoy, pos_integer(), tuple()}},
             flushes = #{} :: #{reference() => {pid() | reference(), term(), pos_integer()}},
             %% senders blocked on a full node (overload block), oldest first
             waiters = #{} :: #{node() => queue:queue(reference())},
             held = none :: none | all | #{node() => true},
             deferred = [] :: [{pid() | reference(), term()}],
-            retiring = false :: false | {draining | barriers, non_neg_integer(), pid()},
+            retiring = false :: false | {draining, non_neg_integer()} | barriers,
             auto_connect :: boolean()}).
 
--spec start_link(pos_integer(), none | all, #runtime{}) -> {ok, pid()}.
-start_link(Index, Held, RT) ->
-    proc_lib:start_link(?MODULE, init, [self(), Index, Held, RT]).
+%% Held: `none', `all' (nodes are released by convoy_control) or a list of nodes.
+-spec start_link(pos_integer(), none | all | [node()], #runtime{}, {pid(), reference()}) ->
+          {ok, pid()}.
+start_link(Index, Held, RT, Control) ->
+    proc_lib:start_link(?MODULE, init, [self(), Index, Held, RT, Control]).
 
--spec init(pid(), pos_integer(), none | all, #runtime{}) -> no_return().
-init(Parent, Index, Held, RT) ->
+-spec init(pid(), pos_integer(), none | all | [node()], #runtime{}, {pid(), reference()}) ->
+          no_return().
+init(Parent, Index, Held, RT, Control) ->
     process_flag(message_queue_data, off_heap),
     process_flag(trap_exit, true),
     proc_lib:init_ack(Parent, {ok, self()}),
     AutoConnect = application:get_env(kernel, dist_auto_connect, always) =/= never,
-    loop(#s{index = Index, parent = Parent, held = Held, auto_connect = AutoConnect,
-            rt = RT}).
+    HeldNodes = case Held of
+                    L when is_list(L) -> maps:from_list([{N, true} || N <- L]);
+                    _ -> Held
+                end,
+    loop(#s{index = Index, parent = Parent, control = Control, held = HeldNodes,
+            auto_connect = AutoConnect, rt = RT, slots = element(Index, RT#runtime.slots)}).
 
 %% Settings are re-read when the lane wakes and at the end of each drain, so a
 %% set_config/1 that has returned applies to everything the lane does next.
@@ -79,7 +108,7 @@ loop(S) ->
     end.
 
 refresh(S = #s{rt = Own}) ->
-    S#s{rt = settings(persistent_term:get(?RUNTIME_KEY, Own), Own)}.
+    S#s{rt = persistent_term:get(?RUNTIME_KEY, Own)}.
 
 drain(S, 0) ->
     loop(cycle(S));
@@ -90,35 +119,35 @@ drain(S, N) ->
         loop(cycle(S))
     end.
 
-timeout(#s{retiring = {draining, _, _}}) ->
+timeout(#s{retiring = {draining, _}}) ->
     1; % senders shipping their own messages have yet to report
 timeout(#s{core = Core, rt = #runtime{max_delay = D}}) ->
-    convoy_batch:next_timeout(now_us(D), D, Core).
+    convoy_batch:next_timeout(now_us(), D, Core).
 
-now_us(0) -> 0;
-now_us(_) -> erlang:monotonic_time(microsecond).
+%% Always the real time, even when max_delay is 0: entries queued then may still be
+%% waiting when max_delay is raised, and the monotonic clock can be negative, so no
+%% constant can stand for "no time".
+now_us() -> erlang:monotonic_time(microsecond).
 
 %% End of a drain: ship what is due, publish the count of disposed admissions.
 cycle(S0) ->
     S1 = spill(refresh(S0)),
     #runtime{max_batch = MB, max_delay = MD} = S1#s.rt,
-    Due = convoy_batch:due(now_us(MD), MB, MD, S1#s.core),
+    Due = convoy_batch:due(now_us(), MB, MD, S1#s.core),
     S2 = lists:foldl(fun({Node, Reason}, Acc) -> ship(Node, Reason, Acc) end, S1,
                      [D || {Node, _} = D <- Due, not held(Node, S1)]),
-    retire_step(publish(S2)).
+    retire_step(collect(publish(S2))).
 
-%% Settings as published now; admission counters as given at start (a retiring lane
-%% keeps counting on its own, while the published runtime is its successors').
-settings(#runtime{admission = A} = Published, #runtime{admission = A}) ->
-    Published;
-settings(Published, Own) ->
-    Published#runtime{lanes = Own#runtime.lanes, n = Own#runtime.n,
-                      admission = Own#runtime.admission}.
+collect(S = #s{gc = true}) ->
+    true = erlang:garbage_collect(),
+    S#s{gc = false};
+collect(S) ->
+    S.
 
 publish(S = #s{disposed = 0}) ->
     S;
-publish(S = #s{disposed = D, index = I, rt = #runtime{admission = A, n = N}}) ->
-    atomics:add(A, N + I, D),
+publish(S = #s{disposed = D, slots = Slots}) ->
+    ok = convoy_slots:dispose(Slots, D),
     S#s{disposed = 0}.
 
 held(_Node, #s{held = none}) -> false;
@@ -138,8 +167,9 @@ handle({'$convoy_large', Node, To, _Msg, Bytes} = M, S)
   when is_atom(Node), is_integer(Bytes), Bytes >= 0,
        (is_pid(To) orelse is_atom(To) orelse is_reference(To)) ->
     add_pending(M, S);
-handle({'$convoy_multicast', Node, Tos, _Msg, Bytes} = M, S)
-  when is_atom(Node), is_integer(Bytes), Bytes >= 0, is_list(Tos) ->
+handle({Kind, Node, Tos, _Msg, Bytes} = M, S)
+  when Kind =:= '$convoy_multicast' orelse Kind =:= '$convoy_large',
+       is_atom(Node), is_integer(Bytes), Bytes >= 0, is_list(Tos) ->
     case valid_tos(Tos) of
         true -> add_pending(M, S);
         false -> handle_other(bad_multicast, S)
@@ -149,7 +179,7 @@ handle(M, S) ->
     handle_other(M, spill(S)).
 
 handle_other({'$convoy_wait', Node, Alias, Bytes}, S = #s{rt = RT})
-  when is_reference(Alias), is_integer(Bytes) ->
+  when is_atom(Node), is_reference(Alias), is_integer(Bytes), Bytes >= 0 ->
     {_, H} = refs(Node, S),
     case convoy_route:fits(RT, atomics:get(H, 1), atomics:get(H, 2), Bytes) of
         true ->
@@ -159,21 +189,26 @@ handle_other({'$convoy_wait', Node, Alias, Bytes}, S = #s{rt = RT})
             Q = maps:get(Node, S#s.waiters, queue:new()),
             S#s{waiters = (S#s.waiters)#{Node => queue:in(Alias, Q)}}
     end;
-handle_other({'$convoy_flush', Which, ReplyTo, Tag}, S) ->
+handle_other({'$convoy_flush', Which, ReplyTo, Tag}, S)
+  when is_atom(Which), is_pid(ReplyTo) orelse is_reference(ReplyTo) ->
     flush_request(Which, ReplyTo, Tag, S);
-handle_other({'DOWN', Ref, process, _Pid, Reason}, S = #s{workers = W}) when is_map_key(Ref, W) ->
-    worker_done(maps:get(Ref, W), Reason, S#s{workers = maps:remove(Ref, W)});
-handle_other({'$convoy_hold', Nodes}, S) ->
-    released(S#s{held = maps:from_list([{N, true} || N <- Nodes])});
-handle_other({'$convoy_release', Node}, S = #s{held = Held}) when is_map(Held) ->
-    released(S#s{held = maps:remove(Node, Held)});
-handle_other({'$convoy_retire', K, From}, S) ->
-    S#s{retiring = {draining, K, From}};
 handle_other({'EXIT', Parent, Reason}, S = #s{parent = Parent}) ->
     terminate(Reason, S);
+handle_other({'EXIT', Pid, Reason}, S = #s{workers = W}) when is_map_key(Pid, W) ->
+    worker_done(maps:get(Pid, W), Reason, S#s{workers = maps:remove(Pid, W)});
+handle_other({'$convoy_hold', Secret, Nodes}, S = #s{control = {_, Secret}, held = all})
+  when is_list(Nodes) ->
+    released(S#s{held = maps:from_list([{N, true} || N <- Nodes, is_atom(N)])});
+handle_other({'$convoy_release', Secret, Node}, S = #s{control = {_, Secret}, held = Held})
+  when is_map(Held) ->
+    released(S#s{held = maps:remove(Node, Held)});
+handle_other({'$convoy_retire', Secret, K}, S = #s{control = {_, Secret}, retiring = false})
+  when is_integer(K), K >= 0 ->
+    S#s{retiring = {draining, K}};
 handle_other({system, From, Req}, S) ->
     sys:handle_system_msg(Req, From, S#s.parent, ?MODULE, [], S);
 handle_other(_Other, S) ->
+    %% Stray, duplicated or malformed: counted, never fatal.
     convoy_metrics:rejected(unknown_message),
     S.
 
@@ -193,8 +228,8 @@ valid_tos(_) -> false.
 %% Queue the pending sends, in order, one run of same-node messages at a time.
 spill(S = #s{npending = 0}) ->
     S;
-spill(S = #s{pending = P, rt = #runtime{max_delay = MD}}) ->
-    runs(lists:reverse(P), now_us(MD), S#s{pending = [], npending = 0}).
+spill(S = #s{pending = P}) ->
+    runs(lists:reverse(P), now_us(), S#s{pending = [], npending = 0}).
 
 runs([], _Now, S) ->
     S;
@@ -230,7 +265,16 @@ counters(Node, S) ->
 refs(Node, #s{refs = Refs}) ->
     case Refs of
         #{Node := R} -> R;
-        _ -> convoy_metrics:node_refs(Node)
+        _ -> node_refs(Node)
+    end.
+
+%% While convoy's tree is torn down (no node table) counts go to counters of the
+%% lane's own, which its shutdown summary reports.
+node_refs(Node) ->
+    try
+        convoy_metrics:node_refs(Node)
+    catch
+        error:badarg -> convoy_metrics:detached_refs()
     end.
 
 %% K messages for Node left (sent or dropped): the admissions are disposed of and
@@ -283,20 +327,42 @@ ship(Node, Reason, S = #s{core = Core, rt = #runtime{max_batch = MB}}) ->
         {[], _} ->
             S;
         {Chunk, Core1} ->
-            S1 = ship_chunk(Node, route(Node), Chunk, Reason, S#s{core = Core1}),
-            ship(Node, Reason, S1)
+            {Route, S1} = route(Node, S#s{core = Core1}),
+            ship(Node, Reason, ship_chunk(Node, Route, Chunk, Reason, S1))
+    end.
+
+%% The route last seen is kept: while convoy's tree is torn down (node table gone)
+%% the lane still ships what it holds, and confirms it (shutdown barriers).
+route(Node, S = #s{routes = Routes}) ->
+    case route(Node) of
+        unknown -> {maps:get(Node, Routes, unknown), S};
+        Route -> {Route, S#s{routes = Routes#{Node => Route}}}
     end.
 
 route(Node) ->
-    convoy_peers:route(Node).
+    try
+        convoy_peers:route(Node)
+    catch
+        error:badarg -> unknown
+    end.
 
-ship_chunk(Node, {convoy, _Vsn, Inboxes}, Chunk, Reason, S = #s{index = I}) ->
+%% A large message ships alone; its copy in the lane's heap is collected at the end
+%% of the cycle rather than whenever the heap next grows.
+ship_chunk(Node, Route, [{'$convoy_large', _, _}] = Chunk, Reason, S) ->
+    ship_route(Node, Route, Chunk, Reason, S#s{gc = true});
+ship_chunk(Node, Route, Chunk, Reason, S) ->
+    ship_route(Node, Route, Chunk, Reason, S).
+
+ship_route(Node, unknown, Chunk, _Reason, S) ->
+    %% Neither a batch nor plain sends could keep order with what is in flight.
+    dropped(Node, Chunk, stopped, S);
+ship_route(Node, {convoy, _Vsn, Inboxes}, Chunk, Reason, S = #s{index = I}) ->
     {Marks, Wire} = lists:partition(fun is_mark/1, Chunk),
     case Wire of
         [] ->
             answer_marks(Marks, S);
         _ ->
-            Target = {element((I - 1) rem tuple_size(Inboxes) + 1, Inboxes), Node},
+            Target = {convoy_wire:lane_inbox(I, Inboxes), Node},
             Batch = convoy_wire:batch(node(), [wire_entry(E) || E <- Wire]),
             Msgs = convoy_batch:count_messages(Wire),
             case erlang:send(Target, Batch, ?SEND_OPTS) of
@@ -309,7 +375,7 @@ ship_chunk(Node, {convoy, _Vsn, Inboxes}, Chunk, Reason, S = #s{index = I}) ->
                     connect(Node, Chunk, S)
             end
     end;
-ship_chunk(Node, plain, Chunk, Reason, S) ->
+ship_route(Node, plain, Chunk, Reason, S) ->
     plain(Node, Chunk, Reason, 0, 0, S).
 
 is_mark(E) -> element(1, E) =:= '$convoy_mark'.
@@ -405,11 +471,11 @@ event(_RT, _Name, _Measurements, _Meta) ->
 %% Couriers and connectors
 
 courier(Node, Ops, Marks, S = #s{index = I, rt = RT}) ->
-    {_Pid, Ref} = spawn_monitor(fun() -> exit({courier, run_ops(Ops, 0, 0, 0)}) end),
+    Pid = spawn_link(fun() -> exit({courier, run_ops(Ops, 0, 0, 0)}) end),
     Msgs = lists:sum([W || {_, _, W} <- Ops]),
     event(RT, [convoy, node, busy], #{count => Msgs}, #{node => Node, lane => I}),
     S#s{core = convoy_batch:set_status(Node, busy, S#s.core),
-        workers = (S#s.workers)#{Ref => {courier, Node, Marks, erlang:monotonic_time()}}}.
+        workers = (S#s.workers)#{Pid => {courier, Node, Marks, erlang:monotonic_time(), Msgs}}}.
 
 %% Blocking sends (they wait out a busy distribution buffer, never connect).
 %% Returns {Messages sent, sends made, messages not sent}.
@@ -424,12 +490,12 @@ run_ops([{Dest, Term, W} | Rest], Msgs, Sends, Lost) ->
 connect(Node, Entries, S = #s{auto_connect = false}) ->
     dropped(Node, Entries, not_connected, S);
 connect(Node, Entries, S) ->
-    {_Pid, Ref} = spawn_monitor(fun() -> exit({connected, net_kernel:connect_node(Node)}) end),
+    Pid = spawn_link(fun() -> exit({connected, net_kernel:connect_node(Node)}) end),
     S#s{core = convoy_batch:set_status(Node, connecting,
                                        convoy_batch:requeue(Node, Entries, S#s.core)),
-        workers = (S#s.workers)#{Ref => {connector, Node}}}.
+        workers = (S#s.workers)#{Pid => {connector, Node}}}.
 
-worker_done({courier, Node, Marks, Started}, Reason, S = #s{index = I, rt = RT}) ->
+worker_done({courier, Node, Marks, Started, _Msgs}, Reason, S = #s{index = I, rt = RT}) ->
     {Msgs, Sends, Lost} = case Reason of
                               {courier, Result} -> Result;
                               _ -> {0, 0, 0}
@@ -452,8 +518,8 @@ worker_done({connector, Node}, {connected, true}, S) ->
 worker_done({connector, Node}, _Failed, S) ->
     {Entries, Core} = convoy_batch:drop(Node, convoy_batch:set_status(Node, ready, S#s.core)),
     dropped(Node, Entries, noconnect, S#s{core = Core});
-worker_done({barrier, Node}, _Reason, S = #s{retiring = {barriers, _, From}}) ->
-    From ! {'$convoy_node_done', self(), Node},
+worker_done({barrier, Node}, _Reason, S = #s{control = {Control, Secret}}) ->
+    Control ! {'$convoy_node_done', Secret, self(), Node},
     S.
 
 %%--------------------------------------------------------------------
@@ -496,9 +562,8 @@ answer_marks([{'$convoy_mark', Ref, _Node} | Rest], S = #s{flushes = F}) ->
 
 %% Every held node released: open the fast path (the admission slot was started one
 %% behind, so senders saw this lane as busy) and serve deferred flushes.
-released(S = #s{held = Held, index = I, rt = #runtime{admission = A, n = N}})
-  when map_size(Held) =:= 0 ->
-    atomics:add(A, N + I, 1),
+released(S = #s{held = Held, slots = Slots}) when map_size(Held) =:= 0 ->
+    ok = convoy_slots:dispose(Slots, 1),
     lists:foldr(fun({ReplyTo, Tag}, Acc) -> flush_request(all, ReplyTo, Tag, Acc) end,
                 S#s{held = none, deferred = []}, S#s.deferred);
 released(S) ->
@@ -507,55 +572,141 @@ released(S) ->
 %% A retiring lane first waits until every admission it granted is disposed of,
 %% then makes sure each convoy peer's inbox has delivered what it sent (barrier),
 %% reporting each node to convoy_control as it is done.
-retire_step(S = #s{retiring = {draining, K, From}, index = I,
-                   rt = #runtime{admission = A, n = N}, workers = W}) ->
-    case atomics:get(A, N + I) =:= K andalso map_size(W) =:= 0 of
+retire_step(S = #s{retiring = {draining, K}, slots = Slots, workers = W,
+                   control = {Control, Secret}}) ->
+    case convoy_slots:disposed(Slots) =:= K andalso map_size(W) =:= 0 of
         true ->
-            Nodes = [Node || {Node, {convoy, _, _}, _, _} <- ets:tab2list(convoy_nodes)],
-            From ! {'$convoy_retiring', self(), Nodes},
-            S1 = lists:foldl(fun(Node, Acc) -> retire_barrier(Node, Acc) end,
-                             S#s{retiring = {barriers, K, From}}, Nodes),
+            Nodes = convoy_nodes(),
+            Control ! {'$convoy_retiring', Secret, self(), Nodes},
+            S1 = lists:foldl(fun retire_barrier/2, S#s{retiring = barriers}, Nodes),
             retire_step(S1);
         false ->
             S
     end;
-retire_step(#s{retiring = {barriers, _, From}, workers = W}) when map_size(W) =:= 0 ->
-    From ! {'$convoy_retired', self()},
+retire_step(#s{retiring = barriers, workers = W, control = {Control, Secret}})
+  when map_size(W) =:= 0 ->
+    Control ! {'$convoy_retired', Secret, self()},
     exit(normal);
 retire_step(S) ->
     S.
 
+%% Nodes with a convoy route ([] once the node table is gone).
+convoy_nodes() ->
+    try
+        [Node || {Node, {convoy, _, _}, _, _} <- ets:tab2list(convoy_nodes)]
+    catch
+        error:badarg -> []
+    end.
+
 %% A helper process sends the barrier (blocking: it may wait out a busy buffer) and
-%% ends when the inbox answers or cannot (node or inbox gone).
+%% ends when the inbox answers or cannot (node or inbox gone, or no longer a convoy
+%% peer).
 retire_barrier(Node, S = #s{index = I}) ->
-    {_, Ref} = spawn_monitor(
-                 fun() ->
-                         {convoy, _, Inboxes} = route(Node),
-                         Inbox = {element((I - 1) rem tuple_size(Inboxes) + 1, Inboxes), Node},
-                         Mon = erlang:monitor(process, Inbox),
-                         Tag = make_ref(),
-                         Batch = convoy_wire:batch(node(), [convoy_wire:barrier(self(), Tag)]),
-                         _ = erlang:send(Inbox, Batch, [noconnect]),
-                         receive
-                             {Tag, convoy_barrier} -> ok;
-                             {'DOWN', Mon, process, _, _} -> ok
-                         end
-                 end),
-    S#s{workers = (S#s.workers)#{Ref => {barrier, Node}}}.
+    Pid = spawn_link(fun() -> barrier(I, Node, route(Node)) end),
+    S#s{workers = (S#s.workers)#{Pid => {barrier, Node}}}.
+
+%% Returns once lane I's inbox on Node has delivered everything before it.
+barrier(I, Node, {convoy, _, Inboxes}) ->
+    Inbox = {convoy_wire:lane_inbox(I, Inboxes), Node},
+    Mon = erlang:monitor(process, Inbox),
+    Tag = make_ref(),
+    _ = erlang:send(Inbox, convoy_wire:batch(node(), [convoy_wire:barrier(self(), Tag)]),
+                    [noconnect]),
+    receive
+        {Tag, convoy_barrier} -> ok;
+        {'DOWN', Mon, process, _, _} -> ok
+    end;
+barrier(_I, _Node, _NotConvoy) ->
+    ok.
+
+%% At shutdown: what this lane shipped is delivered before it goes (bounded), so
+%% that its senders' plain sends that follow cannot overtake it.
+shutdown_barriers(#s{index = I, routes = Routes}) ->
+    Deadline = erlang:monotonic_time(millisecond) + ?SHUTDOWN_BARRIER_MS,
+    Mons = [element(2, spawn_monitor(fun() -> barrier(I, Node, Route) end))
+            || {Node, {convoy, _, _} = Route} <- maps:to_list(Routes)],
+    lists:foreach(fun(Mon) ->
+                          receive
+                              {'DOWN', Mon, process, _, _} -> ok
+                          after max(0, Deadline - erlang:monotonic_time(millisecond)) ->
+                              erlang:demonitor(Mon, [flush])
+                          end
+                  end, Mons).
 
 %%--------------------------------------------------------------------
-%% Shutdown: what can leave without waiting leaves; the rest is counted as dropped.
+%% Shutdown (convoy stops, or its tree is torn down): everything handed over
+%% before is read from the mailbox, what can leave without waiting leaves, and the
+%% rest, with what couriers still carry, is counted as dropped and logged.
 
 terminate(Reason, S) ->
-    S0 = spill(S),
+    _ = convoy_slots:close(S#s.slots),
+    S0 = spill(read_mailbox(S)),
+    Before = dropped_counts(S0),
     S1 = lists:foldl(fun(Node, Acc) -> ship(Node, drained, Acc) end, S0,
                      convoy_batch:nodes(S0#s.core)),
-    S2 = lists:foldl(fun(Node, Acc) ->
+    S2 = maps:fold(fun stop_worker/3, S1#s{workers = #{}}, S1#s.workers),
+    S3 = lists:foldl(fun(Node, Acc) ->
                              {Entries, Core} = convoy_batch:drop(Node, Acc#s.core),
                              dropped(Node, Entries, shutdown, Acc#s{core = Core})
-                     end, S1, convoy_batch:nodes(S1#s.core)),
-    _ = publish(S2),
+                     end, S2, convoy_batch:nodes(S2#s.core)),
+    S4 = publish(S3),
+    ok = shutdown_barriers(S4),
+    After = dropped_counts(S4),
+    Lost = maps:filter(fun(_, N) -> N > 0 end,
+                       maps:map(fun(Node, N) -> N - maps:get(Node, Before, 0) end, After)),
+    _ = map_size(Lost) =:= 0 orelse
+        ?LOG_WARNING(#{what => convoy_lane_stopped, lane => S#s.index, reason => Reason,
+                       dropped => Lost}),
     exit(Reason).
+
+%% Everything senders were admitted for: the lane is closed, and a sender admitted
+%% just before may still be on its way (bounded wait). System messages are left:
+%% the lane is going.
+read_mailbox(S) ->
+    read_mailbox(S, erlang:monotonic_time(millisecond) + ?LATE_SENDER_MS).
+
+read_mailbox(S = #s{parent = Parent, slots = Slots}, Deadline) ->
+    receive
+        {system, _, _} -> read_mailbox(S, Deadline);
+        {'EXIT', Parent, _} -> read_mailbox(S, Deadline);
+        M -> read_mailbox(handle(M, S), Deadline)
+    after 0 ->
+        Outstanding = convoy_slots:admitted(Slots) - convoy_slots:disposed(Slots)
+            - S#s.disposed - S#s.npending - convoy_batch:buffered(S#s.core)
+            - in_couriers(S) - still_held(S),
+        case Outstanding > 0 andalso erlang:monotonic_time(millisecond) < Deadline of
+            true -> receive after 1 -> read_mailbox(S, Deadline) end;
+            false -> S
+        end
+    end.
+
+%% A held lane's counters start one behind until it is released.
+still_held(#s{held = none}) -> 0;
+still_held(_) -> 1.
+
+in_couriers(#s{workers = W}) ->
+    maps:fold(fun(_, {courier, _, _, _, Msgs}, Acc) -> Acc + Msgs;
+                 (_, _, Acc) -> Acc
+              end, 0, W).
+
+dropped_counts(S = #s{refs = Refs}) ->
+    maps:map(fun(Node, _) ->
+                     maps:get(dropped, convoy_metrics:node_info(counters(Node, S)))
+             end, Refs).
+
+%% A courier may still be waiting on a busy connection: it goes with the lane and
+%% its messages count as dropped (some may have left).
+stop_worker(Pid, {courier, Node, Marks, _Started, Msgs}, S = #s{index = I, rt = RT}) ->
+    true = unlink(Pid),
+    true = exit(Pid, kill),
+    convoy_metrics:add(counters(Node, S), dropped, Msgs),
+    event(RT, [convoy, batch, dropped], #{count => Msgs},
+          #{node => Node, lane => I, reason => shutdown}),
+    answer_marks(Marks, disposed(Node, Msgs, S));
+stop_worker(Pid, _Other, S) ->
+    true = unlink(Pid),
+    true = exit(Pid, kill),
+    S.
 
 %%--------------------------------------------------------------------
 %% sys

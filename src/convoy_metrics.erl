@@ -8,7 +8,7 @@
 %% when the `telemetry' module is loaded: there is no build dependency on it.
 -module(convoy_metrics).
 
--export([init/0, node_counters/1, node_refs/1, add/3, node_info/1, held/1, rejected/1,
+-export([init/0, lost/1, lost/0, node_counters/1, node_refs/1, detached_refs/0, add/3, node_info/1, held/1, rejected/1,
          rejected/0, emit/3]).
 
 -export_type([counter/0, rejection/0]).
@@ -17,6 +17,7 @@
 
 -define(TABLE, convoy_nodes).
 -define(REJECTED, {convoy, rejected}).
+-define(LOST, {convoy, lost}).
 
 -type counter() :: accepted | messages | batches | dropped | received | direct
                  | refused | blocked_us.
@@ -31,7 +32,20 @@
 %% @doc Create the rejection counters (once per start of the application).
 -spec init() -> ok.
 init() ->
+    persistent_term:put(?LOST, counters:new(1, [])),
     persistent_term:put(?REJECTED, atomics:new(length(?REJECTIONS), [{signed, false}])).
+
+%% @doc Count messages lost with a lane that died (killed from outside, or a bug):
+%% what it had been handed and had not disposed of. Not per node: the dead lane
+%% took that breakdown with it.
+-spec lost(non_neg_integer()) -> ok.
+lost(N) ->
+    counters:add(persistent_term:get(?LOST), 1, N).
+
+%% @doc Messages lost with dead lanes since convoy started.
+-spec lost() -> non_neg_integer().
+lost() ->
+    counters:get(persistent_term:get(?LOST), 1).
 
 %% @doc The counters of `Node', created on first use.
 -spec node_counters(node()) -> counters:counters_ref().
@@ -52,6 +66,12 @@ node_refs(Node) ->
             [{_, _, C1, H1}] = ets:lookup(?TABLE, Node),
             {C1, H1}
     end.
+
+%% @doc Counters and held-message atomics that belong to no node row, for a process
+%% that must keep counting while convoy's node table is gone.
+-spec detached_refs() -> {counters:counters_ref(), atomics:atomics_ref()}.
+detached_refs() ->
+    {counters:new(length(?COUNTERS), []), atomics:new(2, [{signed, true}])}.
 
 %% @doc Messages and bytes held for a node now.
 -spec held(atomics:atomics_ref()) -> {integer(), integer()}.

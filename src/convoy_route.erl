@@ -23,15 +23,26 @@
 %%   barrier. A barrier (an entry the inbox answers once everything before it is
 %%   delivered) clears it. Idle round trips thus cost what plain `!' costs.</li>
 %% </ol>
+%% When convoy stops, the runtime is published marked `stopping' and every lane is
+%% closed: a sender with messages in its lane or an inbox (the marker above) waits
+%% until its lane is gone, which it is only once everything it held has shipped and
+%% each peer's inbox has confirmed delivery; then the sender sends plainly. So
+%% plain sends never overtake convoy's, and convoy's after a restart follow plain
+%% ones in the same connection.
+%%
 %% Large messages (`large_threshold') skip the lane so they are copied no more than
 %% a plain send copies them: the sender waits for a barrier (at most
 %% `barrier_timeout' ms) if it has inbox traffic outstanding, then sends directly.
 %% If the barrier does not come back in time the message goes through the lane.
 -module(convoy_route).
 
--export([send/2, send/3, multicast/2, lane_of/1, fits/4]).
+-export([send/2, send/3, multicast/2, lane_of/1, fits/4, await_gone/1]).
 
 -include("convoy_runtime.hrl").
+
+%% How long a sender waits for its lane when convoy stops (the stop itself is
+%% bounded well below this; see convoy_control).
+-define(STOP_WAIT_MS, 30000).
 
 -define(DIRECT_OPTS, [nosuspend, noconnect]).
 
@@ -51,13 +62,8 @@ send(Dest, Msg, Opts) ->
             erlang:send(Name, Msg),
             ok;
         {remote, Node, To} ->
-            case persistent_term:get(?RUNTIME_KEY, undefined) of
-                undefined ->
-                    erlang:send(Dest, Msg),
-                    ok;
-                RT ->
-                    remote(with_opts(RT, Opts), Node, To, Msg)
-            end;
+            remote(with_opts(persistent_term:get(?RUNTIME_KEY, undefined), Opts), Node, To,
+                   Msg);
         error ->
             erlang:error(badarg, [Dest, Msg])
     end.
@@ -67,14 +73,8 @@ send(Dest, Msg, Opts) ->
 multicast(Dests, Msg) when is_list(Dests) ->
     {Local, Remote} = group(Dests, Msg, [], #{}),
     lists:foreach(fun(D) -> erlang:send(D, Msg) end, Local),
-    case persistent_term:get(?RUNTIME_KEY, undefined) of
-        undefined ->
-            maps:foreach(fun(Node, Tos) ->
-                                 [erlang:send(full_dest(To, Node), Msg) || To <- Tos]
-                         end, Remote);
-        RT ->
-            maps:foreach(fun(Node, Tos) -> remote_multi(RT, Node, Tos, Msg) end, Remote)
-    end;
+    RT = persistent_term:get(?RUNTIME_KEY, undefined),
+    maps:foreach(fun(Node, Tos) -> remote_multi(RT, Node, Tos, Msg) end, Remote);
 multicast(Dests, Msg) ->
     erlang:error(badarg, [Dests, Msg]).
 
@@ -98,16 +98,20 @@ group([D | Rest], Msg, Local, Remote) ->
     end.
 
 %% send/3 options apply to this call: a refused message is reported, not dropped.
-with_opts(RT, Opts) when map_size(Opts) =:= 0 ->
+with_opts(RT, Opts) when map_size(Opts) =:= 0; RT =:= undefined ->
     RT;
 with_opts(RT = #runtime{overload = O, block_timeout = T}, Opts) ->
     RT#runtime{overload = maps:get(overload, Opts, O),
                block_timeout = maps:get(block_timeout, Opts, T),
                refuse = error}.
 
-%% The runtime republished by a lane change, with this call's options kept.
+%% The runtime republished by a lane change or a stop, with this call's options
+%% kept; undefined once convoy has stopped.
 refreshed(#runtime{overload = O, block_timeout = T, refuse = R}) ->
-    (persistent_term:get(?RUNTIME_KEY))#runtime{overload = O, block_timeout = T, refuse = R}.
+    case persistent_term:get(?RUNTIME_KEY, undefined) of
+        undefined -> undefined;
+        RT -> RT#runtime{overload = O, block_timeout = T, refuse = R}
+    end.
 
 resolve(Pid) when is_pid(Pid) -> local_or_remote(node(Pid), Pid);
 resolve(Ref) when is_reference(Ref) -> local_or_remote(node(Ref), Ref);
@@ -133,6 +137,8 @@ full_dest(PidOrRef, _Node) -> PidOrRef.
 lane_of(#runtime{n = 1}) -> 1;
 lane_of(#runtime{n = N}) -> erlang:phash2(self(), N) + 1.
 
+slots(#runtime{slots = Slots}, L) -> element(L, Slots).
+
 %% The marker of a sender whose traffic to Node went through a lane or an inbox.
 flag_key(Node) -> {'$convoy_inbox', Node}.
 
@@ -140,6 +146,10 @@ flag_key(Node) -> {'$convoy_inbox', Node}.
 %% (no flag) sends directly when the lane is quiet, or whatever the lane does when
 %% the message is large: no admission is needed, as nothing can be overtaken.
 %% Size is {small, EstimatedBytes} or large (measured once, here).
+remote(undefined, Node, To, Msg) ->
+    plain_send(Node, [To], Msg);
+remote(RT = #runtime{stopping = true}, Node, To, Msg) ->
+    stopping(RT, Node, [To], Msg);
 remote(RT = #runtime{large_threshold = T}, Node, To, Msg) ->
     L = lane_of(RT),
     Size = convoy_size:measure(Msg, T),
@@ -150,12 +160,13 @@ remote(RT = #runtime{large_threshold = T}, Node, To, Msg) ->
     end.
 
 %% Once admitted, a message must be disposed of: nothing after add_get may fail.
-admitted(RT = #runtime{admission = A}, L, Node, To, Msg, Size, Quiet) ->
-    case atomics:add_get(A, L, 1) of
-        V when V >= ?CLOSED ->
-            %% The lane is being retired; the new runtime is already published.
+admitted(RT, L, Node, To, Msg, Size, Quiet) ->
+    V = convoy_slots:admit(slots(RT, L)),
+    case convoy_slots:is_closed(V) of
+        true ->
+            %% The lane is retired or stopping; its successor is already published.
             remote(refreshed(RT), Node, To, Msg);
-        V ->
+        false ->
             Idle = idle(RT, L, V),
             case Size of
                 large -> large(RT, L, Idle, Node, To, Msg);
@@ -172,13 +183,10 @@ direct(RT, L, Node, To, Msg, Size) ->
         _NoSuspendOrNoConnect -> admit_to_lane(RT, L, Node, To, Msg, Size)
     end.
 
-admit_to_lane(RT = #runtime{admission = A}, L, Node, To, Msg, Size) ->
-    case atomics:add_get(A, L, 1) of
-        V when V >= ?CLOSED ->
-            RT1 = refreshed(RT),
-            admit_to_lane(RT1, lane_of(RT1), Node, To, Msg, Size);
-        _ ->
-            to_lane(RT, L, Node, To, Msg, Size)
+admit_to_lane(RT, L, Node, To, Msg, Size) ->
+    case convoy_slots:is_closed(convoy_slots:admit(slots(RT, L))) of
+        true -> remote(refreshed(RT), Node, To, Msg);
+        false -> to_lane(RT, L, Node, To, Msg, Size)
     end.
 
 %% A node's counters and held-message atomics, cached in the sender's process
@@ -189,21 +197,38 @@ refs(#runtime{generation = Gen}, Node) ->
         {Gen, C, H} ->
             {C, H};
         _ ->
-            {C, H} = convoy_metrics:node_refs(Node),
-            put(Key, {Gen, C, H}),
-            {C, H}
+            try convoy_metrics:node_refs(Node) of
+                {C, H} ->
+                    put(Key, {Gen, C, H}),
+                    {C, H}
+            catch
+                error:badarg ->
+                    %% The node table is gone (convoy's tree is being torn down):
+                    %% never crash the caller; these counts are not kept.
+                    convoy_metrics:detached_refs()
+            end
     end.
 
 %% A flagged sender's small message while its lane is idle and quiet: the lane
 %% has shipped all it was given, so the sender's message may follow it directly.
 small_idle(RT, L, Node, To, Msg, Size) ->
-    case ets:lookup(convoy_nodes, Node) of
-        [{_, {convoy, _Vsn, Inboxes}, C, _}] ->
+    case node_row(Node) of
+        {{convoy, _Vsn, Inboxes}, C} ->
             via_inbox(RT, L, Node, Inboxes, C, {To, Msg}, To, Msg, Size);
-        [{_, plain, C, _}] ->
+        {plain, C} ->
             admitted_direct(RT, L, Node, C, To, Msg, Size);
-        [] ->
+        none ->
             to_lane(RT, L, Node, To, Msg, Size)
+    end.
+
+%% The route to Node and its counters; none before convoy has dealt with Node (or
+%% while convoy's node table is gone, its tree being restarted).
+node_row(Node) ->
+    try ets:lookup(convoy_nodes, Node) of
+        [{_, Route, C, _}] -> {Route, C};
+        [] -> none
+    catch
+        error:badarg -> none
     end.
 
 admitted_direct(RT, L, Node, C, To, Msg, Size) ->
@@ -214,15 +239,15 @@ admitted_direct(RT, L, Node, C, To, Msg, Size) ->
 
 %% A batch of one to the inbox this sender's lane uses.
 via_inbox(RT, L, Node, Inboxes, C, Entry, To, Msg, Size) ->
-    Inbox = {element((L - 1) rem tuple_size(Inboxes) + 1, Inboxes), Node},
+    Inbox = {convoy_wire:lane_inbox(L, Inboxes), Node},
     flag(Node),
     case erlang:send(Inbox, convoy_wire:batch(node(), [Entry]), ?DIRECT_OPTS) of
         ok -> disposed(RT, L, C);
         _ -> to_lane(RT, L, Node, To, Msg, Size)
     end.
 
-disposed(#runtime{admission = A, n = N}, L, C) ->
-    atomics:add(A, N + L, 1),
+disposed(RT, L, C) ->
+    ok = convoy_slots:dispose(slots(RT, L), 1),
     count_direct(C).
 
 count_direct(C) ->
@@ -330,8 +355,8 @@ wait_loop(RT, Lane, Mon, Node, H, Bytes, Deadline) ->
     end.
 
 %% Not sent: counted as dropped (send/2, or policy drop) or refused (send/3).
-refuse(#runtime{admission = A, n = N, refuse = Refuse}, L, C) ->
-    atomics:add(A, N + L, 1),
+refuse(RT = #runtime{refuse = Refuse}, L, C) ->
+    ok = convoy_slots:dispose(slots(RT, L), 1),
     case Refuse of
         drop ->
             convoy_metrics:add(C, accepted, 1),
@@ -359,8 +384,8 @@ flag(Node) ->
 %% sends directly; with its lane busy (or the distribution buffer full), it never
 %% waits: the lane takes the message, in order.
 large(RT, L, true, Node, To, Msg) ->
-    case ets:lookup(convoy_nodes, Node) of
-        [{_, {convoy, _Vsn, Inboxes}, C, _}] ->
+    case node_row(Node) of
+        {{convoy, _Vsn, Inboxes}, C} ->
             case barrier(RT, L, Node, Inboxes) of
                 ok ->
                     erase(flag_key(Node)),
@@ -368,11 +393,11 @@ large(RT, L, true, Node, To, Msg) ->
                 timeout ->
                     to_lane(RT, L, Node, To, Msg, large)
             end;
-        [{_, plain, C, _}] ->
+        {plain, C} ->
             %% Plain peer: what the lane shipped is already in the connection.
             erase(flag_key(Node)),
             admitted_direct(RT, L, Node, C, To, Msg, large);
-        [] ->
+        none ->
             to_lane(RT, L, Node, To, Msg, large)
     end;
 large(RT, L, false, Node, To, Msg) ->
@@ -382,7 +407,7 @@ large(RT, L, false, Node, To, Msg) ->
 barrier(#runtime{lanes = Lanes, barrier_timeout = Timeout}, L, Node, Inboxes) ->
     Mon = erlang:monitor(process, element(L, Lanes), [{alias, demonitor}]),
     Tag = {'$convoy_barrier', Mon},
-    Inbox = {element((L - 1) rem tuple_size(Inboxes) + 1, Inboxes), Node},
+    Inbox = {convoy_wire:lane_inbox(L, Inboxes), Node},
     Batch = convoy_wire:batch(node(), [convoy_wire:barrier(Mon, Tag)]),
     Result = case erlang:send(Inbox, Batch, ?DIRECT_OPTS) of
                  ok ->
@@ -400,7 +425,7 @@ barrier(#runtime{lanes = Lanes, barrier_timeout = Timeout}, L, Node, Inboxes) ->
 
 %% The lane has disposed of every admission before ours (V). With max_delay set
 %% the user asked for batches: never bypass the lane then.
-idle(#runtime{max_delay = 0, admission = A, n = N}, L, V) -> atomics:get(A, N + L) =:= V - 1;
+idle(RT = #runtime{max_delay = 0}, L, V) -> convoy_slots:idle(slots(RT, L), V);
 idle(_RT, _L, _V) -> false.
 
 %% Records this small send's time on the lane; true if the one before was more
@@ -409,22 +434,78 @@ quiet(#runtime{bypass_after = never}, _L) ->
     false;
 quiet(#runtime{max_delay = D}, _L) when D > 0 ->
     false;
-quiet(#runtime{bypass_after = W, admission = A, n = N}, L) ->
-    Now = erlang:monotonic_time(microsecond),
-    Now - atomics:exchange(A, 2 * N + L, Now) > W.
+quiet(RT = #runtime{bypass_after = W}, L) ->
+    convoy_slots:quiet(slots(RT, L), W).
 
 %% One multicast entry to a remote node: one copy travels, the inbox fans it out.
-remote_multi(RT = #runtime{admission = A}, Node, Tos, Msg) ->
+%% A large one (large_threshold) never waits in the lane when the lane is idle: the
+%% sender ships it to the inbox itself, behind everything the lane shipped, so it is
+%% copied no more than a send copies it.
+remote_multi(undefined, Node, Tos, Msg) ->
+    plain_send(Node, Tos, Msg);
+remote_multi(RT = #runtime{stopping = true}, Node, Tos, Msg) ->
+    stopping(RT, Node, Tos, Msg);
+remote_multi(RT = #runtime{large_threshold = T}, Node, Tos, Msg) ->
     L = lane_of(RT),
-    case atomics:add_get(A, L, 1) of
-        V when V >= ?CLOSED ->
+    V = convoy_slots:admit(slots(RT, L)),
+    case convoy_slots:is_closed(V) of
+        true ->
             remote_multi(refreshed(RT), Node, Tos, Msg);
-        V ->
-            Size = {multicast, convoy_size:estimate(Msg)},
-            case quiet(RT, L) andalso idle(RT, L, V) andalso ets:lookup(convoy_nodes, Node) of
-                [{_, {convoy, _Vsn, Inboxes}, C, _}] ->
-                    via_inbox(RT, L, Node, Inboxes, C, {Tos, Msg}, Tos, Msg, Size);
-                _ ->
-                    to_lane(RT, L, Node, Tos, Msg, Size)
+        false ->
+            case convoy_size:measure(Msg, T) of
+                large ->
+                    multi_large(RT, L, idle(RT, L, V), Node, Tos, Msg);
+                {small, B} ->
+                    Size = {multicast, B},
+                    case quiet(RT, L) andalso idle(RT, L, V) andalso node_row(Node) of
+                        {{convoy, _Vsn, Inboxes}, C} ->
+                            via_inbox(RT, L, Node, Inboxes, C, {Tos, Msg}, Tos, Msg, Size);
+                        _ ->
+                            to_lane(RT, L, Node, Tos, Msg, Size)
+                    end
             end
+    end.
+
+multi_large(RT, L, true, Node, Tos, Msg) ->
+    case node_row(Node) of
+        {{convoy, _Vsn, Inboxes}, C} ->
+            via_inbox(RT, L, Node, Inboxes, C, {Tos, Msg}, Tos, Msg, large);
+        _ ->
+            to_lane(RT, L, Node, Tos, Msg, large)
+    end;
+multi_large(RT, L, false, Node, Tos, Msg) ->
+    to_lane(RT, L, Node, Tos, Msg, large).
+
+%%--------------------------------------------------------------------
+%% convoy not running, or stopping
+
+%% Plain sends, as when convoy is not running.
+plain_send(Node, Tos, Msg) ->
+    lists:foreach(fun(To) -> erlang:send(full_dest(To, Node), Msg) end, Tos),
+    ok.
+
+%% convoy is stopping: its lanes are closed and drain. A sender whose earlier
+%% messages to Node went through its lane or an inbox waits until its lane is gone
+%% (everything it held shipped and confirmed delivered by the peer's inbox, or
+%% counted as dropped), so that its plain sends cannot overtake them.
+stopping(RT, Node, Tos, Msg) ->
+    case get(flag_key(Node)) of
+        undefined ->
+            ok;
+        true ->
+            await_gone(element(lane_of(RT), RT#runtime.lanes)),
+            erase(flag_key(Node))
+    end,
+    plain_send(Node, Tos, Msg).
+
+%% @doc Wait until a stopping lane is gone (bounded: a lane that outlives convoy's
+%% shutdown time is killed by its supervisor).
+-spec await_gone(pid()) -> ok.
+await_gone(Lane) ->
+    Mon = erlang:monitor(process, Lane),
+    receive
+        {'DOWN', Mon, process, _, _} -> ok
+    after ?STOP_WAIT_MS ->
+        erlang:demonitor(Mon, [flush]),
+        ok
     end.

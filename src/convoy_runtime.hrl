@@ -10,10 +10,11 @@
     lanes :: tuple(),                 % lane pids, index 1..n
     generation :: reference(),        % this start of convoy (tells stale caches)
     n :: pos_integer(),
-    %% slots 1..n: admissions per lane; n+1..2n: admissions disposed of
-    %% (shipped, handed to distribution or dropped); 2n+1..3n: time of the lane's
-    %% latest small send (monotonic microseconds)
-    admission :: atomics:atomics_ref(),
+    %% each lane's admission counters (convoy_slots), index 1..n
+    slots :: tuple(),
+    %% true once convoy is stopping: the lanes are closed and drain; a sender with
+    %% messages in its lane waits for the lane to finish, then sends plainly
+    stopping = false :: boolean(),
     bypass_after :: non_neg_integer() | never,
     max_buffered :: pos_integer() | infinity,
     max_buffered_bytes :: pos_integer() | infinity,

@@ -1,14 +1,32 @@
 %% @private
-%% Top supervisor. one_for_all: the lanes, the admission counters and the peer table
-%% only make sense together, so a crash in one restarts convoy as a whole.
+%% Top supervisor. one_for_all: the lanes, their counters and the peer table only
+%% make sense together. Nothing in convoy crashes on input or on a lane's death (a
+%% lane is replaced by convoy_control), so a restart here means convoy itself is
+%% broken.
+%%
+%% Started again right after its previous instance was killed (say by a user's
+%% supervisor restarting it), it first waits for that instance's processes to
+%% finish shutting down: they hold convoy's registered names, and a start that
+%% failed on them would count against the user's restart intensity.
 -module(convoy_sup).
 -behaviour(supervisor).
 
 -export([start_link/1, init/1]).
 
+%% Control drains the lanes for up to 10 s when convoy stops.
+-define(CONTROL_SHUTDOWN, 15000).
+%% How long a new start waits for a killed instance's processes to go.
+-define(LEFTOVER_WAIT, 20000).
+
 -spec start_link(convoy_config:config()) -> {ok, pid()} | {error, term()}.
 start_link(Config) ->
-    supervisor:start_link({local, ?MODULE}, ?MODULE, Config).
+    case whereis(?MODULE) of
+        undefined ->
+            ok = await_leftovers(),
+            supervisor:start_link({local, ?MODULE}, ?MODULE, Config);
+        Pid ->
+            {error, {already_started, Pid}}
+    end.
 
 %% @private
 -spec init(convoy_config:config()) -> {ok, {supervisor:sup_flags(), [supervisor:child_spec()]}}.
@@ -20,5 +38,27 @@ init(Config = #{lanes := Lanes}) ->
            type => supervisor},
          #{id => convoy_lane_sup, start => {convoy_lane_sup, start_link, []},
            type => supervisor},
-         #{id => convoy_control, start => {convoy_control, start_link, [Config]}}],
+         #{id => convoy_control, start => {convoy_control, start_link, [Config]},
+           shutdown => ?CONTROL_SHUTDOWN}],
     {ok, {#{strategy => one_for_all, intensity => 5, period => 10}, Children}}.
+
+%% Processes of an earlier instance whose supervisor is gone still hold convoy's
+%% names while they shut down: wait for them, and kill what outlives the wait.
+await_leftovers() ->
+    Deadline = erlang:monotonic_time(millisecond) + ?LEFTOVER_WAIT,
+    Leftovers = [{erlang:monitor(process, Pid), Pid}
+                 || Name <- registered(), is_convoy_name(Name),
+                    Pid <- [whereis(Name)], is_pid(Pid)],
+    lists:foreach(fun(L) -> await_down(L, Deadline) end, Leftovers).
+
+await_down({Mon, Pid}, Deadline) ->
+    receive
+        {'DOWN', Mon, process, _, _} -> ok
+    after max(0, Deadline - erlang:monotonic_time(millisecond)) ->
+        true = exit(Pid, kill),
+        receive {'DOWN', Mon, process, _, _} -> ok end
+    end.
+
+is_convoy_name(Name) ->
+    lists:member(Name, [convoy_peers, convoy_inbox_sup, convoy_lane_sup, convoy_control])
+        orelse lists:prefix("convoy_inbox_", atom_to_list(Name)).

@@ -26,7 +26,7 @@
 -module(convoy_wire).
 
 -export([version/0, versions/0, max_inboxes/0, batch/2, barrier/2, hello/2,
-         decode/1, entry/2, negotiate/1, inbox_name/1, inbox_names/1]).
+         decode/1, entry/2, negotiate/1, inbox_name/1, inbox_names/1, lane_inbox/2]).
 
 -export_type([entry/0, dest/0, decoded/0, hello_info/0]).
 
@@ -124,6 +124,10 @@ all_local(_, _Local) -> false.
 
 local_dest(D, Local) when is_pid(D); is_reference(D) -> node(D) =:= Local;
 local_dest(D, _Local) -> is_atom(D) andalso D =/= undefined.
+
+%% @doc The inbox, among a peer's `Inboxes', that lane `Lane' always ships to.
+-spec lane_inbox(pos_integer(), tuple()) -> atom().
+lane_inbox(Lane, Inboxes) -> element((Lane - 1) rem tuple_size(Inboxes) + 1, Inboxes).
 
 -spec inbox_name(pos_integer()) -> atom().
 inbox_name(I) -> list_to_atom("convoy_inbox_" ++ integer_to_list(I)).

@@ -684,9 +684,11 @@ proc_memory(P) ->
         undefined -> 0
     end.
 
-%% A sender blocked on a full node goes on as soon as there is room.
+%% A sender blocked on a full node goes on as soon as there is room. (No bypass: a
+%% fresh sender may otherwise send its own message directly while the stalled
+%% node's socket buffers still take data.)
 blocked_sender_resumes(Config) ->
-    {Peer, Node, Sink} = stalled_peer(Config, #{block_timeout => 60000}),
+    {Peer, Node, Sink} = stalled_peer(Config, #{block_timeout => 60000, bypass_after => never}),
     Self = self(),
     OsPid = peer:call(Peer, os, getpid, []),
     os:cmd("kill -STOP " ++ OsPid),

@@ -1,0 +1,125 @@
+%% @private
+%% The shared counters of one outbound lane, and the only module that touches them.
+%%
+%% Each lane has its own `atomics' array (so replacing one lane replaces its
+%% counters and nothing else) with three slots, each on its own 64-byte cache line
+%% so that senders bumping admissions and the lane publishing disposals do not
+%% write the same line:
+%% <ul>
+%% <li>admitted: messages senders handed to the lane's path (`admit/1'); jumps by
+%%   `?CLOSED' when the lane is retired, so a sender that lands at or above it knows
+%%   to re-read the runtime;</li>
+%% <li>disposed: admissions shipped, handed to distribution or dropped
+%%   (`dispose/2'); when it equals the admissions before a sender's own, the lane is
+%%   idle and everything it was given is already in the distribution layer;</li>
+%% <li>last small send: monotonic microseconds of the latest small message on this
+%%   lane (`quiet/2'). It starts far in the past, never at 0: the monotonic clock can
+%%   be negative.</li>
+%% </ul>
+-module(convoy_slots).
+
+-export([new/1, admit/1, is_closed/1, dispose/2, idle/2, quiet/2, close/1, admitted/1,
+         disposed/1]).
+
+-export_type([slots/0]).
+
+-include("convoy_runtime.hrl").
+
+-opaque slots() :: atomics:atomics_ref().
+
+%% Eight 8-byte slots per cache line.
+-define(ADMITTED, 1).
+-define(DISPOSED, 9).
+-define(LAST_SEND, 17).
+-define(SIZE, 24).
+%% "Long ago" for the last small send: any first send is quiet.
+-define(LONG_AGO_US, (1 bsl 40)).
+
+%% @doc Counters for a new lane. `Behind' is how many disposals the lane starts
+%% short of its admissions: 1 for a lane started held (no sender may see it idle
+%% before it is released), 0 otherwise.
+-spec new(0 | 1) -> slots().
+new(Behind) ->
+    A = atomics:new(?SIZE, [{signed, true}]),
+    atomics:put(A, ?DISPOSED, -Behind),
+    atomics:put(A, ?LAST_SEND, erlang:monotonic_time(microsecond) - ?LONG_AGO_US),
+    A.
+
+%% @doc Take one admission; returns the admission's number (compare with
+%% `is_closed/1' and `idle/2').
+-spec admit(slots()) -> integer().
+admit(A) -> atomics:add_get(A, ?ADMITTED, 1).
+
+%% @doc Whether an admission number was taken after the lane was closed.
+-spec is_closed(integer()) -> boolean().
+is_closed(V) -> V >= ?CLOSED.
+
+%% @doc `K' admissions were disposed of.
+-spec dispose(slots(), non_neg_integer()) -> ok.
+dispose(_A, 0) -> ok;
+dispose(A, K) -> atomics:add(A, ?DISPOSED, K).
+
+%% @doc True when every admission before admission `V' has been disposed of.
+-spec idle(slots(), integer()) -> boolean().
+idle(A, V) -> atomics:get(A, ?DISPOSED) =:= V - 1.
+
+%% @doc Record a small send now; true if the previous one was more than `Window'
+%% microseconds ago.
+-spec quiet(slots(), non_neg_integer()) -> boolean().
+quiet(A, Window) ->
+    Now = erlang:monotonic_time(microsecond),
+    Now - atomics:exchange(A, ?LAST_SEND, Now) > Window.
+
+%% @doc Close the lane to new admissions; returns how many it granted. Closing a
+%% closed lane changes nothing.
+-spec close(slots()) -> non_neg_integer().
+close(A) ->
+    case atomics:get(A, ?ADMITTED) of
+        V when V >= ?CLOSED ->
+            V - ?CLOSED;
+        V ->
+            case atomics:compare_exchange(A, ?ADMITTED, V, V + ?CLOSED) of
+                ok -> V;
+                _ -> close(A)
+            end
+    end.
+
+%% @doc Admissions granted so far (closed or not).
+-spec admitted(slots()) -> non_neg_integer().
+admitted(A) ->
+    case atomics:get(A, ?ADMITTED) of
+        V when V >= ?CLOSED -> V - ?CLOSED;
+        V -> V
+    end.
+
+%% @doc Admissions disposed of so far.
+-spec disposed(slots()) -> integer().
+disposed(A) -> atomics:get(A, ?DISPOSED).
+
+-ifdef(TEST).
+-include_lib("eunit/include/eunit.hrl").
+
+idle_and_close_test() ->
+    A = new(0),
+    V1 = admit(A),
+    ?assert(idle(A, V1)),
+    V2 = admit(A),
+    ?assertNot(idle(A, V2)),
+    ok = dispose(A, 1),
+    ?assert(idle(A, V2)),
+    ?assertEqual(2, close(A)),
+    ?assertEqual(2, close(A)),
+    ?assert(is_closed(admit(A))),
+    ?assertEqual(3, admitted(A)).
+
+held_lane_is_never_idle_test() ->
+    A = new(1),
+    ?assertNot(idle(A, admit(A))),
+    ok = dispose(A, 1),
+    ?assertNot(idle(A, admit(A))).
+
+first_send_is_quiet_test() ->
+    A = new(0),
+    ?assert(quiet(A, 1000000)),
+    ?assertNot(quiet(A, 1000000)).
+-endif.
