@@ -48,7 +48,7 @@ handle(Msg, S) ->
         {batch, _Vsn, From, Entries} ->
             case peer(From, S) of
                 {ok, C, S1} ->
-                    convoy_metrics:add(C, received, deliver(Entries, S#s.local, 0)),
+                    convoy_metrics:add(C, received, deliver(Entries, From, S#s.local, 0)),
                     S1;
                 unknown ->
                     convoy_metrics:rejected(unknown_node),
@@ -78,24 +78,29 @@ peer(Node, S = #s{peers = Peers}) ->
     end.
 
 %% Returns the number of messages delivered; stops counting at an improper tail.
-deliver([], _Local, N) ->
+%% A barrier is answered only to a process of the batch's own node: never on the
+%% sender's behalf to a third node.
+deliver([], _From, _Local, N) ->
     N;
-deliver([E | Rest], Local, N) ->
+deliver([E | Rest], From, Local, N) ->
     case convoy_wire:entry(E, Local) of
         {deliver, To, Msg} ->
             local_send(To, Msg),
-            deliver(Rest, Local, N + 1);
+            deliver(Rest, From, Local, N + 1);
         {multicast, Tos, Msg} ->
             _ = [local_send(To, Msg) || To <- Tos],
-            deliver(Rest, Local, N + 1);
-        {barrier, ReplyTo, Tag} ->
+            deliver(Rest, From, Local, N + 1);
+        {barrier, ReplyTo, Tag} when node(ReplyTo) =:= From ->
             _ = erlang:send(ReplyTo, {Tag, convoy_barrier}, [noconnect]),
-            deliver(Rest, Local, N);
+            deliver(Rest, From, Local, N);
+        {barrier, _ReplyTo, _Tag} ->
+            convoy_metrics:rejected(bad_entry),
+            deliver(Rest, From, Local, N);
         {error, Kind} ->
             convoy_metrics:rejected(Kind),
-            deliver(Rest, Local, N)
+            deliver(Rest, From, Local, N)
     end;
-deliver(_ImproperTail, _Local, N) ->
+deliver(_ImproperTail, _From, _Local, N) ->
     convoy_metrics:rejected(malformed_batch),
     N.
 

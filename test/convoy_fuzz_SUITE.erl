@@ -599,6 +599,10 @@ entries_effect([E | Rest], From, Ctx, Acc) ->
 entries_effect(_Tail, _From, _Ctx, Acc) ->
     reject(malformed_batch, Acc).
 
+entry_effect({'$convoy_barrier', R, _}, From, _Ctx, Acc)
+  when (is_pid(R) orelse is_reference(R)) andalso node(R) =/= From ->
+    %% Answered only to the batch's own node, never to a third one.
+    reject(bad_entry, Acc);
 entry_effect({'$convoy_barrier', R, _}, _From, #{counter := C, sink := S, alias := Al}, Acc)
   when is_pid(R); is_reference(R) ->
     if R =:= C -> bump(barriers, 1, Acc);
