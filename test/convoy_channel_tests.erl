@@ -9,7 +9,8 @@
 -export([window_respected/0, registered_consumer/0, timeout/0, timeout_zero/0,
          consumer_death/0, consumer_death_seen_by_info/0, close/0,
          other_process_sees_closed/0, bad_options/0, noproc/0, recv_and_ack/0,
-         ack_dictionary/0, ack_sweep/0, ack_keys_bounded/0, telemetry_and_stats/0]).
+         ack_dictionary/0, ack_sweep/0, ack_keys_bounded/0, producer_clean_after_close/0,
+         telemetry_and_stats/0]).
 
 %%--------------------------------------------------------------------
 %% Helpers
@@ -129,6 +130,7 @@ channel_test_() ->
                  ack_dictionary,
                  ack_sweep,
                  ack_keys_bounded,
+                 producer_clean_after_close,
                  telemetry_and_stats]].
 
 window_respected() ->
@@ -450,6 +452,48 @@ ack_keys_bounded() ->
     ?assertEqual([], mailbox()),
     ok = convoy_channel:close(Live),
     C ! stop.
+
+%% Nothing of a channel stays with its producer once it is closed, however it
+%% ended: no dictionary key, monitor, credit or DOWN, whether its sends timed out,
+%% its consumer died (seen by the producer or not), or credit was on its way.
+producer_clean_after_close() ->
+    {monitors, Monitors0} = process_info(self(), monitors),
+    Keys = fun() -> [K || {{'$convoy_channel', _}, _} = K <- get()] end,
+    %% Sends that timed out; credit coming before and after the close.
+    Held = [begin
+                H = holder(2),
+                {ok, Ch} = convoy_channel:open(H, #{window => 2, ack_every => 1,
+                                                    timeout => 0}),
+                ok = send_n(Ch, 1, 2),
+                receive {holding, H} -> ok end,
+                {error, timeout} = convoy_channel:send(Ch, {item, 3}),
+                H ! {ack, 1, self()},
+                receive {acked, H} -> ok end,
+                {Ch, H}
+            end || _ <- lists:seq(1, 50)],
+    %% Consumers that died; every other DOWN seen by send/2, the rest not.
+    Dead = [begin
+                C = holder(2),
+                {ok, Ch} = convoy_channel:open(C, #{window => 2}),
+                ok = send_n(Ch, 1, 2),
+                receive {holding, C} -> ok end,
+                Mon = monitor(process, C),
+                exit(C, kill),
+                receive {'DOWN', Mon, process, C, killed} -> ok end,
+                _ = [{error, {consumer_down, killed}} = convoy_channel:send(Ch, {item, 3})
+                     || I rem 2 =:= 0],
+                Ch
+            end || I <- lists:seq(1, 50)],
+    ?assertEqual(100, length(Keys())),
+    [ok = convoy_channel:close(Ch) || Ch <- Dead],
+    [begin
+         ok = convoy_channel:close(Ch),
+         H ! {ack, 1, self()},
+         receive {acked, H} -> H ! stop end
+     end || {Ch, H} <- Held],
+    ?assertEqual([], Keys()),
+    ?assertEqual({monitors, Monitors0}, process_info(self(), monitors)),
+    ?assertEqual([], mailbox()).
 
 telemetry_and_stats() ->
     {module, telemetry} = code:ensure_loaded(telemetry),
