@@ -71,13 +71,51 @@
 %%   never touched. After `close/1' the alias is gone: late credits are dropped by
 %%   the runtime, not left in the mailbox.</li>
 %% <li>The consumer counts acks per channel in its process dictionary (key
-%%   `{'$convoy_ack', Ref}'), erased each time a batch of credit is returned.</li>
+%%   `{'$convoy_ack', Ref}'), erased each time a batch of credit is returned. It
+%%   cannot tell when a channel is gone, so counts left over are swept (see
+%%   <em>Partial ack counts</em> below): a consumer fed by short-lived channels
+%%   keeps at most 2048, however many come and go.</li>
 %% <li>Waiting is measured: per channel in `info/1', node-wide in `stats/0', and by
 %%   the telemetry event `[convoy, channel, waited]' (once per wait, never per
 %%   message) when the `telemetry' module is loaded: measurements `#{duration}'
 %%   (native time units), metadata `#{consumer, result}' with `result' one of
 %%   `credit', `timeout', `{consumer_down, Reason}'.</li>
 %% </ul>
+%%
+%% <h3>Partial ack counts</h3>
+%% A channel closed, or whose producer died, with fewer than `ack_every' of its
+%% messages acked since its last credit leaves a count that no ack will complete;
+%% a consumer fed by short-lived channels used to keep one per channel (20,200
+%% channels: 20,002 counts, 9 MB of heap). Nothing tells the consumer that a
+%% channel is gone: a close message or a monitor of the producer would put
+%% messages it never asked for in its mailbox (a gen_server would get them in
+%% `handle_info/2'), a producer that dies sends nothing, and the token names an
+%% alias, not a pid. So the counts are swept, as a clock (second chance) page
+%% replacement does:
+%% <ul>
+%% <li>`'$convoy_ack_room'' in the consumer's dictionary holds how many more
+%%   counts it may start before the next sweep: 1024 after a sweep, one less for
+%%   each count started, one more for each count completed (its credit sent);</li>
+%% <li>a sweep sends, as credit to its channel, every count not acked since the
+%%   previous sweep, and marks the others (stores them negated; the channel's
+%%   next ack unmarks it);</li>
+%% <li>so a count that nobody acks any more goes at the second sweep after its
+%%   last ack, and the consumer holds at most 1024 counts more than the channels it
+%%   acked between its last two sweeps: at most 2048 (some 400 kB of heap) when
+%%   it is fed by short-lived channels, however many come and go.</li>
+%% </ul>
+%% A sweep sends what the consumer acked, never more: `in_flight' stays exact and
+%% the window is kept. The credit of a channel that is gone goes to an alias that
+%% is no more, and the runtime drops it; a live channel gets its credit early
+%% rather than never, one message of less than `ack_every' at most once per sweep,
+%% so no wake-up storm. Counts started and completed in turn give their room back:
+%% a consumer whose channels stay open stops sweeping once each has its count, for
+%% up to about 2000 channels acked in rotation (with more, counts are swept before
+%% they complete and credit goes back about once per ack instead of once per
+%% `ack_every'). An ack that continues a count costs what it did (one `get', one
+%% `put'); one that starts or completes a count also updates the room; one new
+%% count in 1024 pays for a sweep: a pass over the consumer's process dictionary
+%% and one credit message per count swept.
 -module(convoy_channel).
 
 -export([open/2, send/2, ack/1, recv/1, close/1, info/1, stats/0]).
@@ -126,6 +164,8 @@
 
 -define(KEY(Ref), {'$convoy_channel', Ref}).
 -define(ACK_KEY(Ref), {'$convoy_ack', Ref}).
+-define(ACK_ROOM_KEY, '$convoy_ack_room').
+-define(ACK_ROOM, 1024).                        % new partial counts between sweeps
 -define(STATS_KEY, {?MODULE, stats}).
 -define(DEFAULT_WINDOW, 1000).
 
@@ -428,27 +468,71 @@ recv(Timeout) ->
 
 %% @doc Acknowledge one processed message of the channel `Token' came with. Every
 %% `ack_every' acks of a channel, `ack_every' credits go back to its producer in
-%% one message. Called by the consumer (the count is in its process dictionary).
+%% one message. Called by the consumer (the count is in its process dictionary;
+%% counts of channels that are gone are swept, see <em>Partial ack counts</em>).
 %% Acking a message twice does not let the producer exceed its window. Raises
 %% `badarg' if `Token' is not a token.
 -spec ack(token()) -> ok.
 ack({Ref, A}) when is_reference(Ref), is_integer(A), A > 0 ->
     Key = ?ACK_KEY(Ref),
     case get(Key) of
+        N when is_integer(N), N > 0, N + 1 < A ->
+            _ = put(Key, N + 1),
+            ok;
         undefined when A =:= 1 ->
             return_credit(Ref, 1);
         undefined ->
             _ = put(Key, 1),
+            count_started();
+        N when is_integer(N), N < 0, 1 - N < A ->
+            %% Marked by the last sweep and acked since: unmarked.
+            _ = put(Key, 1 - N),
             ok;
-        N when N + 1 >= A ->
+        _ ->
             _ = erase(Key),
-            return_credit(Ref, A);
-        N ->
-            _ = put(Key, N + 1),
-            ok
+            count_ended(),
+            return_credit(Ref, A)
     end;
 ack(Token) ->
     erlang:error(badarg, [Token]).
 
 return_credit(Ref, N) ->
     convoy:send(Ref, {'$convoy_credit', Ref, N}).
+
+%% A new partial count takes a unit of room; the last unit pays for a sweep.
+count_started() ->
+    case get(?ACK_ROOM_KEY) of
+        R when is_integer(R), R > 1 ->
+            _ = put(?ACK_ROOM_KEY, R - 1),
+            ok;
+        undefined ->
+            _ = put(?ACK_ROOM_KEY, ?ACK_ROOM - 1),
+            ok;
+        _ ->
+            sweep()
+    end.
+
+%% A count erased with its credit gives its room back.
+count_ended() ->
+    case get(?ACK_ROOM_KEY) of
+        R when is_integer(R) ->
+            _ = put(?ACK_ROOM_KEY, R + 1),
+            ok;
+        _ ->
+            ok
+    end.
+
+%% Return the counts not acked since the last sweep, mark the others.
+sweep() ->
+    lists:foreach(fun sweep_count/1, get()),
+    _ = put(?ACK_ROOM_KEY, ?ACK_ROOM),
+    ok.
+
+sweep_count({?ACK_KEY(Ref) = Key, N}) when is_integer(N), N < 0 ->
+    _ = erase(Key),
+    return_credit(Ref, -N);
+sweep_count({?ACK_KEY(_) = Key, N}) when is_integer(N), N > 0 ->
+    _ = put(Key, -N),
+    ok;
+sweep_count(_) ->
+    ok.

@@ -6,7 +6,11 @@
 
 -include_lib("eunit/include/eunit.hrl").
 
--export([window_respected/0, registered_consumer/0, timeout/0, timeout_zero/0, consumer_death/0, consumer_death_seen_by_info/0, close/0, other_process_sees_closed/0, bad_options/0, noproc/0, recv_and_ack/0, ack_dictionary/0, telemetry_and_stats/0]).
+-export([window_respected/0, registered_consumer/0, timeout/0, timeout_zero/0,
+         consumer_death/0, consumer_death_seen_by_info/0, close/0,
+         other_process_sees_closed/0, bad_options/0, noproc/0, recv_and_ack/0,
+         ack_dictionary/0, ack_sweep/0, ack_keys_bounded/0, producer_clean_after_close/0,
+         telemetry_and_stats/0]).
 
 %%--------------------------------------------------------------------
 %% Helpers
@@ -64,6 +68,47 @@ mailbox() ->
     {messages, Ms} = process_info(self(), messages),
     Ms.
 
+%% convoy_channel's ACK_ROOM: partial ack counts a consumer may add between two
+%% sweeps.
+-define(ACK_ROOM, 1024).
+
+%% The partial ack counts in the caller's dictionary.
+ack_counts() ->
+    [{Ref, V} || {{'$convoy_ack', Ref}, V} <- get()].
+
+%% `N' partial ack counts of channels that are gone: each a channel to the caller,
+%% closed once its one message is received, acked after the close.
+dead_partials(0) ->
+    ok;
+dead_partials(N) ->
+    {ok, Ch} = convoy_channel:open(self(), #{window => 2, ack_every => 2}),
+    ok = convoy_channel:send(Ch, dead),
+    Token = receive {convoy_channel, T, dead} -> T end,
+    ok = convoy_channel:close(Ch),
+    ok = convoy_channel:ack(Token),
+    dead_partials(N - 1).
+
+%% A consumer that acks `{item, _}', answers `{sync, From}' without acking it, and
+%% reports how many partial ack counts it holds.
+acker() ->
+    receive
+        {convoy_channel, Token, {item, _}} ->
+            ok = convoy_channel:ack(Token),
+            acker();
+        {convoy_channel, _, {sync, From}} ->
+            From ! {synced, self()},
+            acker();
+        {report, From} ->
+            From ! {ack_counts, self(), length(ack_counts())},
+            acker();
+        stop ->
+            ok
+    end.
+
+ack_counts(Consumer) ->
+    Consumer ! {report, self()},
+    receive {ack_counts, Consumer, N} -> N end.
+
 %%--------------------------------------------------------------------
 %% Tests
 
@@ -83,6 +128,9 @@ channel_test_() ->
                  noproc,
                  recv_and_ack,
                  ack_dictionary,
+                 ack_sweep,
+                 ack_keys_bounded,
+                 producer_clean_after_close,
                  telemetry_and_stats]].
 
 window_respected() ->
@@ -337,6 +385,115 @@ ack_dictionary() ->
     #{credit := 3, in_flight := 1} = convoy_channel:info(Ch),
     ok = convoy_channel:close(Ch),
     [erase(K) || {{'$convoy_ack', _} = K, _} <- get()].
+
+%% Second chance: a sweep marks the counts acked since the last one and returns
+%% the others as credit, so a count left by a closed channel is gone two sweeps
+%% later and a live channel's count is returned, never dropped.
+ack_sweep() ->
+    {ok, Ch} = convoy_channel:open(self(), #{window => 10, ack_every => 5}),
+    ok = send_n(Ch, 1, 3),
+    [T1, T2, T3] = [T || _ <- [1, 2, 3], {ok, T, _} <- [convoy_channel:recv(0)]],
+    {Ref, 5} = T1,
+    Live = fun() -> proplists:get_value(Ref, ack_counts()) end,
+    ok = convoy_channel:ack(T1),
+    ok = dead_partials(?ACK_ROOM - 1),
+    %% The first sweep: every count is marked, none returned.
+    ?assertEqual(?ACK_ROOM, length(ack_counts())),
+    ?assertEqual([], [R || {R, V} <- ack_counts(), V > 0]),
+    ?assertEqual(-1, Live()),
+    %% Acked again: unmarked, so the next sweep keeps it.
+    ok = convoy_channel:ack(T2),
+    ?assertEqual(2, Live()),
+    ok = dead_partials(?ACK_ROOM),
+    ?assertEqual(?ACK_ROOM + 1, length(ack_counts())),
+    ?assertEqual(-2, Live()),
+    ?assertMatch(#{credit := 7, in_flight := 3}, convoy_channel:info(Ch)),
+    %% Untouched through a sweep: its two acks go back as credit.
+    ok = dead_partials(?ACK_ROOM),
+    ?assertEqual(?ACK_ROOM, length(ack_counts())),
+    ?assertEqual(undefined, Live()),
+    ?assertMatch(#{credit := 9, in_flight := 1}, convoy_channel:info(Ch)),
+    %% Credits to the closed channels were dropped with their aliases.
+    ?assertEqual([], mailbox()),
+    ok = convoy_channel:ack(T3),
+    ?assertEqual(1, Live()),
+    ok = convoy_channel:close(Ch).
+
+%% Issue item 10: a consumer kept a partial ack count for every channel ever opened
+%% to it. 10,100 channels closed and 10,100 whose producer died, each with half of
+%% its `ack_every' acked, leave at most two sweeps' worth of counts; a live
+%% channel's count went back to its producer, and the channel carries on.
+ack_keys_bounded() ->
+    C = spawn_link(fun acker/0),
+    {ok, Live} = convoy_channel:open(C, #{window => 8, ack_every => 4, timeout => 0}),
+    ok = send_n(Live, 1, 3),
+    Opts = #{window => 8, ack_every => 4},
+    [begin
+         {ok, Ch} = convoy_channel:open(C, Opts),
+         ok = send_n(Ch, 1, 2),
+         ok = convoy_channel:close(Ch)
+     end || _ <- lists:seq(1, 10100)],
+    [begin
+         {P, Mon} = spawn_monitor(
+                      fun() ->
+                              {ok, Ch} = convoy_channel:open(C, Opts),
+                              ok = send_n(Ch, 1, 2),
+                              ok = convoy_channel:send(Ch, {sync, self()}),
+                              receive {synced, C} -> exit(died) end
+                      end),
+         receive {'DOWN', Mon, process, P, died} -> ok end
+     end || _ <- lists:seq(1, 10100)],
+    ?assertMatch(N when N =< 2 * ?ACK_ROOM, ack_counts(C)),
+    %% The live channel's 3 acks came back (sent before the report).
+    ?assertMatch(#{state := open, credit := 8, in_flight := 0}, convoy_channel:info(Live)),
+    ok = send_n(Live, 4, 11),
+    _ = ack_counts(C),
+    ?assertMatch(#{credit := 8, in_flight := 0}, convoy_channel:info(Live)),
+    ?assertEqual([], mailbox()),
+    ok = convoy_channel:close(Live),
+    C ! stop.
+
+%% Nothing of a channel stays with its producer once it is closed, however it
+%% ended: no dictionary key, monitor, credit or DOWN, whether its sends timed out,
+%% its consumer died (seen by the producer or not), or credit was on its way.
+producer_clean_after_close() ->
+    {monitors, Monitors0} = process_info(self(), monitors),
+    Keys = fun() -> [K || {{'$convoy_channel', _}, _} = K <- get()] end,
+    %% Sends that timed out; credit coming before and after the close.
+    Held = [begin
+                H = holder(2),
+                {ok, Ch} = convoy_channel:open(H, #{window => 2, ack_every => 1,
+                                                    timeout => 0}),
+                ok = send_n(Ch, 1, 2),
+                receive {holding, H} -> ok end,
+                {error, timeout} = convoy_channel:send(Ch, {item, 3}),
+                H ! {ack, 1, self()},
+                receive {acked, H} -> ok end,
+                {Ch, H}
+            end || _ <- lists:seq(1, 50)],
+    %% Consumers that died; every other DOWN seen by send/2, the rest not.
+    Dead = [begin
+                C = holder(2),
+                {ok, Ch} = convoy_channel:open(C, #{window => 2}),
+                ok = send_n(Ch, 1, 2),
+                receive {holding, C} -> ok end,
+                Mon = monitor(process, C),
+                exit(C, kill),
+                receive {'DOWN', Mon, process, C, killed} -> ok end,
+                _ = [{error, {consumer_down, killed}} = convoy_channel:send(Ch, {item, 3})
+                     || I rem 2 =:= 0],
+                Ch
+            end || I <- lists:seq(1, 50)],
+    ?assertEqual(100, length(Keys())),
+    [ok = convoy_channel:close(Ch) || Ch <- Dead],
+    [begin
+         ok = convoy_channel:close(Ch),
+         H ! {ack, 1, self()},
+         receive {acked, H} -> H ! stop end
+     end || {Ch, H} <- Held],
+    ?assertEqual([], Keys()),
+    ?assertEqual({monitors, Monitors0}, process_info(self(), monitors)),
+    ?assertEqual([], mailbox()).
 
 telemetry_and_stats() ->
     {module, telemetry} = code:ensure_loaded(telemetry),

@@ -4,11 +4,15 @@
 %% The test process is the producer. Its consumer is a test process that processes
 %% (receives, checks and acks) channel messages only when told to, so the property
 %% decides when credit comes back. Random sequences of sends, acks of k messages,
-%% consumer deaths (`exit(C, kill)'), `info/1' calls and restarts (close, new
-%% consumer, new channel with a random window and ack_every) run against a model
-%% that tracks sent, acked, credit returned and not yet read, in flight, and what
-%% the consumer holds. Sends use `timeout => 0', so a send that would wait returns
-%% `{error, timeout}' at once and the model knows which.
+%% churns (the consumer acks one message each of k channels that are then gone,
+%% leaving k partial ack counts), consumer deaths (`exit(C, kill)'), `info/1'
+%% calls and restarts (close, new consumer, new channel with a random window and
+%% ack_every) run against a model that tracks sent, acked, credit returned and not
+%% yet read, in flight, and what the consumer holds, including its partial ack
+%% counts and their sweeps (see convoy_channel's module doc): the live channel's
+%% count, marked or not, the counts of gone channels, marked or not, and the room
+%% left before the next sweep. Sends use `timeout => 0', so a send that would wait
+%% returns `{error, timeout}' at once and the model knows which.
 %%
 %% After every command:
 %% <ul>
@@ -17,7 +21,10 @@
 %%   producer has seen the death (when its credit runs out, or in `info/1');</li>
 %% <li>the consumer never holds more than `window' messages; `info/1' reports the
 %%   model's credit and in flight, and in flight never exceeds the window;</li>
-%% <li>the consumer processes exactly 1, 2, 3, ... of its channel, in order.</li>
+%% <li>the consumer processes exactly 1, 2, 3, ... of its channel, in order;</li>
+%% <li>after every ack and churn the consumer holds exactly the model's partial ack
+%%   counts and room: the counts of gone channels never outnumber two sweeps'
+%%   worth, and a live count swept is credit the producer gets.</li>
 %% </ul>
 %% At the end: every message a send answered `ok' was either received by a consumer
 %% (processed, or still in its mailbox) or lost to its death (in its mailbox when
@@ -32,7 +39,11 @@
 
 -export([prop_channel/0]).
 -export([initial_state/0, command/1, precondition/2, postcondition/3, next_state/3]).
--export([restart/2, send/0, ack/1, kill/0, info/0]).
+-export([restart/2, send/0, ack/1, churn/1, kill/0, info/0]).
+
+%% convoy_channel's ACK_ROOM: partial ack counts a consumer may start between two
+%% sweeps.
+-define(ACK_ROOM, 1024).
 
 %%--------------------------------------------------------------------
 %% EUnit wrapper
@@ -40,7 +51,7 @@
 channel_test_() ->
     {timeout, 120,
      ?_assert(proper:quickcheck(prop_channel(),
-                                [{numtests, 200}, {to_file, user}, {max_shrinks, 200}]))}.
+                                [{numtests, 500}, {to_file, user}, {max_shrinks, 200}]))}.
 
 %%--------------------------------------------------------------------
 %% The property
@@ -66,38 +77,91 @@ prop_channel() ->
 
 initial_state() ->
     #{state => none, w => 0, a => 0, credit => 0, pending => 0, unreturned => 0,
-      queue => 0, alive => false}.
+      queue => 0, alive => false, marked => false, dead_new => 0, dead_old => 0,
+      room => ?ACK_ROOM}.
 
 command(#{state := none}) ->
     restart_cmd();
-command(#{alive := Alive}) ->
+command(#{alive := Alive, unreturned := U}) ->
+    %% Churns are likelier while the live channel has a partial count to sweep.
+    Churn = case U of 0 -> 2; _ -> 8 end,
     frequency([{12, {call, ?MODULE, send, []}},
                {2, restart_cmd()},
                {3, {call, ?MODULE, info, []}}]
               ++ [{5, {call, ?MODULE, ack, [choose(1, 10)]}} || Alive]
+              ++ [{Churn, {call, ?MODULE, churn, [churn_size()]}} || Alive]
               ++ [{1, {call, ?MODULE, kill, []}} || Alive]).
+
+%% Mostly about a room's worth: a sweep per churn or so.
+churn_size() ->
+    frequency([{1, choose(1, 10)}, {4, choose(?ACK_ROOM - 10, ?ACK_ROOM + 10)}]).
 
 restart_cmd() ->
     ?LET(W, choose(1, 8), {call, ?MODULE, restart, [W, choose(1, W)]}).
 
 precondition(#{state := none}, {call, _, F, _}) -> F =:= restart;
-precondition(#{alive := Alive}, {call, _, F, _}) when F =:= ack; F =:= kill -> Alive;
+precondition(#{alive := Alive}, {call, _, F, _}) when F =:= ack; F =:= churn; F =:= kill ->
+    Alive;
 precondition(_, _) -> true.
 
 next_state(S, _Res, {call, _, restart, [W, A]}) ->
     S#{state := open, w := W, a := A, credit := W, pending := 0, unreturned := 0,
-       queue := 0, alive := true};
+       queue := 0, alive := true, marked := false, dead_new := 0, dead_old := 0,
+       room := ?ACK_ROOM};
 next_state(S, _Res, {call, _, send, []}) ->
     element(2, model_send(S));
-next_state(S = #{queue := Q, unreturned := U, a := A, pending := P}, _Res,
-           {call, _, ack, [K]}) ->
-    N = min(K, Q),
-    U1 = U + N,
-    S#{queue := Q - N, unreturned := U1 rem A, pending := P + (U1 div A) * A};
+next_state(S, _Res, {call, _, ack, [K]}) ->
+    model_acks(S, K);
+next_state(S, _Res, {call, _, churn, [K]}) ->
+    model_churn(S, K);
 next_state(S, _Res, {call, _, kill, []}) ->
     S#{queue := 0, alive := false, unreturned := 0};
 next_state(S, _Res, {call, _, info, []}) ->
     model_collect(S).
+
+%% The consumer processes min(K, queue) messages, acking each.
+model_acks(S = #{queue := Q}, K) ->
+    N = min(K, Q),
+    lists:foldl(fun(_, Acc) -> model_ack(Acc) end, S#{queue := Q - N}, lists:seq(1, N)).
+
+%% One ack of the live channel, counted as convoy_channel:ack/1 does: with
+%% ack_every 1 credit goes back at once; otherwise a count is started (taking
+%% room), continued (unmarked if marked) or completed (credit sent, room given
+%% back).
+model_ack(S = #{a := 1, pending := P}) ->
+    S#{pending := P + 1};
+model_ack(S = #{unreturned := 0}) ->
+    started(S#{unreturned := 1, marked := false});
+model_ack(S = #{unreturned := U, a := A, pending := P, room := R}) when U + 1 >= A ->
+    S#{unreturned := 0, marked := false, pending := P + A, room := R + 1};
+model_ack(S = #{unreturned := U}) ->
+    S#{unreturned := U + 1, marked := false}.
+
+%% K channels that are gone leave a count each.
+model_churn(S, 0) ->
+    S;
+model_churn(S = #{dead_new := D}, K) ->
+    model_churn(started(S#{dead_new := D + 1}), K - 1).
+
+%% A count started takes a unit of room; the last unit sweeps.
+started(S = #{room := R}) when R > 1 ->
+    S#{room := R - 1};
+started(S) ->
+    sweep(S).
+
+%% Counts marked by the last sweep and not acked since are returned as credit (to
+%% a dead alias for gone channels), the others marked.
+sweep(S = #{unreturned := U, marked := Marked, pending := P, dead_new := D}) ->
+    S1 = S#{dead_new := 0, dead_old := D, room := ?ACK_ROOM},
+    case U > 0 of
+        true when Marked -> S1#{unreturned := 0, marked := false, pending := P + U};
+        true -> S1#{marked := true};
+        false -> S1
+    end.
+
+%% The consumer's partial ack counts and room, as it reports them.
+model_counts(#{unreturned := U, dead_new := DN, dead_old := DO, room := R}) ->
+    {DN + DO + min(U, 1), R}.
 
 %% What the producer does when its credit is spent: take the credits waiting, then
 %% the DOWN behind them.
@@ -130,8 +194,10 @@ postcondition(_S, {call, _, restart, _}, Res) ->
 postcondition(S = #{w := W}, {call, _, send, []}, {Res, QLen}) ->
     {Expected, _} = model_send(S),
     Res =:= Expected andalso QLen =< W;
-postcondition(#{queue := Q}, {call, _, ack, [K]}, Res) ->
-    Res =:= {processed, min(K, Q), in_order};
+postcondition(S = #{queue := Q}, {call, _, ack, [K]}, Res) ->
+    Res =:= {processed, min(K, Q), in_order, model_counts(model_acks(S, K))};
+postcondition(S, {call, _, churn, [K]}, Res) ->
+    Res =:= {churned, model_counts(model_churn(S, K))};
 postcondition(#{queue := Q}, {call, _, kill, []}, Res) ->
     Res =:= {killed, Q};
 postcondition(S = #{w := W}, {call, _, info, []}, Res) ->
@@ -183,10 +249,17 @@ ack(K) ->
                {_, Consumer} = get(prop_channel),
                Consumer ! {process, K, self()},
                receive
-                   {processed, Consumer, N, Verdict} ->
+                   {processed, Consumer, N, Verdict, Counts} ->
                        _ = bump(prop_processed, N),
-                       {processed, N, Verdict}
+                       {processed, N, Verdict, Counts}
                end
+           end).
+
+churn(K) ->
+    ?GUARD(begin
+               {_, Consumer} = get(prop_channel),
+               Consumer ! {churn, K, self()},
+               receive {churned, Consumer, Counts} -> {churned, Counts} end
            end).
 
 kill() ->
@@ -217,9 +290,34 @@ consumer(Next) ->
     receive
         {process, K, From} ->
             {N, Next1, Verdict} = process(K, 0, Next, in_order),
-            From ! {processed, self(), N, Verdict},
-            consumer(Next1)
+            From ! {processed, self(), N, Verdict, counts()},
+            consumer(Next1);
+        {churn, K, From} ->
+            ok = gone_channels(K),
+            From ! {churned, self(), counts()},
+            consumer(Next)
     end.
+
+%% K channels to the consumer itself, each closed once its one message is here,
+%% that message acked after the close (ack_every 2: a partial count each).
+gone_channels(0) ->
+    ok;
+gone_channels(K) ->
+    {ok, Ch} = convoy_channel:open(self(), #{window => 2, ack_every => 2}),
+    ok = convoy_channel:send(Ch, gone),
+    Token = receive {convoy_channel, T, gone} -> T end,
+    ok = convoy_channel:close(Ch),
+    ok = convoy_channel:ack(Token),
+    gone_channels(K - 1).
+
+%% How many partial ack counts the consumer holds, and its room (none until its
+%% first count: a whole room).
+counts() ->
+    Room = case get('$convoy_ack_room') of
+               undefined -> ?ACK_ROOM;
+               R -> R
+           end,
+    {length([K || {{'$convoy_ack', _} = K, _} <- get()]), Room}.
 
 process(0, N, Next, Verdict) ->
     {N, Next, Verdict};
