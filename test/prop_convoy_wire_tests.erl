@@ -5,7 +5,9 @@
 %%   classify input as the protocol description in `convoy_wire' says;</li>
 %% <li>batches built with `convoy_wire:batch/2' always decode, and their entries are
 %%   accepted; `negotiate/1' picks the highest version both sides accept;</li>
-%% <li>`convoy_size:is_large/2' agrees with `convoy_size:estimate/1 >= T';</li>
+%% <li>`convoy_size:is_large/2' agrees with `convoy_size:estimate/1 >= T', and
+%%   `convoy_size:copy_words/2' answers `over' exactly when the term's words pass
+%%   the cap;</li>
 %% <li>`convoy_config:validate/1' never crashes and every error names the offending
 %%   key (and value).</li>
 %% </ul>
@@ -15,7 +17,7 @@
 
 -export([prop_decode_any/0, prop_decode_near_valid/0, prop_entry_any/0,
          prop_entry_near_valid/0, prop_valid_batch_roundtrip/0, prop_negotiate/0,
-         prop_is_large_agrees/0, prop_is_large_agrees_improper/0,
+         prop_is_large_agrees/0, prop_is_large_agrees_improper/0, prop_copy_words_cap/0,
          prop_config_any/0, prop_config_maps/0]).
 
 -include_lib("proper/include/proper.hrl").
@@ -38,6 +40,7 @@ valid_batch_roundtrip_test_() -> ?RUN(prop_valid_batch_roundtrip(), 1000).
 negotiate_test_() -> ?RUN(prop_negotiate(), 1000).
 is_large_agrees_test_() -> ?RUN(prop_is_large_agrees(), 3000).
 is_large_agrees_improper_test_() -> ?RUN(prop_is_large_agrees_improper(), 3000).
+copy_words_cap_test_() -> ?RUN(prop_copy_words_cap(), 3000).
 config_any_test_() -> ?RUN(prop_config_any(), 2000).
 config_maps_test_() -> ?RUN(prop_config_maps(), 3000).
 
@@ -260,6 +263,22 @@ prop_is_large_agrees() ->
 prop_is_large_agrees_improper() ->
     ?FORALL(T, ?LET({L, Tail}, {non_empty(list(any())), any()}, lists:foldr(fun(E, A) -> [E | A] end, Tail, L)),
             ?FORALL(Th, exactly(100), is_large_agrees(T, Th))).
+
+%% copy_words/2 with a cap answers the words exactly when they are within it.
+prop_copy_words_cap() ->
+    ?FORALL(T, big_term(),
+            begin
+                {ok, W} = convoy_size:copy_words(T, 1 bsl 50),
+                ?FORALL(Cap, oneof([choose(-1, 2 * W + 2), W, W - 1, W + 1]),
+                        safe(copy_words, {T, Cap},
+                             fun() ->
+                                     Expected = case W =< Cap of
+                                                    true -> {ok, W};
+                                                    false -> over
+                                                end,
+                                     convoy_size:copy_words(T, Cap) =:= Expected
+                             end))
+            end).
 
 is_large_agrees(T, Th) ->
     safe(is_large, {T, Th},
