@@ -2,10 +2,11 @@
 %% An inbound lane: registered as `convoy_inbox_I', it takes batches from peers'
 %% lanes (see `convoy_wire') and delivers their entries, in order, with local sends.
 %%
-%% Everything that reaches it is untrusted: batches of unknown versions, from nodes
-%% that are not connected, malformed entries and stray terms are counted (see
-%% `convoy:info/0', `rejected') and the first of each kind is logged; the valid
-%% entries of a batch are still delivered.
+%% A connected node is trusted, but what reaches an inbox may be stray, duplicated,
+%% misdirected or malformed: batches of unknown versions, from nodes that are not
+%% connected, malformed entries, barriers for a third node and stray terms are
+%% counted (see `convoy:info/0', `rejected') and the first of each kind is logged;
+%% the valid entries of a batch are still delivered.
 -module(convoy_inbox).
 
 -export([start_link/1, init/2, system_continue/3, system_terminate/4,
@@ -48,7 +49,7 @@ handle(Msg, S) ->
         {batch, _Vsn, From, Entries} ->
             case peer(From, S) of
                 {ok, C, S1} ->
-                    convoy_metrics:add(C, received, deliver(Entries, S#s.local, 0)),
+                    convoy_metrics:add(C, received, deliver(Entries, From, S#s.local, 0)),
                     S1;
                 unknown ->
                     convoy_metrics:rejected(unknown_node),
@@ -78,24 +79,24 @@ peer(Node, S = #s{peers = Peers}) ->
     end.
 
 %% Returns the number of messages delivered; stops counting at an improper tail.
-deliver([], _Local, N) ->
+deliver([], _From, _Local, N) ->
     N;
-deliver([E | Rest], Local, N) ->
-    case convoy_wire:entry(E, Local) of
+deliver([E | Rest], From, Local, N) ->
+    case convoy_wire:entry(E, From, Local) of
         {deliver, To, Msg} ->
             local_send(To, Msg),
-            deliver(Rest, Local, N + 1);
+            deliver(Rest, From, Local, N + 1);
         {multicast, Tos, Msg} ->
             _ = [local_send(To, Msg) || To <- Tos],
-            deliver(Rest, Local, N + 1);
+            deliver(Rest, From, Local, N + 1);
         {barrier, ReplyTo, Tag} ->
             _ = erlang:send(ReplyTo, {Tag, convoy_barrier}, [noconnect]),
-            deliver(Rest, Local, N);
+            deliver(Rest, From, Local, N);
         {error, Kind} ->
             convoy_metrics:rejected(Kind),
-            deliver(Rest, Local, N)
+            deliver(Rest, From, Local, N)
     end;
-deliver(_ImproperTail, _Local, N) ->
+deliver(_ImproperTail, _From, _Local, N) ->
     convoy_metrics:rejected(malformed_batch),
     N.
 

@@ -12,8 +12,13 @@
 %%   <li>`{To, Msg}': send `Msg' to `To' (a local pid, a registered name or an alias);</li>
 %%   <li>`{[To], Msg}': multicast, `Msg' to each `To' in order;</li>
 %%   <li>`{'$convoy_barrier', ReplyTo, Tag}': answer `{Tag, convoy_barrier}' to
-%%     `ReplyTo' once everything before it is delivered.</li>
-%%   </ul></li>
+%%     `ReplyTo' once everything before it is delivered. `ReplyTo' (a pid or an
+%%     alias) must be of `FromNode': an inbox answers only the node the batch says
+%%     it came from, never a third one.</li>
+%%   </ul>
+%%   The receiver checks every entry (`entry/3'): a malformed one, a destination
+%%   of another node or a barrier for a third node is `bad_entry', counted, and
+%%   nothing of it is sent.</li>
 %% <li>`{'$convoy', 1, hello | welcome, Info}' goes between `convoy_peers' processes:
 %%   on start-up and on nodeup each side sends `hello' and answers a `hello' with
 %%   `welcome'. `Info' is a map; unknown keys are ignored, so a later release can add
@@ -26,7 +31,7 @@
 -module(convoy_wire).
 
 -export([version/0, versions/0, max_inboxes/0, batch/2, barrier/2, hello/2,
-         decode/1, entry/2, negotiate/1, inbox_name/1, inbox_names/1]).
+         decode/1, entry/3, negotiate/1, inbox_name/1, inbox_names/1]).
 
 -export_type([entry/0, dest/0, decoded/0, hello_info/0]).
 
@@ -98,23 +103,26 @@ negotiate(Theirs) ->
         Common -> lists:max(Common)
     end.
 
-%% @doc Check one batch entry on the receiving node `Local'.
--spec entry(term(), node()) ->
+%% @doc Check one entry of a batch from `From' on the receiving node `Local'.
+-spec entry(term(), node(), node()) ->
           {deliver, dest(), term()} | {multicast, [dest()], term()}
         | {barrier, pid() | reference(), term()} | {error, bad_entry}.
-entry({'$convoy_barrier', ReplyTo, Tag}, _Local) when is_pid(ReplyTo); is_reference(ReplyTo) ->
-    {barrier, ReplyTo, Tag};
-entry({To, Msg}, Local) when is_list(To) ->
+entry({'$convoy_barrier', ReplyTo, Tag}, From, _Local) when is_pid(ReplyTo); is_reference(ReplyTo) ->
+    case node(ReplyTo) =:= From of
+        true -> {barrier, ReplyTo, Tag};
+        false -> {error, bad_entry}
+    end;
+entry({To, Msg}, _From, Local) when is_list(To) ->
     case all_local(To, Local) of
         true -> {multicast, To, Msg};
         false -> {error, bad_entry}
     end;
-entry({To, Msg}, Local) ->
+entry({To, Msg}, _From, Local) ->
     case local_dest(To, Local) of
         true -> {deliver, To, Msg};
         false -> {error, bad_entry}
     end;
-entry(_, _) ->
+entry(_, _From, _Local) ->
     {error, bad_entry}.
 
 %% Also false for an improper list.
@@ -156,16 +164,25 @@ hello_roundtrip_test() ->
 
 entry_test() ->
     L = node(),
-    ?assertEqual({deliver, self(), m}, entry({self(), m}, L)),
-    ?assertEqual({deliver, foo, m}, entry({foo, m}, L)),
-    ?assertEqual({error, bad_entry}, entry({undefined, m}, L)),
-    ?assertEqual({error, bad_entry}, entry({1, m}, L)),
-    ?assertEqual({multicast, [self(), foo], m}, entry({[self(), foo], m}, L)),
-    ?assertEqual({error, bad_entry}, entry({[self(), 1], m}, L)),
-    ?assertEqual({error, bad_entry}, entry({[self() | foo], m}, L)),
-    ?assertEqual({error, bad_entry}, entry({self(), m}, other@host)),
-    ?assertMatch({barrier, _, t}, entry(barrier(self(), t), L)),
-    ?assertEqual({error, bad_entry}, entry({a, b, c}, L)).
+    F = from@host,
+    ?assertEqual({deliver, self(), m}, entry({self(), m}, F, L)),
+    ?assertEqual({deliver, foo, m}, entry({foo, m}, F, L)),
+    ?assertEqual({error, bad_entry}, entry({undefined, m}, F, L)),
+    ?assertEqual({error, bad_entry}, entry({1, m}, F, L)),
+    ?assertEqual({multicast, [self(), foo], m}, entry({[self(), foo], m}, F, L)),
+    ?assertEqual({error, bad_entry}, entry({[self(), 1], m}, F, L)),
+    ?assertEqual({error, bad_entry}, entry({[self() | foo], m}, F, L)),
+    ?assertEqual({error, bad_entry}, entry({self(), m}, F, other@host)),
+    ?assertEqual({error, bad_entry}, entry({a, b, c}, F, L)).
+
+%% A barrier answers only the node the batch came from.
+barrier_entry_test() ->
+    L = node(),
+    ?assertMatch({barrier, _, t}, entry(barrier(self(), t), L, other@host)),
+    ?assertMatch({barrier, _, t}, entry(barrier(alias(), t), L, other@host)),
+    ?assertEqual({error, bad_entry}, entry(barrier(self(), t), from@host, other@host)),
+    ?assertEqual({error, bad_entry}, entry(barrier(make_ref(), t), from@host, other@host)),
+    ?assertEqual({error, bad_entry}, entry({'$convoy_barrier', foo, t}, L, other@host)).
 
 negotiate_test() ->
     ?assertEqual(1, negotiate([1, 2])),

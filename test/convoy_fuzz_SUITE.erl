@@ -599,10 +599,11 @@ entries_effect([E | Rest], From, Ctx, Acc) ->
 entries_effect(_Tail, _From, _Ctx, Acc) ->
     reject(malformed_batch, Acc).
 
-entry_effect({'$convoy_barrier', R, _}, _From, #{counter := C, sink := S, alias := Al}, Acc)
+%% A barrier is answered only to a process of the node the batch says it is from.
+entry_effect({'$convoy_barrier', R, _}, From, #{counter := C}, Acc)
   when is_pid(R); is_reference(R) ->
-    if R =:= C -> bump(barriers, 1, Acc);
-       R =:= S; R =:= Al -> bump(sink, 1, Acc);
+    if node(R) =/= From -> reject(bad_entry, Acc);
+       R =:= C -> bump(barriers, 1, Acc);
        true -> Acc
     end;
 entry_effect({Tos, _Msg}, From, Ctx, Acc) when is_list(Tos) ->

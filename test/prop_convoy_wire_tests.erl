@@ -1,6 +1,6 @@
 %% PropEr properties of convoy's pure input handling, run from EUnit:
 %% <ul>
-%% <li>`convoy_wire:decode/1' and `convoy_wire:entry/2' never crash, whatever
+%% <li>`convoy_wire:decode/1' and `convoy_wire:entry/3' never crash, whatever
 %%   arrives (PropEr's `any()' and near-valid batches, hellos and entries), and
 %%   classify input as the protocol description in `convoy_wire' says;</li>
 %% <li>batches built with `convoy_wire:batch/2' always decode, and their entries are
@@ -170,19 +170,23 @@ proper_list([]) -> true;
 proper_list([_ | T]) -> proper_list(T);
 proper_list(_) -> false.
 
-expected_entry({'$convoy_barrier', R, Tag}, _Local) when is_pid(R); is_reference(R) ->
-    {barrier, R, Tag};
-expected_entry({To, Msg}, Local) when is_list(To) ->
+%% A barrier answers only a process of the node the batch came from.
+expected_entry({'$convoy_barrier', R, Tag}, From, _Local) when is_pid(R); is_reference(R) ->
+    case node(R) =:= From of
+        true -> {barrier, R, Tag};
+        false -> {error, bad_entry}
+    end;
+expected_entry({To, Msg}, _From, Local) when is_list(To) ->
     case proper_list(To) andalso lists:all(fun(D) -> local_dest(D, Local) end, To) of
         true -> {multicast, To, Msg};
         false -> {error, bad_entry}
     end;
-expected_entry({To, Msg}, Local) ->
+expected_entry({To, Msg}, _From, Local) ->
     case local_dest(To, Local) of
         true -> {deliver, To, Msg};
         false -> {error, bad_entry}
     end;
-expected_entry(_, _) ->
+expected_entry(_, _, _) ->
     {error, bad_entry}.
 
 local_dest(D, Local) when is_pid(D); is_reference(D) -> node(D) =:= Local;
@@ -200,23 +204,23 @@ prop_decode_near_valid() ->
             safe(decode, T, fun() -> convoy_wire:decode(T) =:= expected_decode(T) end)).
 
 prop_entry_any() ->
-    ?FORALL({E, Local}, {any(), node_name()},
-            safe(entry, E, fun() -> convoy_wire:entry(E, Local) =:= expected_entry(E, Local) end)).
+    ?FORALL({E, From, Local}, {any(), node_name(), node_name()},
+            safe(entry, E, fun() -> convoy_wire:entry(E, From, Local) =:= expected_entry(E, From, Local) end)).
 
 prop_entry_near_valid() ->
-    ?FORALL({E, Local}, {entry_gen(), node_name()},
-            safe(entry, {E, Local},
-                 fun() -> convoy_wire:entry(E, Local) =:= expected_entry(E, Local) end)).
+    ?FORALL({E, From, Local}, {entry_gen(), node_name(), node_name()},
+            safe(entry, {E, From, Local},
+                 fun() -> convoy_wire:entry(E, From, Local) =:= expected_entry(E, From, Local) end)).
 
-valid_entry(Local) ->
+valid_entry(From, Local) ->
     LocalDest = oneof([fake_pid(Local), fake_ref(Local), foo, sink, convoy_inbox_1]),
     frequency([{6, {LocalDest, any()}},
                {2, {list(LocalDest), any()}},
-               {2, {'$convoy_barrier', oneof([pid_gen(), ref_gen()]), any()}}]).
+               {2, {'$convoy_barrier', oneof([fake_pid(From), fake_ref(From)]), any()}}]).
 
 prop_valid_batch_roundtrip() ->
     ?FORALL({From, Local}, {oneof([?OTHER, 'a@b', nonode@nohost]), node_name()},
-    ?FORALL(Entries, list(valid_entry(Local)),
+    ?FORALL(Entries, list(valid_entry(From, Local)),
             safe(roundtrip, {From, Local, Entries},
                  fun() ->
                          B = convoy_wire:batch(From, Entries),
@@ -224,7 +228,7 @@ prop_valid_batch_roundtrip() ->
                              %% and survives the external format (what travels)
                              andalso {batch, 1, From, Entries}
                                  =:= convoy_wire:decode(binary_to_term(term_to_binary(B)))
-                             andalso lists:all(fun(E) -> element(1, convoy_wire:entry(E, Local)) =/= error end,
+                             andalso lists:all(fun(E) -> element(1, convoy_wire:entry(E, From, Local)) =/= error end,
                                                Entries)
                  end))).
 
