@@ -1,13 +1,15 @@
 %% What an inbox does with batches that are well-formed but ask too much of it, with
-%% peer nodes: barriers naming a process on a third node. Batches are built by hand
-%% (the wire format in convoy_wire), as a stray or malformed one would arrive.
+%% peer nodes: barriers naming a process on a third node, multicasts over the
+%% limits and long batches that would hold other nodes' traffic. Batches are built
+%% by hand (the wire format in convoy_wire), as a stray or malformed one would
+%% arrive.
 -module(convoy_inbox_SUITE).
 
 -include_lib("common_test/include/ct.hrl").
 -include_lib("stdlib/include/assert.hrl").
 
 -export([all/0, suite/0, init_per_testcase/2, end_per_testcase/2]).
--export([barrier_for_third_node/1]).
+-export([barrier_for_third_node/1, huge_multicast_rejected/1, long_batch_yields/1]).
 %% Run on peer nodes, or spawned.
 -export([recorder/0, send_with_barrier/3]).
 
@@ -17,7 +19,7 @@ suite() ->
     [{timetrap, {seconds, 120}}].
 
 all() ->
-    [barrier_for_third_node].
+    [barrier_for_third_node, huge_multicast_rejected, long_batch_yields].
 
 init_per_testcase(_TC, Config) ->
     _ = application:stop(convoy),
@@ -51,17 +53,72 @@ barrier_for_third_node(_Config) ->
     ?assertEqual([probe], ask(Rec, received)),
     ?assertEqual(Inbox, whereis(?INBOX)).
 
+%% One entry with a million destinations and a 100,000-deep term stalled an inbox
+%% for about 19 minutes. Now such an entry, and one within the destination limit
+%% but over the copy budget, are rejected at once (too_costly, nothing sent), and
+%% what comes after them is delivered.
+huge_multicast_rejected(_Config) ->
+    {_PeerA, A} = peer(?CT_PEER_NAME(sender_a)),
+    Sink = spawn_link(fun() -> counter(0) end),
+    After = spawn_link(fun() -> counter(0) end),
+    Dead = dead_pid(),
+    Deep = lists:foldl(fun(_, Acc) -> [Acc] end, [], lists:seq(1, 100000)),
+    %% The sink is the first destination: nothing at all may be sent.
+    Huge = {[Sink | lists:duplicate(999999, Dead)], Deep},
+    Costly = {lists:duplicate(100, Sink), Deep},  % 100 x 200,000 words
+    Before = rejected(),
+    T0 = erlang:monotonic_time(millisecond),
+    ?INBOX ! batch(A, [Huge, Costly, {Sink, ok}]),
+    ?INBOX ! batch(A, [{After, ok}]),
+    ?assertEqual(1, await_count(After, 1, 10000)),
+    Took = erlang:monotonic_time(millisecond) - T0,
+    ct:pal("huge entries rejected and the next batch delivered in ~p ms", [Took]),
+    ?assert(Took < 5000),
+    ?assertEqual(1, count(Sink)),
+    ?assertEqual(2, maps:get(too_costly, rejected()) - maps:get(too_costly, Before)).
+
+%% A batch of entries that each cost close to the limit is delivered in slices:
+%% a batch from another node that arrives meanwhile is delivered before the long
+%% one ends, and the long one's entries still arrive in order.
+long_batch_yields(_Config) ->
+    {_PeerA, A} = peer(?CT_PEER_NAME(sender_a)),
+    {_PeerB, B} = peer(?CT_PEER_NAME(sender_b)),
+    Rec = spawn_link(?MODULE, recorder, []),
+    Payload = lists:seq(1, 200000), % 400,000 words: two sends cost 800,000 of 2^20
+    Long = [{[Rec, Rec], {a, I, Payload}} || I <- lists:seq(1, 6)] ++ [{Rec, {a, last}}],
+    Inbox = whereis(?INBOX),
+    %% Both batches wait in the inbox's mailbox, the long one first.
+    ok = sys:suspend(Inbox),
+    Inbox ! batch(A, Long),
+    Inbox ! batch(B, [{Rec, {b, only}}]),
+    ok = sys:resume(Inbox),
+    Got = await_received(Rec, 14),
+    ct:pal("delivered: ~p", [Got]),
+    ALast = length(lists:takewhile(fun(M) -> M =/= {a, last} end, Got)),
+    BAt = length(lists:takewhile(fun(M) -> M =/= {b, only} end, Got)),
+    ?assert(BAt < ALast),
+    ?assertEqual([{a, I} || I <- lists:seq(1, 6), _ <- [1, 2]] ++ [{a, last}],
+                 [M || M <- Got, element(1, M) =:= a]),
+    ?assertEqual(Inbox, whereis(?INBOX)).
+
 %%--------------------------------------------------------------------
 %% Helpers
 
 peer(Name) ->
     convoy_ct_peers:start(?MODULE, Name, #{}).
 
+await(Get, Ok, Timeout) ->
+    convoy_ct_peers:await(Get, Ok, Timeout).
+
 batch(From, Entries) ->
     {'$convoy', 1, batch, From, Entries}.
 
 rejected() ->
     maps:get(rejected, convoy:info()).
+
+dead_pid() ->
+    {Pid, Mon} = spawn_monitor(fun() -> ok end),
+    receive {'DOWN', Mon, process, Pid, _} -> Pid end.
 
 %% Send Entries and then a barrier for this process as a batch from node From to
 %% Inbox; ok once the barrier is answered (everything before it is delivered).
@@ -74,22 +131,52 @@ send_with_barrier(Inbox, From, Entries) ->
         barrier_timeout
     end.
 
-%% recorder: keeps what it receives; answers `{'$q', alias | received, From}'.
+%% recorder: keeps what it receives; answers `{'$q', alias | received, From}' and
+%% `{'$q', await, N, From}' (once it holds N messages).
 recorder() ->
-    recorder([], alias()).
+    recorder([], alias(), []).
 
-recorder(Got, Alias) ->
+recorder(Got, Alias, Waiters) ->
     receive
         {'$q', alias, From} ->
             From ! {'$a', self(), Alias},
-            recorder(Got, Alias);
+            recorder(Got, Alias, Waiters);
         {'$q', received, From} ->
             From ! {'$a', self(), lists:reverse(Got)},
-            recorder(Got, Alias);
+            recorder(Got, Alias, Waiters);
+        {'$q', await, N, From} ->
+            recorder(Got, Alias, answer(Got, [{N, From} | Waiters]));
+        {a, I, _Payload} ->
+            recorder([{a, I} | Got], Alias, answer([{a, I} | Got], Waiters));
         M ->
-            recorder([M | Got], Alias)
+            recorder([M | Got], Alias, answer([M | Got], Waiters))
     end.
+
+answer(Got, Waiters) ->
+    {Done, Left} = lists:partition(fun({N, _}) -> length(Got) >= N end, Waiters),
+    [From ! {'$a', self(), lists:reverse(Got)} || {_, From} <- Done],
+    Left.
 
 ask(Rec, What) ->
     Rec ! {'$q', What, self()},
     receive {'$a', Rec, A} -> A after 10000 -> ct:fail({no_answer, Rec, What}) end.
+
+await_received(Rec, N) ->
+    Rec ! {'$q', await, N, self()},
+    receive {'$a', Rec, A} -> A after 30000 -> ct:fail({short, Rec, N, ask(Rec, received)}) end.
+
+counter(N) ->
+    receive
+        {'$q', count, From} ->
+            From ! {'$a', self(), N},
+            counter(N);
+        _ ->
+            counter(N + 1)
+    end.
+
+count(C) ->
+    C ! {'$q', count, self()},
+    receive {'$a', C, N} -> N after 10000 -> ct:fail({no_answer, C}) end.
+
+await_count(C, N, Timeout) ->
+    await(fun() -> count(C) end, fun(V) -> V >= N end, Timeout).

@@ -5,6 +5,9 @@
 %%   classify input as the protocol description in `convoy_wire' says;</li>
 %% <li>batches built with `convoy_wire:batch/2' always decode, and their entries are
 %%   accepted; `negotiate/1' picks the highest version both sides accept;</li>
+%% <li>`convoy_wire:multicast_entries/2' keeps every destination, in order, and
+%%   every entry it makes is accepted by the receiver, after the external format
+%%   too;</li>
 %% <li>`convoy_size:is_large/2' agrees with `convoy_size:estimate/1 >= T', and
 %%   `convoy_size:copy_words/2' answers `over' exactly when the term's words pass
 %%   the cap;</li>
@@ -16,7 +19,8 @@
 -module(prop_convoy_wire_tests).
 
 -export([prop_decode_any/0, prop_decode_near_valid/0, prop_entry_any/0,
-         prop_entry_near_valid/0, prop_valid_batch_roundtrip/0, prop_negotiate/0,
+         prop_entry_near_valid/0, prop_entry_long_multicast/0, prop_valid_batch_roundtrip/0,
+         prop_multicast_entries/0, prop_negotiate/0,
          prop_is_large_agrees/0, prop_is_large_agrees_improper/0, prop_copy_words_cap/0,
          prop_config_any/0, prop_config_maps/0]).
 
@@ -36,7 +40,9 @@ decode_any_test_() -> ?RUN(prop_decode_any(), 3000).
 decode_near_valid_test_() -> ?RUN(prop_decode_near_valid(), 5000).
 entry_any_test_() -> ?RUN(prop_entry_any(), 3000).
 entry_near_valid_test_() -> ?RUN(prop_entry_near_valid(), 5000).
+entry_long_multicast_test_() -> ?RUN(prop_entry_long_multicast(), 300).
 valid_batch_roundtrip_test_() -> ?RUN(prop_valid_batch_roundtrip(), 1000).
+multicast_entries_test_() -> ?RUN(prop_multicast_entries(), 500).
 negotiate_test_() -> ?RUN(prop_negotiate(), 1000).
 is_large_agrees_test_() -> ?RUN(prop_is_large_agrees(), 3000).
 is_large_agrees_improper_test_() -> ?RUN(prop_is_large_agrees_improper(), 3000).
@@ -176,10 +182,21 @@ expected_entry({'$convoy_barrier', R, Tag}, From, _Local) when is_pid(R); is_ref
         true -> {barrier, R, Tag};
         false -> {error, bad_entry}
     end;
+%% A multicast: its first 1000 destinations local and the list proper up to there,
+%% at most 1000 of them, and with two or more, destinations x (words + 16) within
+%% 2^20.
 expected_entry({To, Msg}, _From, Local) when is_list(To) ->
-    case proper_list(To) andalso lists:all(fun(D) -> local_dest(D, Local) end, To) of
-        true -> {multicast, To, Msg};
-        false -> {error, bad_entry}
+    case scan_dests(To, Local, 0) of
+        {ok, N} when N =< 1 ->
+            {multicast, To, Msg, 16};
+        {ok, N} ->
+            {ok, W} = convoy_size:copy_words(Msg, 1 bsl 50),
+            case N * (W + 16) =< 1 bsl 20 of
+                true -> {multicast, To, Msg, N * (W + 16)};
+                false -> {error, too_costly}
+            end;
+        Kind ->
+            {error, Kind}
     end;
 expected_entry({To, Msg}, _From, Local) ->
     case local_dest(To, Local) of
@@ -188,6 +205,15 @@ expected_entry({To, Msg}, _From, Local) ->
     end;
 expected_entry(_, _, _) ->
     {error, bad_entry}.
+
+scan_dests([], _Local, N) -> {ok, N};
+scan_dests([_ | _], _Local, 1000) -> too_costly;
+scan_dests([D | Rest], Local, N) ->
+    case local_dest(D, Local) of
+        true -> scan_dests(Rest, Local, N + 1);
+        false -> bad_entry
+    end;
+scan_dests(_ImproperTail, _Local, _N) -> bad_entry.
 
 local_dest(D, Local) when is_pid(D); is_reference(D) -> node(D) =:= Local;
 local_dest(undefined, _) -> false;
@@ -212,6 +238,34 @@ prop_entry_near_valid() ->
             safe(entry, {E, From, Local},
                  fun() -> convoy_wire:entry(E, From, Local) =:= expected_entry(E, From, Local) end)).
 
+%% Multicasts near the limits: around 1000 destinations, maybe one bad or an
+%% improper tail, messages from nothing to past the copy budget.
+long_multicast(Local) ->
+    ?LET({N, Bad, Tail, Msg},
+         {oneof([choose(0, 5), choose(995, 1005), choose(1, 3000)]),
+          frequency([{3, none}, {1, choose(1, 1100)}]),
+          frequency([{5, []}, {1, x}]),
+          oneof([any(), ?LET(K, choose(0, 600000), lists:seq(1, K)),
+                 ?LET(K, choose(0, 1024), lists:seq(1, K)), binary(100000)])},
+         begin
+             Good = [lists:nth(I rem 3 + 1, [foo, fake_pid(Local), fake_ref(Local)])
+                     || I <- lists:seq(1, N)],
+             Dests = case Bad of
+                         none -> Good;
+                         I -> lists:sublist(Good, I - 1) ++ [1 | lists:nthtail(min(I - 1, N), Good)]
+                     end,
+             {lists:foldr(fun(D, Acc) -> [D | Acc] end, Tail, Dests), Msg}
+         end).
+
+prop_entry_long_multicast() ->
+    ?FORALL(E, long_multicast(?LOCAL),
+            safe(entry, {length_of(element(1, E)), element(2, E)},
+                 fun() -> convoy_wire:entry(E, ?OTHER, ?LOCAL) =:= expected_entry(E, ?OTHER, ?LOCAL) end)).
+
+length_of(L) -> length_of(L, 0).
+length_of([_ | T], N) -> length_of(T, N + 1);
+length_of(_, N) -> N.
+
 valid_entry(From, Local) ->
     LocalDest = oneof([fake_pid(Local), fake_ref(Local), foo, sink, convoy_inbox_1]),
     frequency([{6, {LocalDest, any()}},
@@ -231,6 +285,42 @@ prop_valid_batch_roundtrip() ->
                              andalso lists:all(fun(E) -> element(1, convoy_wire:entry(E, From, Local)) =/= error end,
                                                Entries)
                  end))).
+
+%% What a sender makes of a multicast to one node always passes the receiver's
+%% check, destinations in order, and survives the external format.
+multicast_msg() ->
+    frequency([{6, any()},
+               {2, ?LET(K, choose(0, 5000), lists:seq(1, K))},
+               {1, ?LET(K, oneof([choose(0, 600000), choose(262000, 262200)]), lists:seq(1, K))},
+               {1, ?LET(K, choose(0, 2000), list_to_tuple(lists:seq(1, K)))},
+               {1, ?LET(N, choose(0, 200000), binary(N))},
+               {1, ?LET(L, list(binary()), L)},
+               {1, ?LET(L, list({any(), any()}), maps:from_list(L))}]).
+
+prop_multicast_entries() ->
+    ?FORALL({Local, Msg}, {node_name(), multicast_msg()},
+    ?FORALL(N, choose(0, max_dests_for(Msg)),
+            safe(multicast_entries, {Local, N, Msg},
+                 fun() ->
+                         Tos = [lists:nth(I rem 4 + 1, [fake_pid(Local), fake_ref(Local), foo, bar])
+                                || I <- lists:seq(1, N)],
+                         Es = convoy_wire:multicast_entries(Tos, Msg),
+                         Wire = binary_to_term(term_to_binary(Es)),
+                         lists:append([T || {T, _} <- Es]) =:= Tos
+                             andalso lists:all(fun({T, M}) -> T =/= [] andalso M =:= Msg end, Es)
+                             andalso lists:all(fun(E) -> accepted(E, Local) end, Es)
+                             andalso lists:all(fun(E) -> accepted(E, Local) end, Wire)
+                 end))).
+
+%% Fewer destinations for big messages: every entry's check walks the message.
+max_dests_for(Msg) ->
+    case convoy_size:copy_words(Msg, 10000) of
+        {ok, _} -> 3000;
+        over -> 6
+    end.
+
+accepted(E, Local) ->
+    element(1, convoy_wire:entry(E, ?OTHER, Local)) =:= multicast.
 
 prop_negotiate() ->
     ?FORALL(Theirs, list(oneof([choose(1, 5), choose(1, 1000)])),
