@@ -5,8 +5,10 @@
 %% A connected node is trusted, but what reaches an inbox may be stray, duplicated,
 %% misdirected or malformed: batches of unknown versions, from nodes that are not
 %% connected, malformed entries, barriers for a third node, multicasts over the
-%% limits and stray terms are counted (see `convoy:info/0', `rejected') and the
-%% first of each kind is logged; the valid entries of a batch are still delivered.
+%% limits, destinations of an old incarnation of this node and stray terms are
+%% counted (see `convoy:info/0', `rejected') and the first of each kind is logged
+%% (`undeliverable' is only counted); the valid entries of a batch are still
+%% delivered.
 %%
 %% Bounded work before other traffic gets its turn. One entry costs at most
 %% `convoy_wire:max_entry_words/0' word copies (about 10-15 ms; `convoy_wire'
@@ -20,6 +22,14 @@
 %% ordinary batches (`max_batch' 1000 by default) are never split. Since a batch
 %% can be unfinished, `sys:get_state/1' returning does not mean that all batches
 %% received so far were delivered.
+%%
+%% A pid or alias of an old incarnation of this node (same name, another
+%% `creation': one from before this node restarted) is counted as `undeliverable'
+%% and not sent to, as `!' drops it silently on the sending node; a local send
+%% would make the runtime log an error report for each message. Each pid or alias
+%% is checked (`convoy_wire:creation/1', about 30 ns) unless it is the last one
+%% found current in the same slice, so a run of entries to one process pays for
+%% one check.
 -module(convoy_inbox).
 
 -export([start_link/1, init/2, system_continue/3, system_terminate/4,
@@ -37,9 +47,12 @@
             work = #{} :: #{node() => queue:queue(job())},
             turns = queue:new() :: queue:queue(node())}).
 
-%% What delivering a batch needs: the node it came from and this node.
+%% What delivering a batch needs: the node it came from, this node and its
+%% creation, and the last pid or alias found to be of this incarnation.
 -record(d, {from :: node(),
-            local :: node()}).
+            local :: node(),
+            creation :: non_neg_integer(),
+            good :: pid() | reference() | undefined}).
 
 -spec start_link(pos_integer()) -> {ok, pid()}.
 start_link(Index) ->
@@ -143,7 +156,7 @@ slice(S = #s{work = Work, turns = Turns}) ->
 
 %% Deliver entries of a job for at most one slice; returns what is left of it.
 run({C, First, Entries}, From, #s{local = Local}) ->
-    D = #d{from = From, local = Local},
+    D = #d{from = From, local = Local, creation = erlang:system_info(creation)},
     Budget = convoy_wire:max_entry_words(),
     {N, Left} = case First of
                     none -> deliver(Entries, D, Budget, Budget, 0);
@@ -188,8 +201,10 @@ step(Checked, Rest, D, Left, Budget, N) ->
 multicast([], _Msg, D) -> D;
 multicast([To | Tos], Msg, D) -> multicast(Tos, Msg, local_send(To, Msg, D)).
 
-%% Like `!' to a remote name: a name nobody holds drops the message (counted).
-%% Returns D.
+%% Like `!' to a remote name: a name nobody holds drops the message (counted). A
+%% pid or alias of an old incarnation of this node is dropped as `!' would on the
+%% sending node (counted), without the error report a local send makes the runtime
+%% log. Returns D, remembering a pid or alias found current.
 local_send(To, Msg, D) when is_atom(To) ->
     try
         erlang:send(To, Msg)
@@ -197,9 +212,21 @@ local_send(To, Msg, D) when is_atom(To) ->
         error:badarg -> convoy_metrics:rejected(undeliverable)
     end,
     D;
-local_send(To, Msg, D) ->
+local_send(To, Msg, D = #d{good = To}) ->
     erlang:send(To, Msg),
-    D.
+    D;
+local_send(To, Msg, D = #d{creation = Creation}) ->
+    case convoy_wire:creation(To) of
+        Creation ->
+            erlang:send(To, Msg),
+            D#d{good = To};
+        unknown ->
+            erlang:send(To, Msg),
+            D;
+        _Old ->
+            convoy_metrics:rejected(undeliverable),
+            D
+    end.
 
 -spec system_continue(pid(), [sys:debug_option()], #s{}) -> no_return().
 system_continue(_Parent, _Debug, S) -> loop(S).

@@ -25,6 +25,10 @@
 %%   The receiver checks every entry (`entry/3'). A malformed one, a destination
 %%   of another node or a barrier for a third node is `bad_entry'; a multicast
 %%   over a limit is `too_costly'; both are counted and nothing of them is sent.
+%%   A pid or alias of an old incarnation of the receiving node (same name,
+%%   another `creation', see `creation/1') is counted `undeliverable' and not sent to:
+%%   `!' drops such messages silently on the sending node, while a local send on
+%%   the receiving node would make the runtime log an error for each one.
 %%
 %%   A batch has no limit on its number of entries (a sender's `max_batch' is at
 %%   most 1,000,000): its cost to the receiver grows only with what travelled, as
@@ -50,7 +54,7 @@
 
 -export([version/0, versions/0, max_inboxes/0, max_dests/0, max_entry_words/0,
          batch/2, barrier/2, hello/2, decode/1, entry/3, cost/1, multicast_entries/2,
-         negotiate/1, inbox_name/1, inbox_names/1]).
+         creation/1, negotiate/1, inbox_name/1, inbox_names/1]).
 
 -export_type([entry/0, dest/0, decoded/0, hello_info/0, checked/0]).
 
@@ -216,6 +220,26 @@ take(Rest, 0, Acc) -> {lists:reverse(Acc), Rest};
 take([], _N, Acc) -> {lists:reverse(Acc), []};
 take([H | T], N, Acc) -> take(T, N - 1, [H | Acc]).
 
+%% @doc The `creation' of the node incarnation a pid or reference belongs to, read
+%% from its external format (NEW_PID_EXT: the last 4 bytes; NEWER_REFERENCE_EXT:
+%% the 4 bytes after the node name). `unknown' for any other encoding (none on
+%% OTP 25 or later). A pid or reference of this node whose creation is not
+%% `erlang:system_info(creation)' belongs to an old incarnation of it.
+-spec creation(pid() | reference()) -> non_neg_integer() | unknown.
+creation(Id) ->
+    case term_to_binary(Id) of
+        <<131, 88, _/binary>> = B ->
+            Skip = byte_size(B) - 4,
+            <<_:Skip/binary, C:32>> = B,
+            C;
+        <<131, 90, Len:16, _/binary>> = B ->
+            Skip = byte_size(B) - 4 * Len - 4,
+            <<_:Skip/binary, C:32, _/binary>> = B,
+            C;
+        _ ->
+            unknown
+    end.
+
 -spec inbox_name(pos_integer()) -> atom().
 inbox_name(I) -> list_to_atom("convoy_inbox_" ++ integer_to_list(I)).
 
@@ -309,4 +333,19 @@ multicast_entries_test() ->
     Big = lists:seq(1, ?MAX_ENTRY_WORDS), % over half the budget: one per entry
     ?assertEqual([{[a], Big}, {[b], Big}], multicast_entries([a, b], Big)).
 
+creation_test() ->
+    C = erlang:system_info(creation),
+    ?assertEqual(C, creation(self())),
+    ?assertEqual(C, creation(make_ref())),
+    ?assertEqual(C, creation(alias())),
+    N = atom_to_binary(node()),
+    Old = binary_to_term(<<131, 88, 119, (byte_size(N)), N/binary, 1:32, 0:32, (C + 1):32>>),
+    ?assertEqual(C + 1, creation(Old)),
+    OldRef = binary_to_term(<<131, 90, 3:16, 119, (byte_size(N)), N/binary, (C + 7):32,
+                              1:32, 2:32, 3:32>>),
+    ?assertEqual(C + 7, creation(OldRef)).
+
+negotiate_test() ->
+    ?assertEqual(1, negotiate([1, 2])),
+    ?assertEqual(none, negotiate([7])).
 -endif.

@@ -1,17 +1,18 @@
 %% What an inbox does with batches that are well-formed but ask too much of it, with
 %% peer nodes: barriers naming a process on a third node, multicasts over the
-%% limits and long batches that would hold other nodes' traffic. Batches are built
-%% by hand (the wire format in convoy_wire), as a stray or malformed one would
-%% arrive.
+%% limits, long batches that would hold other nodes' traffic, and destinations of
+%% an old incarnation of the receiving node. Batches are built by hand (the wire
+%% format in convoy_wire), as a stray or malformed one would arrive.
 -module(convoy_inbox_SUITE).
 
 -include_lib("common_test/include/ct.hrl").
 -include_lib("stdlib/include/assert.hrl").
 
 -export([all/0, suite/0, init_per_testcase/2, end_per_testcase/2]).
--export([barrier_for_third_node/1, huge_multicast_rejected/1, long_batch_yields/1]).
+-export([barrier_for_third_node/1, huge_multicast_rejected/1, long_batch_yields/1,
+         old_incarnation_not_logged/1]).
 %% Run on peer nodes, or spawned.
--export([recorder/0, send_with_barrier/3]).
+-export([recorder/0, send_with_barrier/3, make_ids/0, log/2]).
 
 -define(INBOX, convoy_inbox_1).
 
@@ -19,7 +20,8 @@ suite() ->
     [{timetrap, {seconds, 120}}].
 
 all() ->
-    [barrier_for_third_node, huge_multicast_rejected, long_batch_yields].
+    [barrier_for_third_node, huge_multicast_rejected, long_batch_yields,
+     old_incarnation_not_logged].
 
 init_per_testcase(_TC, Config) ->
     _ = application:stop(convoy),
@@ -101,6 +103,37 @@ long_batch_yields(_Config) ->
                  [M || M <- Got, element(1, M) =:= a]),
     ?assertEqual(Inbox, whereis(?INBOX)).
 
+%% Messages to pids and aliases of a restarted node's old incarnation reach the new
+%% incarnation's inbox. A local send to them makes the runtime log an error report
+%% per message; the inbox now counts them as undeliverable and sends nothing,
+%% single and multicast destinations alike.
+old_incarnation_not_logged(_Config) ->
+    Name = ?CT_PEER_NAME(),
+    {Peer1, Node} = peer(Name),
+    {OldPid, OldAlias, Creation1} = peer:call(Peer1, ?MODULE, make_ids, []),
+    peer:stop(Peer1),
+    await(fun() -> lists:member(Node, nodes()) end, fun(Up) -> not Up end, 10000),
+    {Peer2, Node} = peer(Name),
+    ok = convoy_ct_peers:start_convoy(Peer2, #{}),
+    ?assertNotEqual(Creation1, peer:call(Peer2, erlang, system_info, [creation])),
+    Log = spawn(Node, ?MODULE, recorder, []),
+    ok = peer:call(Peer2, logger, add_handler, [convoy_inbox_suite, ?MODULE, #{config => #{to => Log}}]),
+    Live = spawn(Node, ?MODULE, recorder, []),
+    Before = peer:call(Peer2, convoy_metrics, rejected, []),
+    Entries = [{OldPid, m1}, {[Live, OldPid, OldAlias, Live], m2}, {OldAlias, m3}, {Live, m4}],
+    ok = send_with_barrier({?INBOX, Node}, node(), Entries),
+    %% The runtime's error reports go through the logger process: once it has
+    %% handled what was sent before, the handler has seen them.
+    _ = peer:call(Peer2, sys, get_state, [logger]),
+    ok = peer:call(Peer2, logger, error, ["convoy_inbox_SUITE control event"]),
+    Events = [format_event(E) || E <- ask(Log, received)],
+    ct:pal("logged on the new incarnation: ~p", [Events]),
+    ?assert(lists:any(fun(E) -> string:find(E, "control event") =/= nomatch end, Events)),
+    ?assertEqual([], [E || E <- Events, string:find(E, "old incarnation") =/= nomatch]),
+    After = peer:call(Peer2, convoy_metrics, rejected, []),
+    ?assertEqual(4, maps:get(undeliverable, After) - maps:get(undeliverable, Before)),
+    ?assertEqual([m2, m2, m4], ask(Live, received)).
+
 %%--------------------------------------------------------------------
 %% Helpers
 
@@ -131,6 +164,10 @@ send_with_barrier(Inbox, From, Entries) ->
         barrier_timeout
     end.
 
+%% A process, an alias and the creation of this node.
+make_ids() ->
+    {spawn(fun() -> receive stop -> ok end end), alias(), erlang:system_info(creation)}.
+
 %% recorder: keeps what it receives; answers `{'$q', alias | received, From}' and
 %% `{'$q', await, N, From}' (once it holds N messages).
 recorder() ->
@@ -148,6 +185,8 @@ recorder(Got, Alias, Waiters) ->
             recorder(Got, Alias, answer(Got, [{N, From} | Waiters]));
         {a, I, _Payload} ->
             recorder([{a, I} | Got], Alias, answer([{a, I} | Got], Waiters));
+        {log_event, E} ->
+            recorder([E | Got], Alias, Waiters);
         M ->
             recorder([M | Got], Alias, answer([M | Got], Waiters))
     end.
@@ -180,3 +219,12 @@ count(C) ->
 
 await_count(C, N, Timeout) ->
     await(fun() -> count(C) end, fun(V) -> V >= N end, Timeout).
+
+%% A logger handler (installed on a peer): forwards every event.
+log(Event, #{config := #{to := To}}) ->
+    To ! {log_event, Event},
+    ok.
+
+format_event(#{msg := {string, S}}) -> unicode:characters_to_list(S);
+format_event(#{msg := {report, R}}) -> lists:flatten(io_lib:format("~p", [R]));
+format_event(#{msg := {Format, Args}}) -> lists:flatten(io_lib:format(Format, Args)).
