@@ -11,12 +11,12 @@
 %%   <ul>
 %%   <li>`{To, Msg}': send `Msg' to `To' (a pid or alias of the receiving node, or a
 %%     name registered there);</li>
-%%   <li>`{[To], Msg}': multicast, `Msg' to each `To' in order. At most
-%%     `max_dests/0' (1000) destinations; and one with two or more must cost at
-%%     most `max_entry_words/0' (2^20): destinations x (the words one local send of
-%%     `Msg' copies, as `convoy_size:copy_words/2' counts them, + 16 for the send
-%%     itself). A sender splits a multicast to one node with `multicast_entries/2',
-%%     whose entries always pass;</li>
+%%   <li>`{[To], Msg}': multicast, `Msg' to each `To' in order. One with two or
+%%     more destinations must cost at most `max_entry_words/0' (2^20):
+%%     destinations x (the words one local send of `Msg' copies, as
+%%     `convoy_size:copy_words/2' counts them, + 16 for the send itself), so at
+%%     most `max_dests/0' (65,536) destinations. A sender splits a multicast to one
+%%     node with `multicast_entries/2', whose entries always pass;</li>
 %%   <li>`{'$convoy_barrier', ReplyTo, Tag}': answer `{Tag, convoy_barrier}' to
 %%     `ReplyTo' once everything before it is delivered. `ReplyTo' (a pid or an
 %%     alias) must be of `FromNode': an inbox answers only the node the batch says
@@ -31,10 +31,9 @@
 %%   the receiving node would make the runtime log an error for each one.
 %%
 %%   A batch has no limit on its number of entries (a sender's `max_batch' is at
-%%   most 1,000,000): its cost to the receiver grows only with what travelled, as
-%%   no entry costs more than `max_entry_words/0' and a multicast copies its
-%%   message at most 1000 times. The receiver delivers a long batch in slices (see
-%%   `convoy_inbox') so other traffic is not held behind it.</li>
+%%   most 1,000,000): no entry costs more than `max_entry_words/0', and the
+%%   receiver delivers a long batch in slices of that cost (see `convoy_inbox') so
+%%   other traffic is not held behind it.</li>
 %% <li>`{'$convoy', 1, hello | welcome, Info}' goes between `convoy_peers' processes:
 %%   on start-up and on nodeup each side sends `hello' and answers a `hello' with
 %%   `welcome'. `Info' is a map; unknown keys are ignored, so a later release can add
@@ -45,11 +44,13 @@
 %% A receiver accepts every version in `versions/0'; a sender uses the highest
 %% version both sides accept, learnt from the hello exchange.
 %%
-%% The limits on a multicast entry: copying is about 10 ns a word on the machines
+%% The limits on a multicast entry: copying is about 10-15 ns a word, and a local
+%% send of a small message about 150-300 ns (16 words' worth), on the machines
 %% convoy is measured on, so an entry at `max_entry_words/0' costs its receiver
-%% about 10-15 ms, and 1000 destinations of a small message about 0.3 ms. An entry
-%% with a million destinations and a 100,000-deep term once held an inbox for 19
-%% minutes; it is now rejected after reading 1001 destinations.
+%% about 10-20 ms. The destination limit is what the budget allows with nothing
+%% to copy; it bounds the check's walk of the list. An entry with a million
+%% destinations and a 100,000-deep term once held an inbox for 19 minutes; it is
+%% now rejected after reading 65,537 destinations (about 1 ms).
 -module(convoy_wire).
 
 -export([version/0, versions/0, max_inboxes/0, max_dests/0, max_entry_words/0,
@@ -60,11 +61,11 @@
 
 -define(VSN, 1).
 -define(MAX_INBOXES, 1024).
--define(MAX_DESTS, 1000).
 -define(MAX_ENTRY_WORDS, (1 bsl 20)).
 %% What one local send costs beyond the words it copies, in word copies (a send of
 %% a small message takes about as long as copying 16 words).
 -define(SEND_WORDS, 16).
+-define(MAX_DESTS, (?MAX_ENTRY_WORDS div ?SEND_WORDS)).
 
 -type dest() :: pid() | atom() | reference().
 -type entry() :: {dest() | [dest()], term()} | {'$convoy_barrier', pid() | reference(), term()}.
@@ -144,7 +145,7 @@ negotiate(Theirs) ->
     end.
 
 %% @doc Check one entry of a batch from `From' on the receiving node `Local'. A
-%% multicast's check visits at most its first 1001 destinations and about
+%% multicast's check visits at most its first 65,537 destinations and about
 %% `max_entry_words/0' / destinations words of its message.
 -spec entry(term(), node(), node()) -> checked().
 entry({'$convoy_barrier', ReplyTo, Tag}, From, _Local) when is_pid(ReplyTo); is_reference(ReplyTo) ->
@@ -297,7 +298,7 @@ multicast_limits_test() ->
     Max = lists:duplicate(?MAX_DESTS, foo),
     ?assertMatch({multicast, _, m, _}, entry({Max, m}, a@h, L)),
     ?assertEqual({error, too_costly}, entry({[foo | Max], m}, a@h, L)),
-    %% a bad destination among the first 1000 is a bad entry; past them, too costly
+    %% a bad destination among the first 65,536 is a bad entry; past them, too costly
     ?assertEqual({error, bad_entry}, entry({[1 | Max], m}, a@h, L)),
     ?assertEqual({error, too_costly}, entry({Max ++ [1], m}, a@h, L)),
     ?assertEqual({error, bad_entry}, entry({Max ++ x, m}, a@h, L)),
@@ -326,9 +327,13 @@ multicast_entries_test() ->
     ?assertEqual([], multicast_entries([], m)),
     ?assertEqual([{[a], m}], multicast_entries([a], m)),
     ?assertEqual([{[a, b, c], m}], multicast_entries([a, b, c], m)),
-    Tos = [list_to_atom("d" ++ integer_to_list(I)) || I <- lists:seq(1, 2500)],
+    Tos = [list_to_atom("d" ++ integer_to_list(I rem 100)) || I <- lists:seq(1, 150000)],
     Es = multicast_entries(Tos, m),
-    ?assertEqual([1000, 1000, 500], [length(T) || {T, _} <- Es]),
+    ?assertEqual([65536, 65536, 150000 - 2 * 65536], [length(T) || {T, _} <- Es]),
+    %% 2^20 div (1000 words + 16) per entry
+    Es2 = multicast_entries(Tos, lists:seq(1, 500)),
+    ?assertEqual(1032, length(element(1, hd(Es2)))),
+    ?assertEqual(Tos, lists:append([T || {T, _} <- Es2])),
     ?assertEqual(Tos, lists:append([T || {T, _} <- Es])),
     Big = lists:seq(1, ?MAX_ENTRY_WORDS), % over half the budget: one per entry
     ?assertEqual([{[a], Big}, {[b], Big}], multicast_entries([a, b], Big)).

@@ -40,9 +40,9 @@ decode_any_test_() -> ?RUN(prop_decode_any(), 3000).
 decode_near_valid_test_() -> ?RUN(prop_decode_near_valid(), 5000).
 entry_any_test_() -> ?RUN(prop_entry_any(), 3000).
 entry_near_valid_test_() -> ?RUN(prop_entry_near_valid(), 5000).
-entry_long_multicast_test_() -> ?RUN(prop_entry_long_multicast(), 300).
+entry_long_multicast_test_() -> ?RUN(prop_entry_long_multicast(), 200).
 valid_batch_roundtrip_test_() -> ?RUN(prop_valid_batch_roundtrip(), 1000).
-multicast_entries_test_() -> ?RUN(prop_multicast_entries(), 500).
+multicast_entries_test_() -> ?RUN(prop_multicast_entries(), 300).
 negotiate_test_() -> ?RUN(prop_negotiate(), 1000).
 is_large_agrees_test_() -> ?RUN(prop_is_large_agrees(), 3000).
 is_large_agrees_improper_test_() -> ?RUN(prop_is_large_agrees_improper(), 3000).
@@ -182,9 +182,9 @@ expected_entry({'$convoy_barrier', R, Tag}, From, _Local) when is_pid(R); is_ref
         true -> {barrier, R, Tag};
         false -> {error, bad_entry}
     end;
-%% A multicast: its first 1000 destinations local and the list proper up to there,
-%% at most 1000 of them, and with two or more, destinations x (words + 16) within
-%% 2^20.
+%% A multicast: its first 65,536 destinations local and the list proper up to
+%% there, at most 65,536 of them, and with two or more, destinations x (words + 16)
+%% within 2^20.
 expected_entry({To, Msg}, _From, Local) when is_list(To) ->
     case scan_dests(To, Local, 0) of
         {ok, N} when N =< 1 ->
@@ -207,7 +207,7 @@ expected_entry(_, _, _) ->
     {error, bad_entry}.
 
 scan_dests([], _Local, N) -> {ok, N};
-scan_dests([_ | _], _Local, 1000) -> too_costly;
+scan_dests([_ | _], _Local, 65536) -> too_costly;
 scan_dests([D | Rest], Local, N) ->
     case local_dest(D, Local) of
         true -> scan_dests(Rest, Local, N + 1);
@@ -238,12 +238,12 @@ prop_entry_near_valid() ->
             safe(entry, {E, From, Local},
                  fun() -> convoy_wire:entry(E, From, Local) =:= expected_entry(E, From, Local) end)).
 
-%% Multicasts near the limits: around 1000 destinations, maybe one bad or an
+%% Multicasts near the limits: around 65,536 destinations, maybe one bad or an
 %% improper tail, messages from nothing to past the copy budget.
 long_multicast(Local) ->
     ?LET({N, Bad, Tail, Msg},
-         {oneof([choose(0, 5), choose(995, 1005), choose(1, 3000)]),
-          frequency([{3, none}, {1, choose(1, 1100)}]),
+         {frequency([{2, choose(0, 5)}, {1, choose(65530, 65540)}, {3, choose(1, 3000)}]),
+          frequency([{4, none}, {2, choose(1, 3100)}, {1, choose(65530, 65540)}]),
           frequency([{5, []}, {1, x}]),
           oneof([any(), ?LET(K, choose(0, 600000), lists:seq(1, K)),
                  ?LET(K, choose(0, 1024), lists:seq(1, K)), binary(100000)])},
@@ -299,7 +299,7 @@ multicast_msg() ->
 
 prop_multicast_entries() ->
     ?FORALL({Local, Msg}, {node_name(), multicast_msg()},
-    ?FORALL(N, choose(0, max_dests_for(Msg)),
+    ?FORALL(N, dests_for(Msg),
             safe(multicast_entries, {Local, N, Msg},
                  fun() ->
                          Tos = [lists:nth(I rem 4 + 1, [fake_pid(Local), fake_ref(Local), foo, bar])
@@ -312,11 +312,12 @@ prop_multicast_entries() ->
                              andalso lists:all(fun(E) -> accepted(E, Local) end, Wire)
                  end))).
 
-%% Fewer destinations for big messages: every entry's check walks the message.
-max_dests_for(Msg) ->
+%% Past the destination limit for small messages; few destinations for big ones
+%% (every entry's check walks the message).
+dests_for(Msg) ->
     case convoy_size:copy_words(Msg, 10000) of
-        {ok, _} -> 3000;
-        over -> 6
+        {ok, _} -> frequency([{9, choose(0, 3000)}, {1, choose(65530, 140000)}]);
+        over -> choose(0, 6)
     end.
 
 accepted(E, Local) ->
