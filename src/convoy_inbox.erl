@@ -11,14 +11,14 @@
 %% delivered.
 %%
 %% Bounded work before other traffic gets its turn. One entry costs at most
-%% `convoy_wire:max_entry_words/0' word copies (about 10-15 ms; `convoy_wire'
+%% `convoy_wire:max_entry_words/0' word copies (about 5-15 ms; `convoy_wire'
 %% rejects costlier multicasts). A batch has no limit on its number of entries, so
 %% the inbox delivers a batch in slices of at most that same budget (each entry
 %% costing `convoy_wire:cost/1'; a slice holds at least one entry) and, while some
 %% batch is unfinished, handles one message from its mailbox between slices. A
 %% node's later batches wait behind its unfinished one, so entries from one node
 %% are still delivered in the order they came; unfinished batches of different
-%% nodes take turns. A batch of up to 65,536 plain sends fits in one slice, so
+%% nodes take turns. A batch of up to 8192 plain sends fits in one slice, so
 %% ordinary batches (`max_batch' 1000 by default) are never split. Since a batch
 %% can be unfinished, `sys:get_state/1' returning does not mean that all batches
 %% received so far were delivered.

@@ -86,7 +86,7 @@ long_batch_yields(_Config) ->
     {_PeerA, A} = peer(?CT_PEER_NAME(sender_a)),
     {_PeerB, B} = peer(?CT_PEER_NAME(sender_b)),
     Rec = spawn_link(?MODULE, recorder, []),
-    Payload = lists:seq(1, 200000), % 400,000 words: two sends cost 800,000 of 2^20
+    Payload = lists:seq(1, 50000), % 100,000 words: two sends cost 200,064 of 2^18
     Long = [{[Rec, Rec], {a, I, Payload}} || I <- lists:seq(1, 6)] ++ [{Rec, {a, last}}],
     Inbox = whereis(?INBOX),
     %% Both batches wait in the inbox's mailbox, the long one first.

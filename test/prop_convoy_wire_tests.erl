@@ -182,17 +182,17 @@ expected_entry({'$convoy_barrier', R, Tag}, From, _Local) when is_pid(R); is_ref
         true -> {barrier, R, Tag};
         false -> {error, bad_entry}
     end;
-%% A multicast: its first 65,536 destinations local and the list proper up to
-%% there, at most 65,536 of them, and with two or more, destinations x (words + 16)
-%% within 2^20.
+%% A multicast: its first 8192 destinations local and the list proper up to
+%% there, at most 8192 of them, and with two or more, destinations x (words + 32)
+%% within 2^18.
 expected_entry({To, Msg}, _From, Local) when is_list(To) ->
     case scan_dests(To, Local, 0) of
         {ok, N} when N =< 1 ->
-            {multicast, To, Msg, 16};
+            {multicast, To, Msg, 32};
         {ok, N} ->
             {ok, W} = convoy_size:copy_words(Msg, 1 bsl 50),
-            case N * (W + 16) =< 1 bsl 20 of
-                true -> {multicast, To, Msg, N * (W + 16)};
+            case N * (W + 32) =< 1 bsl 18 of
+                true -> {multicast, To, Msg, N * (W + 32)};
                 false -> {error, too_costly}
             end;
         Kind ->
@@ -207,7 +207,7 @@ expected_entry(_, _, _) ->
     {error, bad_entry}.
 
 scan_dests([], _Local, N) -> {ok, N};
-scan_dests([_ | _], _Local, 65536) -> too_costly;
+scan_dests([_ | _], _Local, 8192) -> too_costly;
 scan_dests([D | Rest], Local, N) ->
     case local_dest(D, Local) of
         true -> scan_dests(Rest, Local, N + 1);
@@ -238,14 +238,14 @@ prop_entry_near_valid() ->
             safe(entry, {E, From, Local},
                  fun() -> convoy_wire:entry(E, From, Local) =:= expected_entry(E, From, Local) end)).
 
-%% Multicasts near the limits: around 65,536 destinations, maybe one bad or an
+%% Multicasts near the limits: around 8192 destinations, maybe one bad or an
 %% improper tail, messages from nothing to past the copy budget.
 long_multicast(Local) ->
     ?LET({N, Bad, Tail, Msg},
-         {frequency([{2, choose(0, 5)}, {1, choose(65530, 65540)}, {3, choose(1, 3000)}]),
-          frequency([{4, none}, {2, choose(1, 3100)}, {1, choose(65530, 65540)}]),
+         {frequency([{2, choose(0, 5)}, {2, choose(8186, 8196)}, {3, choose(1, 3000)}]),
+          frequency([{4, none}, {2, choose(1, 3100)}, {1, choose(8186, 8196)}]),
           frequency([{5, []}, {1, x}]),
-          oneof([any(), ?LET(K, choose(0, 600000), lists:seq(1, K)),
+          oneof([any(), ?LET(K, choose(0, 200000), lists:seq(1, K)),
                  ?LET(K, choose(0, 1024), lists:seq(1, K)), binary(100000)])},
          begin
              Good = [lists:nth(I rem 3 + 1, [foo, fake_pid(Local), fake_ref(Local)])
@@ -291,7 +291,7 @@ prop_valid_batch_roundtrip() ->
 multicast_msg() ->
     frequency([{6, any()},
                {2, ?LET(K, choose(0, 5000), lists:seq(1, K))},
-               {1, ?LET(K, oneof([choose(0, 600000), choose(262000, 262200)]), lists:seq(1, K))},
+               {1, ?LET(K, oneof([choose(0, 200000), choose(65400, 65600)]), lists:seq(1, K))},
                {1, ?LET(K, choose(0, 2000), list_to_tuple(lists:seq(1, K)))},
                {1, ?LET(N, choose(0, 200000), binary(N))},
                {1, ?LET(L, list(binary()), L)},
@@ -316,7 +316,7 @@ prop_multicast_entries() ->
 %% (every entry's check walks the message).
 dests_for(Msg) ->
     case convoy_size:copy_words(Msg, 10000) of
-        {ok, _} -> frequency([{9, choose(0, 3000)}, {1, choose(65530, 140000)}]);
+        {ok, _} -> frequency([{6, choose(0, 3000)}, {1, choose(8186, 30000)}]);
         over -> choose(0, 6)
     end.
 
