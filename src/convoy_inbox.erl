@@ -2,19 +2,57 @@
 %% An inbound lane: registered as `convoy_inbox_I', it takes batches from peers'
 %% lanes (see `convoy_wire') and delivers their entries, in order, with local sends.
 %%
-%% Everything that reaches it is untrusted: batches of unknown versions, from nodes
-%% that are not connected, malformed entries and stray terms are counted (see
-%% `convoy:info/0', `rejected') and the first of each kind is logged; the valid
-%% entries of a batch are still delivered.
+%% A connected node is trusted, but what reaches an inbox may be stray, duplicated,
+%% misdirected or malformed: batches of unknown versions, from nodes that are not
+%% connected, malformed entries, barriers for a third node, multicasts over the
+%% limits, destinations of an old incarnation of this node and stray terms are
+%% counted (see `convoy:info/0', `rejected') and the first of each kind is logged
+%% (`undeliverable' is only counted); the valid entries of a batch are still
+%% delivered.
+%%
+%% Bounded work before other traffic gets its turn. One entry costs at most
+%% `convoy_wire:max_entry_words/0' word copies (about 5-15 ms; `convoy_wire'
+%% rejects costlier multicasts). A batch has no limit on its number of entries, so
+%% the inbox delivers a batch in slices of at most that same budget (each entry
+%% costing `convoy_wire:cost/1'; a slice holds at least one entry) and, while some
+%% batch is unfinished, handles one message from its mailbox between slices. A
+%% node's later batches wait behind its unfinished one, so entries from one node
+%% are still delivered in the order they came; unfinished batches of different
+%% nodes take turns. A batch of up to 8192 plain sends fits in one slice, so
+%% ordinary batches (`max_batch' 1000 by default) are never split. Since a batch
+%% can be unfinished, `sys:get_state/1' returning does not mean that all batches
+%% received so far were delivered.
+%%
+%% A pid or alias of an old incarnation of this node (same name, another
+%% `creation': one from before this node restarted) is counted as `undeliverable'
+%% and not sent to, as `!' drops it silently on the sending node; a local send
+%% would make the runtime log an error report for each message. Each pid or alias
+%% is checked (`convoy_wire:creation/1', about 30 ns) unless it is the last one
+%% found current in the same slice, so a run of entries to one process pays for
+%% one check.
 -module(convoy_inbox).
 
 -export([start_link/1, init/2, system_continue/3, system_terminate/4,
          system_get_state/1, system_code_change/4]).
 
+%% The rest of a batch: its node's counters and entries, the first of them perhaps
+%% already checked.
+-type job() :: {counters:counters_ref(), convoy_wire:checked() | none, maybe_improper_list()}.
+
 -record(s, {parent :: pid(),
             name :: atom(),
             local :: node(),
-            peers = #{} :: #{node() => counters:counters_ref()}}).
+            peers = #{} :: #{node() => counters:counters_ref()},
+            %% unfinished batches per node, oldest first; nodes take turns
+            work = #{} :: #{node() => queue:queue(job())},
+            turns = queue:new() :: queue:queue(node())}).
+
+%% What delivering a batch needs: the node it came from, this node and its
+%% creation, and the last pid or alias found to be of this incarnation.
+-record(d, {from :: node(),
+            local :: node(),
+            creation :: non_neg_integer(),
+            good :: pid() | reference() | undefined}).
 
 -spec start_link(pos_integer()) -> {ok, pid()}.
 start_link(Index) ->
@@ -30,26 +68,35 @@ init(Parent, Index) ->
     proc_lib:init_ack(Parent, {ok, self()}),
     loop(#s{parent = Parent, name = Name, local = node()}).
 
-loop(S) ->
+%% With unfinished batches: one message, then one slice, in turn.
+loop(S = #s{parent = Parent}) ->
+    Wait = case queue:is_empty(S#s.turns) of
+               true -> infinity;
+               false -> 0
+           end,
     receive
-        Msg -> loop(handle(Msg, S))
+        {system, From, Req} ->
+            sys:handle_system_msg(Req, From, Parent, ?MODULE, [], S);
+        {'EXIT', Parent, Reason} ->
+            exit(Reason);
+        Msg when Wait =:= 0 ->
+            loop(slice(handle(Msg, S)));
+        Msg ->
+            loop(handle(Msg, S))
+    after Wait ->
+        loop(slice(S))
     end.
 
 handle({nodedown, Node}, S) ->
     S#s{peers = maps:remove(Node, S#s.peers)};
 handle({nodeup, _Node}, S) ->
     S;
-handle({'EXIT', Parent, Reason}, #s{parent = Parent}) ->
-    exit(Reason);
-handle({system, From, Req}, S) ->
-    sys:handle_system_msg(Req, From, S#s.parent, ?MODULE, [], S);
 handle(Msg, S) ->
     case convoy_wire:decode(Msg) of
         {batch, _Vsn, From, Entries} ->
             case peer(From, S) of
                 {ok, C, S1} ->
-                    convoy_metrics:add(C, received, deliver(Entries, From, S#s.local, 0)),
-                    S1;
+                    batch(From, {C, none, Entries}, S1);
                 unknown ->
                     convoy_metrics:rejected(unknown_node),
                     S
@@ -77,42 +124,109 @@ peer(Node, S = #s{peers = Peers}) ->
             end
     end.
 
-%% Returns the number of messages delivered; stops counting at an improper tail.
-%% A barrier is answered only to a process of the batch's own node: never on the
-%% sender's behalf to a third node.
-deliver([], _From, _Local, N) ->
-    N;
-deliver([E | Rest], From, Local, N) ->
-    case convoy_wire:entry(E, Local) of
-        {deliver, To, Msg} ->
-            local_send(To, Msg),
-            deliver(Rest, From, Local, N + 1);
-        {multicast, Tos, Msg} ->
-            _ = [local_send(To, Msg) || To <- Tos],
-            deliver(Rest, From, Local, N + 1);
-        {barrier, ReplyTo, Tag} when node(ReplyTo) =:= From ->
-            _ = erlang:send(ReplyTo, {Tag, convoy_barrier}, [noconnect]),
-            deliver(Rest, From, Local, N);
-        {barrier, _ReplyTo, _Tag} ->
-            convoy_metrics:rejected(bad_entry),
-            deliver(Rest, From, Local, N);
-        {error, Kind} ->
-            convoy_metrics:rejected(Kind),
-            deliver(Rest, From, Local, N)
-    end;
-deliver(_ImproperTail, _From, _Local, N) ->
-    convoy_metrics:rejected(malformed_batch),
-    N.
+%% A new batch: behind the node's unfinished ones, or its first slice now.
+batch(From, Job, S = #s{work = Work}) ->
+    case Work of
+        #{From := Q} ->
+            S#s{work = Work#{From := queue:in(Job, Q)}};
+        _ ->
+            case run(Job, From, S) of
+                done -> S;
+                Rest -> S#s{work = Work#{From => queue:from_list([Rest])},
+                            turns = queue:in(From, S#s.turns)}
+            end
+    end.
 
-%% Like `!' to a remote name: a name nobody holds drops the message (counted).
-local_send(To, Msg) when is_atom(To) ->
+%% One slice of the unfinished batch of the node whose turn it is.
+slice(S = #s{work = Work, turns = Turns}) ->
+    case queue:out(Turns) of
+        {empty, _} ->
+            S;
+        {{value, Node}, Turns1} ->
+            {{value, Job}, Q} = queue:out(maps:get(Node, Work)),
+            Q1 = case run(Job, Node, S) of
+                     done -> Q;
+                     Rest -> queue:in_r(Rest, Q)
+                 end,
+            case queue:is_empty(Q1) of
+                true -> S#s{work = maps:remove(Node, Work), turns = Turns1};
+                false -> S#s{work = Work#{Node := Q1}, turns = queue:in(Node, Turns1)}
+            end
+    end.
+
+%% Deliver entries of a job for at most one slice; returns what is left of it.
+run({C, First, Entries}, From, #s{local = Local}) ->
+    D = #d{from = From, local = Local, creation = erlang:system_info(creation)},
+    Budget = convoy_wire:max_entry_words(),
+    {N, Left} = case First of
+                    none -> deliver(Entries, D, Budget, Budget, 0);
+                    _ -> step(First, Entries, D, Budget, Budget, 0)
+                end,
+    convoy_metrics:add(C, received, N),
+    case Left of
+        done -> done;
+        {Checked, Rest} -> {C, Checked, Rest}
+    end.
+
+%% N counts messages delivered (one per send or multicast entry); stops at an
+%% improper tail. Left is what the slice has still to spend of Budget.
+deliver([], _D, _Left, _Budget, N) ->
+    {N, done};
+deliver([E | Rest], D, Left, Budget, N) ->
+    step(convoy_wire:entry(E, D#d.from, D#d.local), Rest, D, Left, Budget, N);
+deliver(_ImproperTail, _D, _Left, _Budget, N) ->
+    convoy_metrics:rejected(malformed_batch),
+    {N, done}.
+
+step(Checked, Rest, D, Left, Budget, N) ->
+    Cost = convoy_wire:cost(Checked),
+    case Cost > Left andalso Left < Budget of
+        true ->
+            {N, {Checked, Rest}};
+        false ->
+            case Checked of
+                {deliver, To, Msg} ->
+                    deliver(Rest, local_send(To, Msg, D), Left - Cost, Budget, N + 1);
+                {multicast, Tos, Msg, _} ->
+                    deliver(Rest, multicast(Tos, Msg, D), Left - Cost, Budget, N + 1);
+                {barrier, ReplyTo, Tag} ->
+                    _ = erlang:send(ReplyTo, {Tag, convoy_barrier}, [noconnect]),
+                    deliver(Rest, D, Left - Cost, Budget, N);
+                {error, Kind} ->
+                    convoy_metrics:rejected(Kind),
+                    deliver(Rest, D, Left - Cost, Budget, N)
+            end
+    end.
+
+multicast([], _Msg, D) -> D;
+multicast([To | Tos], Msg, D) -> multicast(Tos, Msg, local_send(To, Msg, D)).
+
+%% Like `!' to a remote name: a name nobody holds drops the message (counted). A
+%% pid or alias of an old incarnation of this node is dropped as `!' would on the
+%% sending node (counted), without the error report a local send makes the runtime
+%% log. Returns D, remembering a pid or alias found current.
+local_send(To, Msg, D) when is_atom(To) ->
     try
         erlang:send(To, Msg)
     catch
         error:badarg -> convoy_metrics:rejected(undeliverable)
-    end;
-local_send(To, Msg) ->
-    erlang:send(To, Msg).
+    end,
+    D;
+local_send(To, Msg, D = #d{good = To}) ->
+    erlang:send(To, Msg),
+    D;
+local_send(To, Msg, D = #d{creation = Creation}) ->
+    case convoy_wire:creation(To) of
+        Creation ->
+            erlang:send(To, Msg),
+            D#d{good = To};
+        unknown ->
+            erlang:send(To, Msg),
+            D;
+        _Old ->
+            convoy_metrics:rejected(undeliverable),
+            D
+    end.
 
 -spec system_continue(pid(), [sys:debug_option()], #s{}) -> no_return().
 system_continue(_Parent, _Debug, S) -> loop(S).

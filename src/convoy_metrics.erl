@@ -22,12 +22,12 @@
 -type counter() :: accepted | messages | batches | dropped | received | direct
                  | refused | blocked_us.
 -type rejection() :: bad_version | malformed_batch | bad_entry | bad_hello
-                   | unknown_message | unknown_node | undeliverable.
+                   | unknown_message | unknown_node | undeliverable | too_costly.
 
 -define(COUNTERS, [accepted, messages, batches, dropped, received, direct, refused,
                    blocked_us]).
 -define(REJECTIONS, [bad_version, malformed_batch, bad_entry, bad_hello,
-                     unknown_message, unknown_node, undeliverable]).
+                     unknown_message, unknown_node, undeliverable, too_costly]).
 
 %% @doc Create the rejection counters (once per start of the application).
 -spec init() -> ok.

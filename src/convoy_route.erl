@@ -74,7 +74,11 @@ multicast(Dests, Msg) when is_list(Dests) ->
     {Local, Remote} = group(Dests, Msg, [], #{}),
     lists:foreach(fun(D) -> erlang:send(D, Msg) end, Local),
     RT = persistent_term:get(?RUNTIME_KEY, undefined),
-    maps:foreach(fun(Node, Tos) -> remote_multi(RT, Node, Tos, Msg) end, Remote);
+    %% Split into entries a peer's inbox accepts (convoy_wire's cost limit).
+    maps:foreach(fun(Node, Tos) ->
+                         lists:foreach(fun({Ts, _}) -> remote_multi(RT, Node, Ts, Msg) end,
+                                       convoy_wire:multicast_entries(Tos, Msg))
+                 end, Remote);
 multicast(Dests, Msg) ->
     erlang:error(badarg, [Dests, Msg]).
 

@@ -9,11 +9,32 @@
 %%   a sender shipping its own message while its lane is idle) to an inbox
 %%   (`convoy_inbox_I'). Entries are delivered in list order:
 %%   <ul>
-%%   <li>`{To, Msg}': send `Msg' to `To' (a local pid, a registered name or an alias);</li>
-%%   <li>`{[To], Msg}': multicast, `Msg' to each `To' in order;</li>
+%%   <li>`{To, Msg}': send `Msg' to `To' (a pid or alias of the receiving node, or a
+%%     name registered there);</li>
+%%   <li>`{[To], Msg}': multicast, `Msg' to each `To' in order. One with two or
+%%     more destinations must cost at most `max_entry_words/0' (2^18):
+%%     destinations x (the words one local send of `Msg' copies, as
+%%     `convoy_size:copy_words/2' counts them, + 32 for the send itself), so at
+%%     most `max_dests/0' (8192) destinations. A sender splits a multicast to one
+%%     node with `multicast_entries/2', whose entries always pass;</li>
 %%   <li>`{'$convoy_barrier', ReplyTo, Tag}': answer `{Tag, convoy_barrier}' to
-%%     `ReplyTo' once everything before it is delivered.</li>
-%%   </ul></li>
+%%     `ReplyTo' once everything before it is delivered. `ReplyTo' (a pid or an
+%%     alias) must be of `FromNode': an inbox answers only the node the batch says
+%%     it came from, never a third one.</li>
+%%   </ul>
+%%   The receiver checks every entry (`entry/3'). A malformed one, a destination
+%%   of another node, a barrier for a third node or a message that is itself a
+%%   batch (it would make the inbox feed itself) is `bad_entry'; a multicast
+%%   over a limit is `too_costly'; both are counted and nothing of them is sent.
+%%   A pid or alias of an old incarnation of the receiving node (same name,
+%%   another `creation', see `creation/1') is counted `undeliverable' and not sent to:
+%%   `!' drops such messages silently on the sending node, while a local send on
+%%   the receiving node would make the runtime log an error for each one.
+%%
+%%   A batch has no limit on its number of entries (a sender's `max_batch' is at
+%%   most 1,000,000): no entry costs more than `max_entry_words/0', and the
+%%   receiver delivers a long batch in slices of that cost (see `convoy_inbox') so
+%%   other traffic is not held behind it.</li>
 %% <li>`{'$convoy', 1, hello | welcome, Info}' goes between `convoy_peers' processes:
 %%   on start-up and on nodeup each side sends `hello' and answers a `hello' with
 %%   `welcome'. `Info' is a map; unknown keys are ignored, so a later release can add
@@ -23,15 +44,31 @@
 %% </ul>
 %% A receiver accepts every version in `versions/0'; a sender uses the highest
 %% version both sides accept, learnt from the hello exchange.
+%%
+%% The limits on a multicast entry, measured on the 2-core machine convoy is
+%% developed on: a local send copies a large term at about 25 ns a word (a 4 MB
+%% list: 13 ms), the check walks one at about 11 ns a word, and a send of a small
+%% message that wakes a waiting process takes about 700 ns (hence 32 words per
+%% send). An entry at `max_entry_words/0' costs its receiver about 5-15 ms. The
+%% destination limit is what the budget allows with nothing to copy; it also
+%% bounds the check's walk of the list. An entry with a million destinations and
+%% a 100,000-deep term once held an inbox for 19 minutes; it is now rejected after
+%% reading 8193 destinations.
 -module(convoy_wire).
 
--export([version/0, versions/0, max_inboxes/0, batch/2, barrier/2, hello/2,
-         decode/1, entry/2, negotiate/1, inbox_name/1, inbox_names/1, lane_inbox/2]).
+-export([version/0, versions/0, max_inboxes/0, max_dests/0, max_entry_words/0,
+         batch/2, barrier/2, hello/2, decode/1, entry/3, cost/1, multicast_entries/2,
+         creation/1, negotiate/1, inbox_name/1, inbox_names/1, lane_inbox/2]).
 
--export_type([entry/0, dest/0, decoded/0, hello_info/0]).
+-export_type([entry/0, dest/0, decoded/0, hello_info/0, checked/0]).
 
 -define(VSN, 1).
 -define(MAX_INBOXES, 1024).
+-define(MAX_ENTRY_WORDS, (1 bsl 18)).
+%% What one local send costs beyond the words it copies, in word copies (a send
+%% that wakes a waiting process takes about as long as copying 32 words).
+-define(SEND_WORDS, 32).
+-define(MAX_DESTS, (?MAX_ENTRY_WORDS div ?SEND_WORDS)).
 
 -type dest() :: pid() | atom() | reference().
 -type entry() :: {dest() | [dest()], term()} | {'$convoy_barrier', pid() | reference(), term()}.
@@ -40,6 +77,10 @@
 -type decoded() :: {batch, pos_integer(), node(), maybe_improper_list()}
                  | {hello | welcome, hello_info()}
                  | {error, bad_version | malformed_batch | bad_hello | unknown_message}.
+-type checked() :: {deliver, dest(), term()}
+                 | {multicast, [dest()], term(), non_neg_integer()}
+                 | {barrier, pid() | reference(), term()}
+                 | {error, bad_entry | too_costly}.
 
 -spec version() -> pos_integer().
 version() -> ?VSN.
@@ -50,6 +91,14 @@ versions() -> [?VSN].
 
 -spec max_inboxes() -> pos_integer().
 max_inboxes() -> ?MAX_INBOXES.
+
+%% @doc Most destinations in one multicast entry.
+-spec max_dests() -> pos_integer().
+max_dests() -> ?MAX_DESTS.
+
+%% @doc Most a multicast entry with two or more destinations may cost (see `cost/1').
+-spec max_entry_words() -> pos_integer().
+max_entry_words() -> ?MAX_ENTRY_WORDS.
 
 -spec batch(node(), [entry()]) -> tuple().
 batch(FromNode, Entries) -> {'$convoy', ?VSN, batch, FromNode, Entries}.
@@ -98,29 +147,49 @@ negotiate(Theirs) ->
         Common -> lists:max(Common)
     end.
 
-%% @doc Check one batch entry on the receiving node `Local'.
--spec entry(term(), node()) ->
-          {deliver, dest(), term()} | {multicast, [dest()], term()}
-        | {barrier, pid() | reference(), term()} | {error, bad_entry}.
-entry({'$convoy_barrier', ReplyTo, Tag}, _Local) when is_pid(ReplyTo); is_reference(ReplyTo) ->
-    {barrier, ReplyTo, Tag};
-entry({To, Msg}, Local) when is_list(To) ->
-    case all_local(To, Local) of
-        true -> {multicast, To, Msg};
+%% @doc Check one entry of a batch from `From' on the receiving node `Local'. A
+%% multicast's check visits at most its first 8193 destinations and about
+%% `max_entry_words/0' / destinations words of its message.
+-spec entry(term(), node(), node()) -> checked().
+entry({_To, {'$convoy', _, batch, _, _}}, _From, _Local) ->
+    %% A batch inside a batch would make an inbox feed itself: multicasts of
+    %% batches of multicasts multiply the work of one input with every level.
+    {error, bad_entry};
+entry({'$convoy_barrier', ReplyTo, Tag}, From, _Local) when is_pid(ReplyTo); is_reference(ReplyTo) ->
+    case node(ReplyTo) =:= From of
+        true -> {barrier, ReplyTo, Tag};
         false -> {error, bad_entry}
     end;
-entry({To, Msg}, Local) ->
+entry({To, Msg}, _From, Local) when is_list(To) ->
+    case dests(To, Local, 0) of
+        {ok, N} when N =< 1 ->
+            {multicast, To, Msg, ?SEND_WORDS};
+        {ok, N} ->
+            case convoy_size:copy_words(Msg, ?MAX_ENTRY_WORDS div N - ?SEND_WORDS) of
+                {ok, W} -> {multicast, To, Msg, N * (W + ?SEND_WORDS)};
+                over -> {error, too_costly}
+            end;
+        Error ->
+            {error, Error}
+    end;
+entry({To, Msg}, _From, Local) ->
     case local_dest(To, Local) of
         true -> {deliver, To, Msg};
         false -> {error, bad_entry}
     end;
-entry(_, _) ->
+entry(_, _From, _Local) ->
     {error, bad_entry}.
 
-%% Also false for an improper list.
-all_local([], _Local) -> true;
-all_local([D | Rest], Local) -> local_dest(D, Local) andalso all_local(Rest, Local);
-all_local(_, _Local) -> false.
+%% How many destinations, all local; an improper list is a bad entry, and the walk
+%% ends after max_dests + 1.
+dests([], _Local, N) -> {ok, N};
+dests([_ | _], _Local, N) when N >= ?MAX_DESTS -> too_costly;
+dests([D | Rest], Local, N) ->
+    case local_dest(D, Local) of
+        true -> dests(Rest, Local, N + 1);
+        false -> bad_entry
+    end;
+dests(_, _Local, _N) -> bad_entry.
 
 local_dest(D, Local) when is_pid(D); is_reference(D) -> node(D) =:= Local;
 local_dest(D, _Local) -> is_atom(D) andalso D =/= undefined.
@@ -128,6 +197,60 @@ local_dest(D, _Local) -> is_atom(D) andalso D =/= undefined.
 %% @doc The inbox, among a peer's `Inboxes', that lane `Lane' always ships to.
 -spec lane_inbox(pos_integer(), tuple()) -> atom().
 lane_inbox(Lane, Inboxes) -> element((Lane - 1) rem tuple_size(Inboxes) + 1, Inboxes).
+
+%% @doc What delivering a checked entry costs its receiver, in word copies: a
+%% multicast as `entry/3' computed it (32 with fewer than two destinations),
+%% anything else the 32 of one send (a single send copies its message once: no
+%% more than what travelled, so it is not measured).
+-spec cost(checked()) -> non_neg_integer().
+cost({multicast, _Tos, _Msg, Cost}) -> Cost;
+cost(_) -> ?SEND_WORDS.
+
+%% @doc A multicast of `Msg' to destinations of one node, as entries the receiver
+%% accepts (`entry/3'), destinations in order: as many per entry as the limits
+%% allow, one if a single send of `Msg' is already over half of them. Walks at most
+%% about `max_entry_words/0' / 2 words of `Msg'.
+-spec multicast_entries([dest()], term()) -> [{[dest()], term()}].
+multicast_entries([], _Msg) ->
+    [];
+multicast_entries([_] = Tos, Msg) ->
+    [{Tos, Msg}];
+multicast_entries(Tos, Msg) ->
+    PerEntry = case convoy_size:copy_words(Msg, ?MAX_ENTRY_WORDS div 2 - ?SEND_WORDS) of
+                   {ok, W} -> min(?MAX_DESTS, ?MAX_ENTRY_WORDS div (W + ?SEND_WORDS));
+                   over -> 1
+               end,
+    [{Chunk, Msg} || Chunk <- chunks(Tos, PerEntry)].
+
+chunks([], _N) ->
+    [];
+chunks(L, N) ->
+    {Chunk, Rest} = take(L, N, []),
+    [Chunk | chunks(Rest, N)].
+
+take(Rest, 0, Acc) -> {lists:reverse(Acc), Rest};
+take([], _N, Acc) -> {lists:reverse(Acc), []};
+take([H | T], N, Acc) -> take(T, N - 1, [H | Acc]).
+
+%% @doc The `creation' of the node incarnation a pid or reference belongs to, read
+%% from its external format (NEW_PID_EXT: the last 4 bytes; NEWER_REFERENCE_EXT:
+%% the 4 bytes after the node name). `unknown' for any other encoding (none on
+%% OTP 25 or later). A pid or reference of this node whose creation is not
+%% `erlang:system_info(creation)' belongs to an old incarnation of it.
+-spec creation(pid() | reference()) -> non_neg_integer() | unknown.
+creation(Id) ->
+    case term_to_binary(Id) of
+        <<131, 88, _/binary>> = B ->
+            Skip = byte_size(B) - 4,
+            <<_:Skip/binary, C:32>> = B,
+            C;
+        <<131, 90, Len:16, _/binary>> = B ->
+            Skip = byte_size(B) - 4 * Len - 4,
+            <<_:Skip/binary, C:32, _/binary>> = B,
+            C;
+        _ ->
+            unknown
+    end.
 
 -spec inbox_name(pos_integer()) -> atom().
 inbox_name(I) -> list_to_atom("convoy_inbox_" ++ integer_to_list(I)).
@@ -160,16 +283,83 @@ hello_roundtrip_test() ->
 
 entry_test() ->
     L = node(),
-    ?assertEqual({deliver, self(), m}, entry({self(), m}, L)),
-    ?assertEqual({deliver, foo, m}, entry({foo, m}, L)),
-    ?assertEqual({error, bad_entry}, entry({undefined, m}, L)),
-    ?assertEqual({error, bad_entry}, entry({1, m}, L)),
-    ?assertEqual({multicast, [self(), foo], m}, entry({[self(), foo], m}, L)),
-    ?assertEqual({error, bad_entry}, entry({[self(), 1], m}, L)),
-    ?assertEqual({error, bad_entry}, entry({[self() | foo], m}, L)),
-    ?assertEqual({error, bad_entry}, entry({self(), m}, other@host)),
-    ?assertMatch({barrier, _, t}, entry(barrier(self(), t), L)),
-    ?assertEqual({error, bad_entry}, entry({a, b, c}, L)).
+    F = from@host,
+    ?assertEqual({deliver, self(), m}, entry({self(), m}, F, L)),
+    ?assertEqual({deliver, foo, m}, entry({foo, m}, F, L)),
+    ?assertEqual({error, bad_entry}, entry({undefined, m}, F, L)),
+    ?assertEqual({error, bad_entry}, entry({1, m}, F, L)),
+    ?assertEqual({multicast, [self(), foo], m, 2 * 32}, entry({[self(), foo], m}, F, L)),
+    ?assertEqual({multicast, [foo], m, 32}, entry({[foo], m}, F, L)),
+    ?assertEqual({error, bad_entry}, entry({[self(), 1], m}, F, L)),
+    ?assertEqual({error, bad_entry}, entry({[self() | foo], m}, F, L)),
+    ?assertEqual({error, bad_entry}, entry({self(), m}, F, other@host)),
+    ?assertEqual({error, bad_entry}, entry({a, b, c}, F, L)).
+
+%% A barrier answers only the node the batch came from.
+barrier_entry_test() ->
+    L = node(),
+    ?assertMatch({barrier, _, t}, entry(barrier(self(), t), L, other@host)),
+    ?assertMatch({barrier, _, t}, entry(barrier(alias(), t), L, other@host)),
+    ?assertEqual({error, bad_entry}, entry(barrier(self(), t), from@host, other@host)),
+    ?assertEqual({error, bad_entry}, entry(barrier(make_ref(), t), from@host, other@host)),
+    ?assertEqual({error, bad_entry}, entry({'$convoy_barrier', foo, t}, L, other@host)).
+
+multicast_limits_test() ->
+    L = node(),
+    Max = lists:duplicate(?MAX_DESTS, foo),
+    ?assertMatch({multicast, _, m, _}, entry({Max, m}, a@h, L)),
+    ?assertEqual({error, too_costly}, entry({[foo | Max], m}, a@h, L)),
+    %% a bad destination among the first 8192 is a bad entry; past them, too costly
+    ?assertEqual({error, bad_entry}, entry({[1 | Max], m}, a@h, L)),
+    ?assertEqual({error, too_costly}, entry({Max ++ [1], m}, a@h, L)),
+    ?assertEqual({error, bad_entry}, entry({Max ++ x, m}, a@h, L)),
+    Big = lists:seq(1, ?MAX_ENTRY_WORDS div 4), % half the budget
+    ?assertMatch({multicast, _, _, _}, entry({[foo], Big}, a@h, L)),
+    ?assertMatch({multicast, _, _, _}, entry({[foo], {Big, Big, Big}}, a@h, L)),
+    ?assertEqual({error, too_costly}, entry({[foo, foo], Big}, a@h, L)),
+    %% two sends of 2^17 - 32 words each: exactly the budget
+    Ok = lists:seq(1, ?MAX_ENTRY_WORDS div 4 - ?SEND_WORDS div 2),
+    ?assertEqual({multicast, [foo, foo], Ok, ?MAX_ENTRY_WORDS}, entry({[foo, foo], Ok}, a@h, L)),
+    ?assertEqual({error, too_costly}, entry({[foo, foo], [0 | Ok]}, a@h, L)).
+
+%% The reported entry: a million destinations and a 100,000-deep term.
+huge_entry_rejected_at_once_test() ->
+    Deep = lists:foldl(fun(_, Acc) -> [Acc] end, [], lists:seq(1, 100000)),
+    E = {lists:duplicate(1000000, self()), Deep},
+    {T, R} = timer:tc(fun() -> entry(E, a@h, node()) end),
+    ?assertEqual({error, too_costly}, R),
+    ?assert(T < 100000),
+    %% 200,000 words: too costly for two destinations; half that is not
+    ?assertEqual({error, too_costly}, entry({[self(), self()], Deep}, a@h, node())),
+    Half = lists:foldl(fun(_, Acc) -> [Acc] end, [], lists:seq(1, 50000)),
+    ?assertMatch({multicast, _, _, _}, entry({[self(), self()], Half}, a@h, node())).
+
+multicast_entries_test() ->
+    ?assertEqual([], multicast_entries([], m)),
+    ?assertEqual([{[a], m}], multicast_entries([a], m)),
+    ?assertEqual([{[a, b, c], m}], multicast_entries([a, b, c], m)),
+    Tos = [list_to_atom("d" ++ integer_to_list(I rem 100)) || I <- lists:seq(1, 20000)],
+    Es = multicast_entries(Tos, m),
+    ?assertEqual([8192, 8192, 20000 - 2 * 8192], [length(T) || {T, _} <- Es]),
+    %% 2^18 div (1000 words + 32) per entry
+    Es2 = multicast_entries(Tos, lists:seq(1, 500)),
+    ?assertEqual(254, length(element(1, hd(Es2)))),
+    ?assertEqual(Tos, lists:append([T || {T, _} <- Es2])),
+    ?assertEqual(Tos, lists:append([T || {T, _} <- Es])),
+    Big = lists:seq(1, ?MAX_ENTRY_WORDS), % over half the budget: one per entry
+    ?assertEqual([{[a], Big}, {[b], Big}], multicast_entries([a, b], Big)).
+
+creation_test() ->
+    C = erlang:system_info(creation),
+    ?assertEqual(C, creation(self())),
+    ?assertEqual(C, creation(make_ref())),
+    ?assertEqual(C, creation(alias())),
+    N = atom_to_binary(node()),
+    Old = binary_to_term(<<131, 88, 119, (byte_size(N)), N/binary, 1:32, 0:32, (C + 1):32>>),
+    ?assertEqual(C + 1, creation(Old)),
+    OldRef = binary_to_term(<<131, 90, 3:16, 119, (byte_size(N)), N/binary, (C + 7):32,
+                              1:32, 2:32, 3:32>>),
+    ?assertEqual(C + 7, creation(OldRef)).
 
 negotiate_test() ->
     ?assertEqual(1, negotiate([1, 2])),

@@ -34,7 +34,7 @@
 
 %% A message kind on the rejected counters, and all of them.
 -define(KINDS, [bad_version, malformed_batch, bad_entry, bad_hello, unknown_message,
-                unknown_node, undeliverable]).
+                unknown_node, undeliverable, too_costly]).
 
 suite() ->
     [{timetrap, {seconds, 60}}].
@@ -599,16 +599,19 @@ entries_effect([E | Rest], From, Ctx, Acc) ->
 entries_effect(_Tail, _From, _Ctx, Acc) ->
     reject(malformed_batch, Acc).
 
-entry_effect({'$convoy_barrier', R, _}, From, _Ctx, Acc)
-  when (is_pid(R) orelse is_reference(R)) andalso node(R) =/= From ->
-    %% Answered only to the batch's own node, never to a third one.
+%% A batch inside a batch is never delivered (an inbox would feed itself).
+entry_effect({_To, {'$convoy', _, batch, _, _}}, _From, _Ctx, Acc) ->
     reject(bad_entry, Acc);
-entry_effect({'$convoy_barrier', R, _}, _From, #{counter := C, sink := S, alias := Al}, Acc)
+%% A barrier is answered only to a process of the node the batch says it is from.
+entry_effect({'$convoy_barrier', R, _}, From, #{counter := C, sink := S, alias := Al}, Acc)
   when is_pid(R); is_reference(R) ->
-    if R =:= C -> bump(barriers, 1, Acc);
+    if node(R) =/= From -> reject(bad_entry, Acc);
+       R =:= C -> bump(barriers, 1, Acc);
        R =:= S; R =:= Al -> bump(sink, 1, Acc);
        true -> Acc
     end;
+%% (Generated multicasts have at most 3 destinations and small terms: never
+%% over convoy_wire's limits, so never too_costly.)
 entry_effect({Tos, _Msg}, From, Ctx, Acc) when is_list(Tos) ->
     case proper(Tos) andalso lists:all(fun(D) -> local(D, Ctx) end, Tos) of
         true -> lists:foldl(fun(D, A) -> delivered(D, Ctx, A) end, received(From, Acc), Tos);

@@ -1,11 +1,16 @@
 %% PropEr properties of convoy's pure input handling, run from EUnit:
 %% <ul>
-%% <li>`convoy_wire:decode/1' and `convoy_wire:entry/2' never crash, whatever
+%% <li>`convoy_wire:decode/1' and `convoy_wire:entry/3' never crash, whatever
 %%   arrives (PropEr's `any()' and near-valid batches, hellos and entries), and
 %%   classify input as the protocol description in `convoy_wire' says;</li>
 %% <li>batches built with `convoy_wire:batch/2' always decode, and their entries are
 %%   accepted; `negotiate/1' picks the highest version both sides accept;</li>
-%% <li>`convoy_size:is_large/2' agrees with `convoy_size:estimate/1 >= T';</li>
+%% <li>`convoy_wire:multicast_entries/2' keeps every destination, in order, and
+%%   every entry it makes is accepted by the receiver, after the external format
+%%   too;</li>
+%% <li>`convoy_size:is_large/2' agrees with `convoy_size:estimate/1 >= T', and
+%%   `convoy_size:copy_words/2' answers `over' exactly when the term's words pass
+%%   the cap;</li>
 %% <li>`convoy_config:validate/1' never crashes and every error names the offending
 %%   key (and value).</li>
 %% </ul>
@@ -14,8 +19,9 @@
 -module(prop_convoy_wire_tests).
 
 -export([prop_decode_any/0, prop_decode_near_valid/0, prop_entry_any/0,
-         prop_entry_near_valid/0, prop_valid_batch_roundtrip/0, prop_negotiate/0,
-         prop_is_large_agrees/0, prop_is_large_agrees_improper/0,
+         prop_entry_near_valid/0, prop_entry_long_multicast/0, prop_valid_batch_roundtrip/0,
+         prop_multicast_entries/0, prop_negotiate/0,
+         prop_is_large_agrees/0, prop_is_large_agrees_improper/0, prop_copy_words_cap/0,
          prop_config_any/0, prop_config_maps/0]).
 
 -include_lib("proper/include/proper.hrl").
@@ -34,10 +40,13 @@ decode_any_test_() -> ?RUN(prop_decode_any(), 3000).
 decode_near_valid_test_() -> ?RUN(prop_decode_near_valid(), 5000).
 entry_any_test_() -> ?RUN(prop_entry_any(), 3000).
 entry_near_valid_test_() -> ?RUN(prop_entry_near_valid(), 5000).
+entry_long_multicast_test_() -> ?RUN(prop_entry_long_multicast(), 200).
 valid_batch_roundtrip_test_() -> ?RUN(prop_valid_batch_roundtrip(), 1000).
+multicast_entries_test_() -> ?RUN(prop_multicast_entries(), 300).
 negotiate_test_() -> ?RUN(prop_negotiate(), 1000).
 is_large_agrees_test_() -> ?RUN(prop_is_large_agrees(), 3000).
 is_large_agrees_improper_test_() -> ?RUN(prop_is_large_agrees_improper(), 3000).
+copy_words_cap_test_() -> ?RUN(prop_copy_words_cap(), 3000).
 config_any_test_() -> ?RUN(prop_config_any(), 2000).
 config_maps_test_() -> ?RUN(prop_config_maps(), 3000).
 
@@ -167,20 +176,47 @@ proper_list([]) -> true;
 proper_list([_ | T]) -> proper_list(T);
 proper_list(_) -> false.
 
-expected_entry({'$convoy_barrier', R, Tag}, _Local) when is_pid(R); is_reference(R) ->
-    {barrier, R, Tag};
-expected_entry({To, Msg}, Local) when is_list(To) ->
-    case proper_list(To) andalso lists:all(fun(D) -> local_dest(D, Local) end, To) of
-        true -> {multicast, To, Msg};
+%% A barrier answers only a process of the node the batch came from.
+%% A batch inside a batch: never delivered (the inbox would feed itself).
+expected_entry({_To, {'$convoy', _, batch, _, _}}, _From, _Local) ->
+    {error, bad_entry};
+expected_entry({'$convoy_barrier', R, Tag}, From, _Local) when is_pid(R); is_reference(R) ->
+    case node(R) =:= From of
+        true -> {barrier, R, Tag};
         false -> {error, bad_entry}
     end;
-expected_entry({To, Msg}, Local) ->
+%% A multicast: its first 8192 destinations local and the list proper up to
+%% there, at most 8192 of them, and with two or more, destinations x (words + 32)
+%% within 2^18.
+expected_entry({To, Msg}, _From, Local) when is_list(To) ->
+    case scan_dests(To, Local, 0) of
+        {ok, N} when N =< 1 ->
+            {multicast, To, Msg, 32};
+        {ok, N} ->
+            {ok, W} = convoy_size:copy_words(Msg, 1 bsl 50),
+            case N * (W + 32) =< 1 bsl 18 of
+                true -> {multicast, To, Msg, N * (W + 32)};
+                false -> {error, too_costly}
+            end;
+        Kind ->
+            {error, Kind}
+    end;
+expected_entry({To, Msg}, _From, Local) ->
     case local_dest(To, Local) of
         true -> {deliver, To, Msg};
         false -> {error, bad_entry}
     end;
-expected_entry(_, _) ->
+expected_entry(_, _, _) ->
     {error, bad_entry}.
+
+scan_dests([], _Local, N) -> {ok, N};
+scan_dests([_ | _], _Local, 8192) -> too_costly;
+scan_dests([D | Rest], Local, N) ->
+    case local_dest(D, Local) of
+        true -> scan_dests(Rest, Local, N + 1);
+        false -> bad_entry
+    end;
+scan_dests(_ImproperTail, _Local, _N) -> bad_entry.
 
 local_dest(D, Local) when is_pid(D); is_reference(D) -> node(D) =:= Local;
 local_dest(undefined, _) -> false;
@@ -197,23 +233,51 @@ prop_decode_near_valid() ->
             safe(decode, T, fun() -> convoy_wire:decode(T) =:= expected_decode(T) end)).
 
 prop_entry_any() ->
-    ?FORALL({E, Local}, {any(), node_name()},
-            safe(entry, E, fun() -> convoy_wire:entry(E, Local) =:= expected_entry(E, Local) end)).
+    ?FORALL({E, From, Local}, {any(), node_name(), node_name()},
+            safe(entry, E, fun() -> convoy_wire:entry(E, From, Local) =:= expected_entry(E, From, Local) end)).
 
 prop_entry_near_valid() ->
-    ?FORALL({E, Local}, {entry_gen(), node_name()},
-            safe(entry, {E, Local},
-                 fun() -> convoy_wire:entry(E, Local) =:= expected_entry(E, Local) end)).
+    ?FORALL({E, From, Local}, {entry_gen(), node_name(), node_name()},
+            safe(entry, {E, From, Local},
+                 fun() -> convoy_wire:entry(E, From, Local) =:= expected_entry(E, From, Local) end)).
 
-valid_entry(Local) ->
+%% Multicasts near the limits: around 8192 destinations, maybe one bad or an
+%% improper tail, messages from nothing to past the copy budget.
+long_multicast(Local) ->
+    ?LET({N, Bad, Tail, Msg},
+         {frequency([{2, choose(0, 5)}, {2, choose(8186, 8196)}, {3, choose(1, 3000)}]),
+          frequency([{4, none}, {2, choose(1, 3100)}, {1, choose(8186, 8196)}]),
+          frequency([{5, []}, {1, x}]),
+          oneof([any(), ?LET(K, choose(0, 200000), lists:seq(1, K)),
+                 ?LET(K, choose(0, 1024), lists:seq(1, K)), binary(100000)])},
+         begin
+             Good = [lists:nth(I rem 3 + 1, [foo, fake_pid(Local), fake_ref(Local)])
+                     || I <- lists:seq(1, N)],
+             Dests = case Bad of
+                         none -> Good;
+                         I -> lists:sublist(Good, I - 1) ++ [1 | lists:nthtail(min(I - 1, N), Good)]
+                     end,
+             {lists:foldr(fun(D, Acc) -> [D | Acc] end, Tail, Dests), Msg}
+         end).
+
+prop_entry_long_multicast() ->
+    ?FORALL(E, long_multicast(?LOCAL),
+            safe(entry, {length_of(element(1, E)), element(2, E)},
+                 fun() -> convoy_wire:entry(E, ?OTHER, ?LOCAL) =:= expected_entry(E, ?OTHER, ?LOCAL) end)).
+
+length_of(L) -> length_of(L, 0).
+length_of([_ | T], N) -> length_of(T, N + 1);
+length_of(_, N) -> N.
+
+valid_entry(From, Local) ->
     LocalDest = oneof([fake_pid(Local), fake_ref(Local), foo, sink, convoy_inbox_1]),
     frequency([{6, {LocalDest, any()}},
                {2, {list(LocalDest), any()}},
-               {2, {'$convoy_barrier', oneof([pid_gen(), ref_gen()]), any()}}]).
+               {2, {'$convoy_barrier', oneof([fake_pid(From), fake_ref(From)]), any()}}]).
 
 prop_valid_batch_roundtrip() ->
     ?FORALL({From, Local}, {oneof([?OTHER, 'a@b', nonode@nohost]), node_name()},
-    ?FORALL(Entries, list(valid_entry(Local)),
+    ?FORALL(Entries, list(valid_entry(From, Local)),
             safe(roundtrip, {From, Local, Entries},
                  fun() ->
                          B = convoy_wire:batch(From, Entries),
@@ -221,9 +285,46 @@ prop_valid_batch_roundtrip() ->
                              %% and survives the external format (what travels)
                              andalso {batch, 1, From, Entries}
                                  =:= convoy_wire:decode(binary_to_term(term_to_binary(B)))
-                             andalso lists:all(fun(E) -> element(1, convoy_wire:entry(E, Local)) =/= error end,
+                             andalso lists:all(fun(E) -> element(1, convoy_wire:entry(E, From, Local)) =/= error end,
                                                Entries)
                  end))).
+
+%% What a sender makes of a multicast to one node always passes the receiver's
+%% check, destinations in order, and survives the external format.
+multicast_msg() ->
+    frequency([{6, any()},
+               {2, ?LET(K, choose(0, 5000), lists:seq(1, K))},
+               {1, ?LET(K, oneof([choose(0, 200000), choose(65400, 65600)]), lists:seq(1, K))},
+               {1, ?LET(K, choose(0, 2000), list_to_tuple(lists:seq(1, K)))},
+               {1, ?LET(N, choose(0, 200000), binary(N))},
+               {1, ?LET(L, list(binary()), L)},
+               {1, ?LET(L, list({any(), any()}), maps:from_list(L))}]).
+
+prop_multicast_entries() ->
+    ?FORALL({Local, Msg}, {node_name(), multicast_msg()},
+    ?FORALL(N, dests_for(Msg),
+            safe(multicast_entries, {Local, N, Msg},
+                 fun() ->
+                         Tos = [lists:nth(I rem 4 + 1, [fake_pid(Local), fake_ref(Local), foo, bar])
+                                || I <- lists:seq(1, N)],
+                         Es = convoy_wire:multicast_entries(Tos, Msg),
+                         Wire = binary_to_term(term_to_binary(Es)),
+                         lists:append([T || {T, _} <- Es]) =:= Tos
+                             andalso lists:all(fun({T, M}) -> T =/= [] andalso M =:= Msg end, Es)
+                             andalso lists:all(fun(E) -> accepted(E, Local) end, Es)
+                             andalso lists:all(fun(E) -> accepted(E, Local) end, Wire)
+                 end))).
+
+%% Past the destination limit for small messages; few destinations for big ones
+%% (every entry's check walks the message).
+dests_for(Msg) ->
+    case convoy_size:copy_words(Msg, 10000) of
+        {ok, _} -> frequency([{6, choose(0, 3000)}, {1, choose(8186, 30000)}]);
+        over -> choose(0, 6)
+    end.
+
+accepted(E, Local) ->
+    element(1, convoy_wire:entry(E, ?OTHER, Local)) =:= multicast.
 
 prop_negotiate() ->
     ?FORALL(Theirs, list(oneof([choose(1, 5), choose(1, 1000)])),
@@ -260,6 +361,22 @@ prop_is_large_agrees() ->
 prop_is_large_agrees_improper() ->
     ?FORALL(T, ?LET({L, Tail}, {non_empty(list(any())), any()}, lists:foldr(fun(E, A) -> [E | A] end, Tail, L)),
             ?FORALL(Th, exactly(100), is_large_agrees(T, Th))).
+
+%% copy_words/2 with a cap answers the words exactly when they are within it.
+prop_copy_words_cap() ->
+    ?FORALL(T, big_term(),
+            begin
+                {ok, W} = convoy_size:copy_words(T, 1 bsl 50),
+                ?FORALL(Cap, oneof([choose(-1, 2 * W + 2), W, W - 1, W + 1]),
+                        safe(copy_words, {T, Cap},
+                             fun() ->
+                                     Expected = case W =< Cap of
+                                                    true -> {ok, W};
+                                                    false -> over
+                                                end,
+                                     convoy_size:copy_words(T, Cap) =:= Expected
+                             end))
+            end).
 
 is_large_agrees(T, Th) ->
     safe(is_large, {T, Th},
