@@ -16,7 +16,7 @@
 -export([send/2, send/3, multicast/2, flush/0, flush/1, flush/2, info/0, set_config/1,
          child_spec/1, start_link/1]).
 
--export_type([dest/0, options/0, send_options/0, info/0, node_info/0]).
+-export_type([dest/0, options/0, send_options/0, info/0, node_info/0, forgotten/0]).
 
 -include("convoy_runtime.hrl").
 
@@ -54,10 +54,18 @@
                   nodes := #{node() => node_info()},
                   lanes := [#{index := pos_integer(), pid := pid(),
                               queue := non_neg_integer()}],
+                  forgotten := forgotten(),
                   rejected := #{atom() => non_neg_integer()},
                   lost := non_neg_integer(),
                   channels := #{waits := non_neg_integer(),
                                 wait_time_us := non_neg_integer()}}.
+-type forgotten() :: #{nodes := non_neg_integer(),
+                       totals := #{atom() => non_neg_integer()},
+                       last := [#{node := node(), at := integer(),
+                                  counters := #{atom() => non_neg_integer()}}]}.
+%% Nodes whose counters left `nodes' (gone and idle for a while, see the README):
+%% how many, the totals of their final counters, and the last few of them (`at' in
+%% system time milliseconds).
 
 %% @doc Send `Msg' to `Dest'. Same meaning as `erlang:send/2': asynchronous, at most
 %% once, order kept per sender/receiver pair (among messages sent through convoy;
@@ -147,8 +155,8 @@ flush(Which, Timeout) when is_atom(Which), Timeout =:= infinity;
 flush(Which, Timeout) ->
     erlang:error(badarg, [Which, Timeout]).
 
-%% @doc Settings in force, counters per remote node, lanes, rejected input and
-%% credit channel waits (`convoy_channel:stats/0').
+%% @doc Settings in force, counters per remote node, nodes forgotten, lanes, rejected
+%% input and credit channel waits (`convoy_channel:stats/0').
 %%
 %% Per node: `accepted' (messages handed to convoy for it), `messages' (handed to
 %% distribution), `batches' (distribution messages sent), `dropped', `buffered'
@@ -157,44 +165,37 @@ flush(Which, Timeout) ->
 %% (`{error, overload}' returned by `send/3'), `blocked_us' (time senders waited for
 %% room), `queued' and `queued_bytes' (held by convoy now, lane mailboxes included)
 %% and `route'.
-%% A multicast counts as one message per node. `lost' counts messages a lane that
-%% died had been handed and had not disposed of (not per node: the lane took that
-%% with it). All counters are cumulative since convoy started.
+%% A multicast counts as one message per entry (see `convoy:multicast/2'). `lost'
+%% counts messages a lane that died had been handed and had not disposed of (not
+%% per node: the lane took that with it). All counters are cumulative since convoy
+%% started, or since the node was last forgotten: a node that is not connected,
+%% holds nothing and has had no traffic for two minutes leaves `nodes'; its final
+%% counters are added to `forgotten'.
 -spec info() -> info().
 info() ->
     case persistent_term:get(?RUNTIME_KEY, undefined) of
         undefined ->
             #{running => false, settings => #{}, nodes => #{}, lanes => [],
-              rejected => #{}, lost => 0, channels => convoy_channel:stats()};
+              forgotten => convoy_peers:forgotten(), rejected => #{}, lost => 0,
+              channels => convoy_channel:stats()};
         RT ->
             #{running => true,
               settings => RT#runtime.config,
               nodes => maps:from_list([{N, node_info(Route, C, H)}
-                                       || {N, Route, C, H} <- node_rows()]),
+                                       || {N, {Route, C, H}} <- convoy_peers:all()]),
               lanes => [#{index => I, pid => P, queue => queue_len(P)}
                         || {I, P} <- lists:zip(lists:seq(1, RT#runtime.n),
                                                tuple_to_list(RT#runtime.lanes))],
+              forgotten => convoy_peers:forgotten(),
               rejected => convoy_metrics:rejected(),
               lost => convoy_metrics:lost(),
               channels => convoy_channel:stats()}
     end.
 
-%% [] while convoy's tree is being torn down (its node table is gone).
-node_rows() ->
-    try
-        ets:tab2list(convoy_nodes)
-    catch
-        error:badarg -> []
-    end.
-
-%% Messages senders sent themselves (`direct') count as accepted and sent too.
 node_info(Route, C, H) ->
-    Counts = #{accepted := A0, messages := M0, dropped := D, direct := Direct} =
-        convoy_metrics:node_info(C),
-    A = A0 + Direct,
-    M = M0 + Direct,
+    Counts = #{accepted := A, messages := M, dropped := D} = convoy_metrics:node_counts(C),
     {Queued, QueuedBytes} = convoy_metrics:held(H),
-    Counts#{accepted := A, messages := M, queued => max(0, Queued),
+    Counts#{queued => max(0, Queued),
             queued_bytes => max(0, QueuedBytes),
             route => case Route of
                          plain -> plain;

@@ -17,7 +17,7 @@
 %% and a chunk always comes from the head, so entries leave in the order they came.
 -module(convoy_batch).
 
--export([new/0, push/4, push_many/5, take/3, requeue/3, drop/2, status/2, set_status/3,
+-export([new/0, push/4, push_many/5, take/3, requeue/3, drop/2, forget/2, status/2, set_status/3,
          due/4, next_timeout/3, buffered/1, buffered/2, nodes/1, is_message/1,
          count_messages/1]).
 
@@ -117,6 +117,23 @@ drop(Node, Core) ->
             {queue:to_list(NQ#nq.q), Core#{Node := NQ#nq{q = queue:new(), msgs = 0, large = 0}}};
         _ ->
             {[], Core}
+    end.
+
+%% @doc Forget `Node' if its queue is empty and ready (`busy' otherwise): nothing
+%% is lost (a later push starts it afresh), and queues of nodes no longer sent to
+%% do not pile up.
+-spec forget(node(), core()) -> {ok, core()} | busy.
+forget(Node, Core) ->
+    case Core of
+        #{Node := #nq{status = ready, msgs = 0, q = Q}} ->
+            case queue:is_empty(Q) of
+                true -> {ok, maps:remove(Node, Core)};
+                false -> busy
+            end;
+        #{Node := _} ->
+            busy;
+        _ ->
+            {ok, Core}
     end.
 
 -spec status(node(), core()) -> status().

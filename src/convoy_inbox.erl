@@ -110,6 +110,10 @@ handle(Msg, S) ->
     end.
 
 %% A batch must come from a connected peer (it cannot come from anywhere else).
+%% The node's counters are cached until its nodedown: convoy_peers forgets only
+%% rows of nodes that are not connected, so a cached row is never a forgotten one.
+%% With no convoy_peers (convoy's tree is being torn down) counts go to counters
+%% nobody reads.
 peer(Node, S = #s{peers = Peers}) ->
     case Peers of
         #{Node := C} ->
@@ -117,8 +121,12 @@ peer(Node, S = #s{peers = Peers}) ->
         _ ->
             case lists:member(Node, nodes(connected)) of
                 true ->
-                    C = convoy_metrics:node_counters(Node),
-                    {ok, C, S#s{peers = Peers#{Node => C}}};
+                    case convoy_metrics:node_counters(Node) of
+                        undefined ->
+                            {ok, element(1, convoy_metrics:new_refs()), S};
+                        C ->
+                            {ok, C, S#s{peers = Peers#{Node => C}}}
+                    end;
                 false ->
                     unknown
             end

@@ -268,13 +268,12 @@ refs(Node, #s{refs = Refs}) ->
         _ -> node_refs(Node)
     end.
 
-%% While convoy's tree is torn down (no node table) counts go to counters of the
+%% While convoy's tree is torn down (no convoy_peers) counts go to counters of the
 %% lane's own, which its shutdown summary reports.
 node_refs(Node) ->
-    try
-        convoy_metrics:node_refs(Node)
-    catch
-        error:badarg -> convoy_metrics:detached_refs()
+    case convoy_metrics:node_refs(Node) of
+        undefined -> convoy_metrics:new_refs();
+        Refs -> Refs
     end.
 
 %% K messages for Node left (sent or dropped): the admissions are disposed of and
@@ -325,10 +324,32 @@ ship(Node, Reason, S = #s{core = Core, rt = #runtime{max_batch = MB}}) ->
         false ->
             S;
         {[], _} ->
-            S;
+            prune(Node, S);
         {Chunk, Core1} ->
             {Route, S1} = route(Node, S#s{core = Core1}),
             ship(Node, Reason, ship_chunk(Node, Route, Chunk, Reason, S1))
+    end.
+
+%% Nothing of Node's is left in this lane: forget its queue, its counters (fetched
+%% again when needed, so a row convoy_peers has forgotten is never written to) and
+%% a plain route. Sends to many distinct nodes (dead names) leave nothing behind. A
+%% convoy route stays for shutdown barriers until a lookup finds the node plain.
+prune(Node, S = #s{core = Core, segments = Segs, waiters = W, routes = Routes}) ->
+    Forgotten = case is_map_key(Node, W)
+                    orelse not queue:is_empty(maps:get(Node, Segs, queue:new())) of
+                    true -> busy;
+                    false -> convoy_batch:forget(Node, Core)
+                end,
+    case Forgotten of
+        busy ->
+            S;
+        {ok, Core1} ->
+            S#s{core = Core1, refs = maps:remove(Node, S#s.refs),
+                segments = maps:remove(Node, Segs),
+                routes = case Routes of
+                             #{Node := plain} -> maps:remove(Node, Routes);
+                             _ -> Routes
+                         end}
     end.
 
 %% The route last seen is kept: while convoy's tree is torn down (node table gone)
@@ -340,10 +361,16 @@ route(Node, S = #s{routes = Routes}) ->
     end.
 
 route(Node) ->
-    try
-        convoy_peers:route(Node)
-    catch
-        error:badarg -> unknown
+    case convoy_peers:lookup(Node) of
+        {Route, _C, _H} -> Route;
+        none -> table_route()
+    end.
+
+%% No row: plain, unless the table is gone (convoy's tree is torn down).
+table_route() ->
+    case ets:whereis(convoy_nodes) of
+        undefined -> unknown;
+        _ -> plain
     end.
 
 %% A large message ships alone; its copy in the lane's heap is collected at the end
@@ -512,12 +539,12 @@ worker_done({courier, Node, Marks, Started, _Msgs}, Reason, S = #s{index = I, rt
     event(RT, [convoy, node, resumed],
           #{duration => erlang:monotonic_time() - Started}, #{node => Node, lane => I}),
     S3 = answer_marks(Marks, S2),
-    S3#s{core = convoy_batch:set_status(Node, ready, S3#s.core)};
+    prune(Node, S3#s{core = convoy_batch:set_status(Node, ready, S3#s.core)});
 worker_done({connector, Node}, {connected, true}, S) ->
     S#s{core = convoy_batch:set_status(Node, ready, S#s.core)};
 worker_done({connector, Node}, _Failed, S) ->
     {Entries, Core} = convoy_batch:drop(Node, convoy_batch:set_status(Node, ready, S#s.core)),
-    dropped(Node, Entries, noconnect, S#s{core = Core});
+    prune(Node, dropped(Node, Entries, noconnect, S#s{core = Core}));
 worker_done({barrier, Node}, _Reason, S = #s{control = {Control, Secret}}) ->
     Control ! {'$convoy_node_done', Secret, self(), Node},
     S.
@@ -576,7 +603,7 @@ retire_step(S = #s{retiring = {draining, K}, slots = Slots, workers = W,
                    control = {Control, Secret}}) ->
     case convoy_slots:disposed(Slots) =:= K andalso map_size(W) =:= 0 of
         true ->
-            Nodes = convoy_nodes(),
+            Nodes = convoy_peers:convoy_nodes(),
             Control ! {'$convoy_retiring', Secret, self(), Nodes},
             S1 = lists:foldl(fun retire_barrier/2, S#s{retiring = barriers}, Nodes),
             retire_step(S1);
@@ -589,14 +616,6 @@ retire_step(#s{retiring = barriers, workers = W, control = {Control, Secret}})
     exit(normal);
 retire_step(S) ->
     S.
-
-%% Nodes with a convoy route ([] once the node table is gone).
-convoy_nodes() ->
-    try
-        [Node || {Node, {convoy, _, _}, _, _} <- ets:tab2list(convoy_nodes)]
-    catch
-        error:badarg -> []
-    end.
 
 %% A helper process sends the barrier (blocking: it may wait out a busy buffer) and
 %% ends when the inbox answers or cannot (node or inbox gone, or no longer a convoy
@@ -721,7 +740,12 @@ system_terminate(Reason, _Parent, _Debug, S) -> terminate(Reason, S).
 system_get_state(S) ->
     {ok, #{index => S#s.index, buffered => convoy_batch:buffered(S#s.core),
            held => S#s.held, retiring => S#s.retiring,
-           workers => maps:size(S#s.workers), core => S#s.core}}.
+           workers => maps:size(S#s.workers), core => S#s.core,
+           %% nodes this lane keeps anything for (queues, counters, routes)
+           known_nodes => length(lists:usort(convoy_batch:nodes(S#s.core)
+                                             ++ maps:keys(S#s.refs)
+                                             ++ maps:keys(S#s.segments)
+                                             ++ maps:keys(S#s.routes)))}}.
 
 -spec system_code_change(#s{}, module(), term(), term()) -> {ok, #s{}}.
 system_code_change(S, _Module, _OldVsn, _Extra) -> {ok, S}.

@@ -1,33 +1,39 @@
 %% @private
 %% Always-on counters and optional telemetry events.
 %%
-%% Per remote node: a `counters' array in the `convoy_nodes' table (owned by
-%% `convoy_peers'), created by whoever first needs it. Node-independent rejections
-%% (bad input) live in one `atomics' array so the first of each kind can be logged.
+%% Per remote node: a `counters' array and a held-message `atomics' array in the
+%% node's row of the `convoy_nodes' table. `convoy_peers' owns the table and is its
+%% only writer: it creates a row when someone first asks for the node's references
+%% (`node_refs/1') and forgets it once the node is gone and idle (see
+%% `convoy_peers'). Node-independent rejections (bad input) live in one `atomics'
+%% array so the first of each kind can be logged.
 %% Telemetry events are emitted per batch or per episode, never per message, and only
 %% when the `telemetry' module is loaded: there is no build dependency on it.
 -module(convoy_metrics).
 
--export([init/0, lost/1, lost/0, node_counters/1, node_refs/1, detached_refs/0, add/3, node_info/1, held/1, rejected/1,
-         rejected/0, emit/3]).
+-export([init/0, lost/1, lost/0, node_counters/1, node_refs/1, new_refs/0, add/3,
+         node_info/1, node_counts/1, held/1, rejected/1, rejected/0, emit/3]).
 
 -export_type([counter/0, rejection/0]).
 
 -include_lib("kernel/include/logger.hrl").
 
--define(TABLE, convoy_nodes).
+-include("convoy_runtime.hrl").
+
 -define(REJECTED, {convoy, rejected}).
 -define(LOST, {convoy, lost}).
 
 -type counter() :: accepted | messages | batches | dropped | received | direct
                  | refused | blocked_us.
 -type rejection() :: bad_version | malformed_batch | bad_entry | bad_hello
-                   | unknown_message | unknown_node | undeliverable | too_costly.
+                   | unknown_message | unknown_node | undeliverable | too_costly
+                   | unsolicited.
 
 -define(COUNTERS, [accepted, messages, batches, dropped, received, direct, refused,
                    blocked_us]).
 -define(REJECTIONS, [bad_version, malformed_batch, bad_entry, bad_hello,
-                     unknown_message, unknown_node, undeliverable, too_costly]).
+                     unknown_message, unknown_node, undeliverable, too_costly,
+                     unsolicited]).
 
 %% @doc Create the rejection counters (once per start of the application).
 -spec init() -> ok.
@@ -47,36 +53,48 @@ lost(N) ->
 lost() ->
     counters:get(persistent_term:get(?LOST), 1).
 
-%% @doc The counters of `Node', created on first use.
--spec node_counters(node()) -> counters:counters_ref().
+%% @doc The counters of `Node', created on first use; `undefined' when convoy is
+%% not running (see `node_refs/1').
+-spec node_counters(node()) -> counters:counters_ref() | undefined.
 node_counters(Node) ->
-    element(1, node_refs(Node)).
-
-%% @doc The counters of `Node' and its held-message atomics (1: messages handed to a
-%% lane and not yet sent or dropped, 2: their estimated bytes), created on first use.
--spec node_refs(node()) -> {counters:counters_ref(), atomics:atomics_ref()}.
-node_refs(Node) ->
-    case ets:lookup(?TABLE, Node) of
-        [{_, _Route, C, H}] ->
-            {C, H};
-        [] ->
-            C = counters:new(length(?COUNTERS), [write_concurrency]),
-            H = atomics:new(2, [{signed, true}]),
-            ets:insert_new(?TABLE, {Node, plain, C, H}),
-            [{_, _, C1, H1}] = ets:lookup(?TABLE, Node),
-            {C1, H1}
+    case node_refs(Node) of
+        {C, _H} -> C;
+        undefined -> undefined
     end.
 
-%% @doc Counters and held-message atomics that belong to no node row, for a process
-%% that must keep counting while convoy's node table is gone.
--spec detached_refs() -> {counters:counters_ref(), atomics:atomics_ref()}.
-detached_refs() ->
+%% @doc The counters of `Node' and its held-message atomics (1: messages handed to a
+%% lane and not yet sent or dropped, 2: their estimated bytes), created on first use
+%% (by `convoy_peers', see `convoy_peers:refs/1').
+%%
+%% Returns `undefined', never raises, when `convoy_peers' is not running (convoy is
+%% not started, is stopping, or its tree is restarting) or does not answer within
+%% 5 s: the caller is a user's process. Holders must follow the invalidation
+%% contract in `convoy_peers' (slot 1 at or above `?CLOSED': fetch again).
+-spec node_refs(node()) -> {counters:counters_ref(), atomics:atomics_ref()} | undefined.
+node_refs(Node) ->
+    convoy_peers:refs(Node).
+
+%% @doc Fresh references: for a new row (`convoy_peers'), or for a process that
+%% must keep counting while `convoy_peers' is gone (counts nobody reads).
+%%
+%% No `write_concurrency' for the counters: it costs a cache line per scheduler per
+%% row (224 bytes with 2 schedulers, 4,192 with 64, against 104) and buys little,
+%% since counters change per batch (lanes, inboxes) and, per message, only on a
+%% sender's direct send, which an idle and quiet lane rations; senders already share
+%% the node's held atomics on every message they hand to a lane.
+-spec new_refs() -> {counters:counters_ref(), atomics:atomics_ref()}.
+new_refs() ->
     {counters:new(length(?COUNTERS), []), atomics:new(2, [{signed, true}])}.
 
-%% @doc Messages and bytes held for a node now.
+%% @doc Messages and bytes held for a node now (a node being forgotten reads as
+%% what it held, without its `?CLOSED' mark).
 -spec held(atomics:atomics_ref()) -> {integer(), integer()}.
 held(H) ->
-    {atomics:get(H, 1), atomics:get(H, 2)}.
+    N = case atomics:get(H, 1) of
+            V when V >= ?CLOSED div 2 -> V - ?CLOSED;
+            V -> V
+        end,
+    {N, atomics:get(H, 2)}.
 
 -spec add(counters:counters_ref(), counter(), integer()) -> ok.
 add(_Ref, _Counter, 0) -> ok;
@@ -86,6 +104,13 @@ add(Ref, Counter, N) -> counters:add(Ref, index(Counter), N).
 -spec node_info(counters:counters_ref()) -> #{counter() => non_neg_integer()}.
 node_info(Ref) ->
     maps:from_list([{C, counters:get(Ref, index(C))} || C <- ?COUNTERS]).
+
+%% @doc Counter values of `Node' as `convoy:info/0' shows them: messages senders
+%% sent themselves (`direct') count as accepted and sent too.
+-spec node_counts(counters:counters_ref()) -> #{counter() => non_neg_integer()}.
+node_counts(Ref) ->
+    Counts = #{accepted := A, messages := M, direct := D} = node_info(Ref),
+    Counts#{accepted := A + D, messages := M + D}.
 
 index(accepted) -> 1;
 index(messages) -> 2;

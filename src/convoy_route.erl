@@ -194,23 +194,31 @@ admit_to_lane(RT, L, Node, To, Msg, Size) ->
     end.
 
 %% A node's counters and held-message atomics, cached in the sender's process
-%% dictionary for this start of convoy (an ETS lookup per message costs more).
+%% dictionary for this start of convoy (an ETS lookup per message costs more). A
+%% cached row that convoy_peers has since forgotten reads `?CLOSED' in its held
+%% slot 1 for good: it is fetched again (one atomics read per use checks it).
 refs(#runtime{generation = Gen}, Node) ->
     Key = {'$convoy_refs', Node},
     case get(Key) of
         {Gen, C, H} ->
-            {C, H};
+            case atomics:get(H, 1) < ?CLOSED div 2 of
+                true -> {C, H};
+                false -> fetch_refs(Gen, Key, Node)
+            end;
         _ ->
-            try convoy_metrics:node_refs(Node) of
-                {C, H} ->
-                    put(Key, {Gen, C, H}),
-                    {C, H}
-            catch
-                error:badarg ->
-                    %% The node table is gone (convoy's tree is being torn down):
-                    %% never crash the caller; these counts are not kept.
-                    convoy_metrics:detached_refs()
-            end
+            fetch_refs(Gen, Key, Node)
+    end.
+
+fetch_refs(Gen, Key, Node) ->
+    case convoy_metrics:node_refs(Node) of
+        {C, H} ->
+            put(Key, {Gen, C, H}),
+            {C, H};
+        undefined ->
+            %% No convoy_peers (convoy's tree is being torn down): never crash
+            %% the caller; these counts are not kept.
+            erase(Key),
+            convoy_metrics:new_refs()
     end.
 
 %% A flagged sender's small message while its lane is idle and quiet: the lane
@@ -226,13 +234,11 @@ small_idle(RT, L, Node, To, Msg, Size) ->
     end.
 
 %% The route to Node and its counters; none before convoy has dealt with Node (or
-%% while convoy's node table is gone, its tree being restarted).
+%% while convoy's tree is being torn down).
 node_row(Node) ->
-    try ets:lookup(convoy_nodes, Node) of
-        [{_, Route, C, _}] -> {Route, C};
-        [] -> none
-    catch
-        error:badarg -> none
+    case convoy_peers:lookup(Node) of
+        {Route, C, _H} -> {Route, C};
+        none -> none
     end.
 
 admitted_direct(RT, L, Node, C, To, Msg, Size) ->
@@ -263,33 +269,46 @@ count_direct(C) ->
 %% has its admission disposed of here. Large messages are tagged: the lane ships
 %% them alone, never inside a batch.
 to_lane(RT, L, Node, To, Msg, Size) ->
-    {Kind, Bytes} = case Size of
-                        {small, B} -> {'$convoy_send', B};
-                        {multicast, B} -> {'$convoy_multicast', B};
-                        large -> {'$convoy_large', convoy_size:estimate(Msg)}
-                    end,
+    {Kind, Bytes} = kind(Msg, Size),
     {C, H} = refs(RT, Node),
     case hold(RT, H, Bytes) of
         ok -> hand_over(RT, L, Node, To, Msg, Kind, Bytes);
-        full -> overloaded(RT, L, Node, To, Msg, Kind, Bytes, C, H)
+        full -> overloaded(RT, L, Node, To, Msg, Size, C, H);
+        closed -> reheld(RT, L, Node, To, Msg, Size)
     end.
+
+%% The row was forgotten between refs/2 and hold/3 (or is being checked by
+%% convoy_peers right now: let it finish): refs/2 fetches the new one.
+reheld(RT, L, Node, To, Msg, Size) ->
+    erlang:yield(),
+    to_lane(RT, L, Node, To, Msg, Size).
+
+kind(_Msg, {small, B}) -> {'$convoy_send', B};
+kind(_Msg, {multicast, B}) -> {'$convoy_multicast', B};
+kind(Msg, large) -> {'$convoy_large', convoy_size:estimate(Msg)}.
 
 hand_over(#runtime{lanes = Lanes}, L, Node, To, Msg, Kind, Bytes) ->
     flag(Node),
     erlang:send(element(L, Lanes), {Kind, Node, To, Msg, Bytes}),
     ok.
 
-%% Take room for one message of Bytes.
+%% Take room for one message of Bytes; closed if convoy_peers has just forgotten
+%% the row (the add is undone before slot 2 is touched, as convoy_peers expects).
 hold(RT, H, Bytes) ->
-    N = atomics:add_get(H, 1, 1),
-    B = atomics:add_get(H, 2, Bytes),
-    case fits(RT, N - 1, B - Bytes, Bytes) of
-        true ->
-            ok;
-        false ->
+    case atomics:add_get(H, 1, 1) of
+        N when N >= ?CLOSED div 2 ->
             atomics:sub(H, 1, 1),
-            atomics:sub(H, 2, Bytes),
-            full
+            closed;
+        N ->
+            B = atomics:add_get(H, 2, Bytes),
+            case fits(RT, N - 1, B - Bytes, Bytes) of
+                true ->
+                    ok;
+                false ->
+                    atomics:sub(H, 1, 1),
+                    atomics:sub(H, 2, Bytes),
+                    full
+            end
     end.
 
 %% @doc Whether a message of Bytes fits beside Held messages of HeldBytes within the
@@ -301,8 +320,9 @@ fits(#runtime{max_buffered = MaxN, max_buffered_bytes = MaxB}, Held, HeldBytes, 
 within(_, infinity) -> true;
 within(V, Max) -> V =< Max.
 
-overloaded(RT = #runtime{overload = block, block_timeout = Timeout}, L, Node, To, Msg, Kind,
-           Bytes, C, H) ->
+overloaded(RT = #runtime{overload = block, block_timeout = Timeout}, L, Node, To, Msg, Size,
+           C, H) ->
+    {Kind, Bytes} = kind(Msg, Size),
     T0 = erlang:monotonic_time(),
     Deadline = T0 + erlang:convert_time_unit(Timeout, millisecond, native),
     Result = wait_room(RT, L, Node, H, Bytes, Deadline),
@@ -312,11 +332,12 @@ overloaded(RT = #runtime{overload = block, block_timeout = Timeout}, L, Node, To
           #{node => Node, result => Result}),
     case Result of
         ok -> hand_over(RT, L, Node, To, Msg, Kind, Bytes);
+        closed -> reheld(RT, L, Node, To, Msg, Size);
         timeout -> refuse(RT, L, C)
     end;
-overloaded(RT = #runtime{overload = drop}, L, _Node, _To, _Msg, _Kind, _Bytes, C, _H) ->
+overloaded(RT = #runtime{overload = drop}, L, _Node, _To, _Msg, _Size, C, _H) ->
     refuse(RT#runtime{refuse = drop}, L, C);
-overloaded(RT = #runtime{overload = error}, L, _Node, _To, _Msg, _Kind, _Bytes, C, _H) ->
+overloaded(RT = #runtime{overload = error}, L, _Node, _To, _Msg, _Size, C, _H) ->
     refuse(RT, L, C).
 
 %% A blocked sender registers with its lane once, and again only after a wake-up
@@ -325,15 +346,15 @@ overloaded(RT = #runtime{overload = error}, L, _Node, _To, _Msg, _Kind, _Bytes, 
 %% the lane (room freed by another lane, a wake-up spent on a sender gone).
 wait_room(RT = #runtime{lanes = Lanes}, L, Node, H, Bytes, Deadline) ->
     case hold(RT, H, Bytes) of
-        ok ->
-            ok;
         full ->
             Lane = element(L, Lanes),
             Mon = erlang:monitor(process, Lane, [{alias, demonitor}]),
             Lane ! {'$convoy_wait', Node, Mon, Bytes},
             Result = wait_loop(RT, Lane, Mon, Node, H, Bytes, Deadline),
             erlang:demonitor(Mon, [flush]),
-            Result
+            Result;
+        OkOrClosed ->
+            OkOrClosed
     end.
 
 wait_loop(RT, Lane, Mon, Node, H, Bytes, Deadline) ->
@@ -342,19 +363,19 @@ wait_loop(RT, Lane, Mon, Node, H, Bytes, Deadline) ->
     receive
         {Mon, room} ->
             case hold(RT, H, Bytes) of
-                ok ->
-                    ok;
                 full ->
                     Lane ! {'$convoy_wait', Node, Mon, Bytes},
-                    wait_loop(RT, Lane, Mon, Node, H, Bytes, Deadline)
+                    wait_loop(RT, Lane, Mon, Node, H, Bytes, Deadline);
+                OkOrClosed ->
+                    OkOrClosed
             end;
         {'DOWN', Mon, process, _, _} ->
             timeout
     after max(0, min(Left, 50)) ->
         case hold(RT, H, Bytes) of
-            ok -> ok;
             full when Left =< 0 -> timeout;
-            full -> wait_loop(RT, Lane, Mon, Node, H, Bytes, Deadline)
+            full -> wait_loop(RT, Lane, Mon, Node, H, Bytes, Deadline);
+            OkOrClosed -> OkOrClosed
         end
     end.
 

@@ -35,12 +35,17 @@
 %%   most 1,000,000): no entry costs more than `max_entry_words/0', and the
 %%   receiver delivers a long batch in slices of that cost (see `convoy_inbox') so
 %%   other traffic is not held behind it.</li>
-%% <li>`{'$convoy', 1, hello | welcome, Info}' goes between `convoy_peers' processes:
-%%   on start-up and on nodeup each side sends `hello' and answers a `hello' with
-%%   `welcome'. `Info' is a map; unknown keys are ignored, so a later release can add
-%%   some before anyone relies on them. Required: `versions' (protocol versions the
-%%   sender accepts), `node', `peers' (its `convoy_peers' pid) and `inboxes' (how
-%%   many inboxes it runs).</li>
+%% <li>`{'$convoy', 1, hello | welcome, Info}' goes between `convoy_peers' processes
+%%   (the exchange is described in `convoy_peers'). `Info' is a map; unknown keys
+%%   are ignored, so a later release can add some before anyone relies on them.
+%%   Required: `versions' (protocol versions the sender accepts), `node' (the
+%%   sender's node), `peers' (its `convoy_peers' pid, a pid of `node') and `inboxes'
+%%   (how many inboxes it runs, 1..`max_inboxes()'). Optional, added in this release:
+%%   `request', a reference. In a `hello' it is a fresh alias of the sender's
+%%   `convoy_peers' (a reference of `node'): the `welcome' goes to that alias and
+%%   carries it back as its own `request'. Only a `welcome' whose `request' is one
+%%   the receiver is waiting on, from the node it asked, is learnt from; a `hello'
+%%   only prompts the receiver to ask that node itself.</li>
 %% </ul>
 %% A receiver accepts every version in `versions/0'; a sender uses the highest
 %% version both sides accept, learnt from the hello exchange.
@@ -73,7 +78,7 @@
 -type dest() :: pid() | atom() | reference().
 -type entry() :: {dest() | [dest()], term()} | {'$convoy_barrier', pid() | reference(), term()}.
 -type hello_info() :: #{versions := [pos_integer()], node := node(), peers := pid(),
-                        inboxes := pos_integer()}.
+                        inboxes := pos_integer(), request => reference()}.
 -type decoded() :: {batch, pos_integer(), node(), maybe_improper_list()}
                  | {hello | welcome, hello_info()}
                  | {error, bad_version | malformed_batch | bad_hello | unknown_message}.
@@ -118,7 +123,7 @@ decode({'$convoy', Vsn, batch, From, Entries}) when is_integer(Vsn) ->
         true -> {error, malformed_batch}
     end;
 decode({'$convoy', Vsn, Kind, Info}) when Kind =:= hello; Kind =:= welcome ->
-    case is_integer(Vsn) andalso valid_hello(Info) of
+    case is_integer(Vsn) andalso valid_hello(Info) andalso valid_request(Kind, Info) of
         true -> {Kind, Info};
         false -> {error, bad_hello}
     end;
@@ -134,6 +139,12 @@ valid_hello(#{versions := Vs, node := N, peers := P, inboxes := I}) ->
         andalso is_integer(I) andalso I >= 1 andalso I =< ?MAX_INBOXES;
 valid_hello(_) ->
     false.
+
+%% A hello's request is an alias on the sender's node; a welcome's echoes one of
+%% the receiver's (checked there against what it is waiting on).
+valid_request(hello, #{request := R, node := N}) -> is_reference(R) andalso node(R) =:= N;
+valid_request(welcome, #{request := R}) -> is_reference(R);
+valid_request(_Kind, _Info) -> true.
 
 valid_versions([V]) -> is_integer(V) andalso V > 0;
 valid_versions([V | Rest]) -> is_integer(V) andalso V > 0 andalso valid_versions(Rest);
@@ -280,6 +291,22 @@ hello_roundtrip_test() ->
     Info = #{versions => [1], node => node(), peers => self(), inboxes => 2, extra => x},
     ?assertEqual({hello, Info}, decode(hello(hello, Info))),
     ?assertEqual({error, bad_hello}, decode(hello(hello, Info#{inboxes := 5000}))).
+
+hello_request_test() ->
+    Info = #{versions => [1], node => node(), peers => self(), inboxes => 2},
+    Ref = make_ref(),
+    ?assertEqual({hello, Info#{request => Ref}}, decode(hello(hello, Info#{request => Ref}))),
+    ?assertEqual({welcome, Info#{request => Ref}}, decode(hello(welcome, Info#{request => Ref}))),
+    ?assertEqual({error, bad_hello}, decode(hello(hello, Info#{request => x}))),
+    ?assertEqual({error, bad_hello}, decode(hello(welcome, Info#{request => self()}))),
+    %% A hello's request must be a reference of the node the hello claims.
+    ?assertEqual({error, bad_hello}, decode(hello(hello, Info#{request => ref_of(other@host)}))),
+    ?assertMatch({welcome, _}, decode(hello(welcome, Info#{request => ref_of(other@host)}))).
+
+%% A reference of another node, as if it had arrived from there.
+ref_of(Node) ->
+    N = atom_to_binary(Node, utf8),
+    binary_to_term(<<131, 90, 3:16, 119, (byte_size(N)), N/binary, 1:32, 11:32, 22:32, 33:32>>).
 
 entry_test() ->
     L = node(),

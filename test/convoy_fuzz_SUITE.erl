@@ -34,7 +34,7 @@
 
 %% A message kind on the rejected counters, and all of them.
 -define(KINDS, [bad_version, malformed_batch, bad_entry, bad_hello, unknown_message,
-                unknown_node, undeliverable, too_costly]).
+                unknown_node, undeliverable, too_costly, unsolicited]).
 
 suite() ->
     [{timetrap, {seconds, 60}}].
@@ -136,8 +136,10 @@ fuzz_inboxes(Config) ->
     ok.
 
 %% From peer A: random terms, batches and bad hellos to convoy_peers, hellos from
-%% nodes that are not connected, hellos with only unknown versions, and
-%% gen_server calls and casts with random terms.
+%% nodes that are not connected, hellos and welcomes claiming A, B or others (with
+%% any versions, pids, inbox counts and requests), forged DOWN, nodeup and nodedown
+%% messages, and gen_server calls and casts with random terms. No route changes:
+%% only a welcome answering this node's own request is learnt from.
 fuzz_peers(Config) ->
     A = ?config(a, Config),
     B = ?config(b, Config),
@@ -149,7 +151,6 @@ fuzz_peers(Config) ->
     ct:pal("~p inputs to convoy_peers; expected ~p", [Inputs, Expect]),
     ?assert(Inputs >= ?PEERS_INPUTS + 2 * ?PEERS_CALLS),
     ?assertEqual(maps:get(rejected, Expect), delta(Before, rejected())),
-    %% The remote finished with genuine hellos for A and B: routes as before.
     ?assertEqual(RouteA, convoy_peers:route(A)),
     ?assertEqual(RouteB, convoy_peers:route(B)),
     %% And A's convoy_peers learns us again from the welcome.
@@ -382,8 +383,9 @@ pick(L) -> lists:nth(rnd(length(L)), L).
 %% names. Never a name of a process other than the sink, nor a message tag that a
 %% process handles specially (system, 'EXIT', nodeup, '$gen_call', lane tags...).
 atoms(#{sink_name := S, nobody := Nobody, ct := CT, a := A, b := B, ghosts := G}) ->
-    ['$convoy', batch, hello, welcome, versions, node, peers, inboxes, '$convoy_barrier',
-     '$convoy_mark', undefined, '', true, false, ok, error, S, CT, A, B | G ++ Nobody].
+    ['$convoy', batch, hello, welcome, versions, node, peers, inboxes, request,
+     '$convoy_barrier', '$convoy_mark', undefined, '', true, false, ok, error, S, CT, A, B
+     | G ++ Nobody].
 
 %% Pids and references: the sink (here), a dead one here, processes on A, and some
 %% of nodes that are not connected.
@@ -518,7 +520,9 @@ hello_info(#{a := A, b := B, ct := CT, ghosts := G, peers_a := PA} = Ctx) ->
     Full = #{versions => pick([[1], [1, 2], [2], [7, 8], [], [0], [1 | 2], x, [1.0], [-1, 1]]),
              node => Node,
              peers => pick([PA, make_pid(Node, 77), make_pid(pick(G), 1), self(), x]),
-             inboxes => pick([1, 2, 1024, 0, 1025, -1, x, 3.0])},
+             inboxes => pick([1, 2, 1024, 0, 1025, -1, x, 3.0]),
+             %% a reference of A (where this runs), of this node, of a ghost, or not one
+             request => pick(refs(Ctx) ++ [x, self()])},
     Info = maps:without([K || K <- maps:keys(Full), rnd(6) =:= 1], Full),
     case rnd(8) of
         1 -> Info#{term(Ctx, 1) => term(Ctx, 1)};
@@ -536,7 +540,8 @@ ghost_hello(#{ghosts := G}) ->
      #{versions => [1], node => Node, peers => make_pid(Node, 9), inboxes => 1}}.
 
 %% Messages the runtime sends these processes, about nodes that are not connected
-%% or monitors they do not hold: handled, not counted as rejected.
+%% or monitors they do not hold: node messages are handled, not counted as rejected
+%% (they may be late real ones); a DOWN convoy_peers does not hold is counted.
 internal(peers, #{ghosts := G}) ->
     pick([{nodedown, pick(G), []}, {nodeup, pick(G), []},
           {'DOWN', make_ref(), process, self(), normal}]);
@@ -560,8 +565,8 @@ decode({'$convoy', V, batch, From, Entries}) when is_integer(V) ->
        true -> {error, malformed_batch}
     end;
 decode({'$convoy', V, Kind, Info}) when Kind =:= hello; Kind =:= welcome ->
-    case is_integer(V) andalso good_hello(Info) of
-        true -> {hello, Info};
+    case is_integer(V) andalso good_hello(Info) andalso good_request(Kind, Info) of
+        true -> {Kind, Info};
         false -> {error, bad_hello}
     end;
 decode({'$convoy', _, _, _, _}) -> {error, malformed_batch};
@@ -573,6 +578,12 @@ good_hello(#{versions := Vs, node := N, peers := P, inboxes := I}) ->
         andalso is_atom(N) andalso is_pid(P) andalso node(P) =:= N
         andalso is_integer(I) andalso I >= 1 andalso I =< 1024;
 good_hello(_) -> false.
+
+%% The optional request: in a hello, a reference of the node it claims; in a
+%% welcome, a reference.
+good_request(hello, #{request := R, node := N}) -> is_reference(R) andalso node(R) =:= N;
+good_request(welcome, #{request := R}) -> is_reference(R);
+good_request(_, _) -> true.
 
 proper([]) -> true;
 proper([_ | T]) -> proper(T);
@@ -589,7 +600,7 @@ inbox_effect(Term, Ctx = #{connected := Connected}, Acc) ->
                 false -> reject(unknown_node, Acc)
             end;
         {error, Kind} -> reject(Kind, Acc);
-        {hello, _} -> reject(unknown_message, Acc)
+        {Hello, _} when Hello =:= hello; Hello =:= welcome -> reject(unknown_message, Acc)
     end.
 
 entries_effect([], _From, _Ctx, Acc) ->
@@ -644,21 +655,22 @@ reject(Kind, Acc = #{rejected := R}) ->
 
 bump(Key, N, Acc) -> maps:update_with(Key, fun(V) -> V + N end, Acc).
 
-%% Effects of one message to convoy_peers, or skip for a valid hello that would
-%% really change a route (not bad input).
+%% Effects of one message to convoy_peers. A hello only makes this node ask the
+%% node it claims (whose genuine answer changes nothing), a welcome is learnt from
+%% only when it answers this node's request (these never do), and the runtime's
+%% node messages are acted on only when they agree with the node's state; a DOWN
+%% for a monitor convoy_peers does not hold cannot be real.
 peers_effect({NodeUpDown, _, _}, _Ctx, Acc) when NodeUpDown =:= nodeup; NodeUpDown =:= nodedown ->
-    Acc;
-peers_effect({'DOWN', _, process, _, _}, _Ctx, Acc) ->
     Acc;
 peers_effect(Term, #{connected := Connected}, Acc) ->
     case decode(Term) of
         {batch, _, _} -> reject(unknown_message, Acc);
         {error, Kind} -> reject(Kind, Acc);
-        {hello, #{node := N, versions := Vs}} ->
-            case {lists:member(N, Connected), lists:member(1, Vs)} of
-                {false, _} -> reject(unknown_node, Acc);
-                {true, false} -> reject(bad_version, Acc); % no common version
-                {true, true} -> skip
+        {welcome, _} -> reject(unsolicited, Acc);
+        {hello, #{node := N}} ->
+            case lists:member(N, Connected) of
+                false -> reject(unknown_node, Acc);
+                true -> Acc
             end
     end.
 
@@ -708,11 +720,6 @@ fuzz_peers_remote(Ctx0, N) ->
                      ok = gen_server:cast(Peers, term(Ctx)),
                      reject(unknown_message, reject(unknown_message, Acc))
              end, Acc1, lists:seq(1, ?PEERS_CALLS)),
-    %% Hellos with no common version made this node's peers forget A and B: the real
-    %% hellos put them back (and are not bad input).
-    [Peers ! {'$convoy', 1, hello, #{versions => [1], node => Node, peers => P, inboxes => 1}}
-     || {Node, P} <- [{maps:get(a, Ctx), maps:get(peers_a, Ctx)},
-                      {maps:get(b, Ctx), maps:get(peers_b, Ctx)}]],
     _ = sys:get_state(Peers, 30000),
     {N + 2 * ?PEERS_CALLS, Acc2}.
 
@@ -726,10 +733,5 @@ fuzz_peers_loop(N, Peers, Ctx, Acc) ->
                R when R =< 19 -> batch(Ctx);
                20 -> internal(peers, Ctx)
            end,
-    case peers_effect(Term, Ctx, Acc) of
-        skip ->
-            fuzz_peers_loop(N, Peers, Ctx, Acc);
-        Acc1 ->
-            Peers ! Term,
-            fuzz_peers_loop(N - 1, Peers, Ctx, Acc1)
-    end.
+    Peers ! Term,
+    fuzz_peers_loop(N - 1, Peers, Ctx, peers_effect(Term, Ctx, Acc)).
