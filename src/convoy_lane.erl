@@ -52,7 +52,7 @@
             rt :: #runtime{},
             %% this lane's own admission counters
             slots :: convoy_slots:slots(),
-            refs = #{} :: #{node() => {counters:counters_ref(), atomics:atomics_ref()}},
+            refs = #{} :: #{node() => {counters:counters_ref(), convoy_held:held()}},
             disposed = 0 :: non_neg_integer(),
             %% sends and multicasts read in this drain, newest first, not yet queued:
             %% queuing them in one go per node keeps the per-message cost to a cons
@@ -181,7 +181,7 @@ handle(M, S) ->
 handle_other({'$convoy_wait', Node, Alias, Bytes}, S = #s{rt = RT})
   when is_atom(Node), is_reference(Alias), is_integer(Bytes), Bytes >= 0 ->
     {_, H} = refs(Node, S),
-    case convoy_route:fits(RT, atomics:get(H, 1), atomics:get(H, 2), Bytes) of
+    case convoy_held:has_room(H, Bytes, RT#runtime.max_buffered, RT#runtime.max_buffered_bytes) of
         true ->
             Alias ! {Alias, room},
             S;
@@ -283,8 +283,7 @@ disposed(_Node, 0, S) ->
 disposed(Node, K, S = #s{segments = Segs}) ->
     {Bytes, Q} = release(K, maps:get(Node, Segs, queue:new()), 0),
     {_, H} = refs(Node, S),
-    atomics:sub(H, 1, K),
-    atomics:sub(H, 2, Bytes),
+    ok = convoy_held:release(H, K, Bytes),
     wake(Node, K, S#s{disposed = S#s.disposed + K, segments = Segs#{Node => Q}}).
 
 %% K messages left: wake up to K blocked senders, oldest first.

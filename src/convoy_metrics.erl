@@ -1,7 +1,7 @@
 %% @private
 %% Always-on counters and optional telemetry events.
 %%
-%% Per remote node: a `counters' array and a held-message `atomics' array in the
+%% Per remote node: a `counters' array and a held array (`convoy_held') in the
 %% node's row of the `convoy_nodes' table. `convoy_peers' owns the table and is its
 %% only writer: it creates a row when someone first asks for the node's references
 %% (`node_refs/1') and forgets it once the node is gone and idle (see
@@ -17,8 +17,6 @@
 -export_type([counter/0, rejection/0]).
 
 -include_lib("kernel/include/logger.hrl").
-
--include("convoy_runtime.hrl").
 
 -define(REJECTED, {convoy, rejected}).
 -define(LOST, {convoy, lost}).
@@ -62,15 +60,15 @@ node_counters(Node) ->
         undefined -> undefined
     end.
 
-%% @doc The counters of `Node' and its held-message atomics (1: messages handed to a
-%% lane and not yet sent or dropped, 2: their estimated bytes), created on first use
+%% @doc The counters of `Node' and its held array (`convoy_held': messages handed to
+%% a lane and not yet sent or dropped, and their estimated bytes), created on first use
 %% (by `convoy_peers', see `convoy_peers:refs/1').
 %%
 %% Returns `undefined', never raises, when `convoy_peers' is not running (convoy is
 %% not started, is stopping, or its tree is restarting) or does not answer within
 %% 5 s: the caller is a user's process. Holders must follow the invalidation
-%% contract in `convoy_peers' (slot 1 at or above `?CLOSED': fetch again).
--spec node_refs(node()) -> {counters:counters_ref(), atomics:atomics_ref()} | undefined.
+%% contract in `convoy_peers' (a closed held array: fetch again).
+-spec node_refs(node()) -> {counters:counters_ref(), convoy_held:held()} | undefined.
 node_refs(Node) ->
     convoy_peers:refs(Node).
 
@@ -82,19 +80,14 @@ node_refs(Node) ->
 %% since counters change per batch (lanes, inboxes) and, per message, only on a
 %% sender's direct send, which an idle and quiet lane rations; senders already share
 %% the node's held atomics on every message they hand to a lane.
--spec new_refs() -> {counters:counters_ref(), atomics:atomics_ref()}.
+-spec new_refs() -> {counters:counters_ref(), convoy_held:held()}.
 new_refs() ->
-    {counters:new(length(?COUNTERS), []), atomics:new(2, [{signed, true}])}.
+    {counters:new(length(?COUNTERS), []), convoy_held:new()}.
 
-%% @doc Messages and bytes held for a node now (a node being forgotten reads as
-%% what it held, without its `?CLOSED' mark).
--spec held(atomics:atomics_ref()) -> {integer(), integer()}.
+%% @doc Messages and bytes held for a node now.
+-spec held(convoy_held:held()) -> {integer(), integer()}.
 held(H) ->
-    N = case atomics:get(H, 1) of
-            V when V >= ?CLOSED div 2 -> V - ?CLOSED;
-            V -> V
-        end,
-    {N, atomics:get(H, 2)}.
+    convoy_held:read(H).
 
 -spec add(counters:counters_ref(), counter(), integer()) -> ok.
 add(_Ref, _Counter, 0) -> ok;

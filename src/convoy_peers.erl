@@ -51,12 +51,11 @@
 %% == Forgetting nodes ==
 %% Every `SWEEP_INTERVAL' this process forgets rows whose node is not connected,
 %% whose held slots are both 0 and whose counters have not changed for `GRACE'.
-%% Invalidation contract for holders of a row's `{Counters, Held}': before deleting
-%% a row this process adds `?CLOSED' to slot 1 of `Held'. It deletes the row only if
-%% that `atomics:add_get' returned exactly `?CLOSED' and slot 2 is 0; otherwise it
-%% subtracts `?CLOSED' again and keeps the row. A holder that does
-%% `atomics:add_get(Held, 1, 1)' and gets `>= ?CLOSED' must undo its add (before
-%% touching slot 2) and fetch the refs again (`convoy_metrics:node_refs/1'). The
+%% Invalidation contract for holders of a row's `{Counters, Held}': this process
+%% deletes a row only once `convoy_held:try_close/1' closed its held array for good
+%% (nothing held); a holder whose `convoy_held:hold/4' returns `closed', or that
+%% finds its cached array `convoy_held:is_closed/1', fetches the refs again
+%% (`convoy_metrics:node_refs/1'). The
 %% final counters of forgotten nodes are logged (one report per sweep) and kept in
 %% a bounded history (`forgotten/0', shown by `convoy:info/0').
 %%
@@ -134,7 +133,7 @@ route(Node) ->
 
 %% @doc `Node''s row: route, counters and held atomics; `none' if it has no row
 %% (or convoy is not running). Read from ETS.
--spec lookup(node()) -> {route(), counters:counters_ref(), atomics:atomics_ref()} | none.
+-spec lookup(node()) -> {route(), counters:counters_ref(), convoy_held:held()} | none.
 lookup(Node) ->
     try ets:lookup(?TABLE, Node) of
         [{_, Route, C, H}] -> {Route, C, H};
@@ -153,7 +152,7 @@ convoy_nodes() ->
     end.
 
 %% @doc Every row, as `{Node, {Route, Counters, Held}}'. Read from ETS.
--spec all() -> [{node(), {route(), counters:counters_ref(), atomics:atomics_ref()}}].
+-spec all() -> [{node(), {route(), counters:counters_ref(), convoy_held:held()}}].
 all() ->
     try
         ets:select(?TABLE, [{{'$1', '$2', '$3', '$4'}, [], [{{'$1', {{'$2', '$3', '$4'}}}}]}])
@@ -164,7 +163,7 @@ all() ->
 %% @doc `Node''s counters and held atomics; the row is created (by this process)
 %% if missing. `undefined' if this process is not running or does not answer within
 %% `CALL_TIMEOUT': never raises, as the caller may be a user's process.
--spec refs(node()) -> {counters:counters_ref(), atomics:atomics_ref()} | undefined.
+-spec refs(node()) -> {counters:counters_ref(), convoy_held:held()} | undefined.
 refs(Node) when is_atom(Node) ->
     case lookup(Node) of
         {_Route, C, H} ->
@@ -472,7 +471,7 @@ do_sweep(S = #s{grace = Grace, seen = Seen0}) ->
 
 observe(Node, C, H, Now, Grace, Seen0, Seen, Due) ->
     Total = lists:sum(maps:values(convoy_metrics:node_info(C))),
-    Idle = atomics:get(H, 1) =:= 0 andalso atomics:get(H, 2) =:= 0,
+    Idle = convoy_held:is_empty(H),
     case Seen0 of
         #{Node := {Total, Since}} when Idle, Now - Since >= Grace ->
             {Seen, [{Node, C, H, Total} | Due]};
@@ -482,16 +481,15 @@ observe(Node, C, H, Now, Grace, Seen0, Seen, Due) ->
             {Seen#{Node => {Total, Now}}, Due}
     end.
 
-%% Close the row's held atomics and delete it, unless a sender got in first.
+%% Close the row's held array and delete the row, unless a sender got in first.
 close({Node, C, H, Total}, Now, {Forgotten, S}) ->
-    case atomics:add_get(H, 1, ?CLOSED) =:= ?CLOSED andalso atomics:get(H, 2) =:= 0 of
+    case convoy_held:try_close(H) of
         true ->
             true = ets:delete(?TABLE, Node),
             S1 = gone(Node, S),
             {[{Node, convoy_metrics:node_counts(C)} | Forgotten],
              S1#s{seen = maps:remove(Node, S1#s.seen)}};
         false ->
-            atomics:sub(H, 1, ?CLOSED),
             {Forgotten, S#s{seen = (S#s.seen)#{Node => {Total, Now}}}}
     end.
 

@@ -36,7 +36,7 @@
 %% If the barrier does not come back in time the message goes through the lane.
 -module(convoy_route).
 
--export([send/2, send/3, multicast/2, lane_of/1, fits/4, await_gone/1]).
+-export([send/2, send/3, multicast/2, lane_of/1, await_gone/1]).
 
 -include("convoy_runtime.hrl").
 
@@ -193,17 +193,17 @@ admit_to_lane(RT, L, Node, To, Msg, Size) ->
         false -> to_lane(RT, L, Node, To, Msg, Size)
     end.
 
-%% A node's counters and held-message atomics, cached in the sender's process
+%% A node's counters and held array (convoy_held), cached in the sender's process
 %% dictionary for this start of convoy (an ETS lookup per message costs more). A
-%% cached row that convoy_peers has since forgotten reads `?CLOSED' in its held
-%% slot 1 for good: it is fetched again (one atomics read per use checks it).
+%% cached row that convoy_peers has since forgotten is closed for good: it is
+%% fetched again (one atomics read per use checks it).
 refs(#runtime{generation = Gen}, Node) ->
     Key = {'$convoy_refs', Node},
     case get(Key) of
         {Gen, C, H} ->
-            case atomics:get(H, 1) < ?CLOSED div 2 of
-                true -> {C, H};
-                false -> fetch_refs(Gen, Key, Node)
+            case convoy_held:is_closed(H) of
+                false -> {C, H};
+                true -> fetch_refs(Gen, Key, Node)
             end;
         _ ->
             fetch_refs(Gen, Key, Node)
@@ -292,33 +292,9 @@ hand_over(#runtime{lanes = Lanes}, L, Node, To, Msg, Kind, Bytes) ->
     erlang:send(element(L, Lanes), {Kind, Node, To, Msg, Bytes}),
     ok.
 
-%% Take room for one message of Bytes; closed if convoy_peers has just forgotten
-%% the row (the add is undone before slot 2 is touched, as convoy_peers expects).
-hold(RT, H, Bytes) ->
-    case atomics:add_get(H, 1, 1) of
-        N when N >= ?CLOSED div 2 ->
-            atomics:sub(H, 1, 1),
-            closed;
-        N ->
-            B = atomics:add_get(H, 2, Bytes),
-            case fits(RT, N - 1, B - Bytes, Bytes) of
-                true ->
-                    ok;
-                false ->
-                    atomics:sub(H, 1, 1),
-                    atomics:sub(H, 2, Bytes),
-                    full
-            end
-    end.
-
-%% @doc Whether a message of Bytes fits beside Held messages of HeldBytes within the
-%% node's bounds; a message alone may exceed the byte bound.
--spec fits(#runtime{}, integer(), integer(), non_neg_integer()) -> boolean().
-fits(#runtime{max_buffered = MaxN, max_buffered_bytes = MaxB}, Held, HeldBytes, Bytes) ->
-    within(Held + 1, MaxN) andalso (HeldBytes =< 0 orelse within(HeldBytes + Bytes, MaxB)).
-
-within(_, infinity) -> true;
-within(V, Max) -> V =< Max.
+%% Take room for one message of Bytes within the node's bounds (convoy_held).
+hold(#runtime{max_buffered = MaxN, max_buffered_bytes = MaxB}, H, Bytes) ->
+    convoy_held:hold(H, Bytes, MaxN, MaxB).
 
 overloaded(RT = #runtime{overload = block, block_timeout = Timeout}, L, Node, To, Msg, Size,
            C, H) ->

@@ -23,7 +23,6 @@
 %% logger handler
 -export([log/2]).
 
--define(CLOSED, (1 bsl 58)). % as in src/convoy_runtime.hrl
 -define(SENDERS, 8).
 -define(PER_SENDER, 250).
 
@@ -268,7 +267,7 @@ dead_names_forgotten(_Config) ->
     ?assertEqual([], [Name || Name <- Names, convoy_peers:lookup(Name) =/= none]),
     ?assert(length(convoy_peers:all()) =< length(nodes(connected))),
     %% the cached holder sees the row closed
-    ?assert(atomics:get(H1, 1) >= ?CLOSED),
+    ?assert(convoy_held:is_closed(H1)),
     #{forgotten := #{nodes := Forgotten, totals := Totals, last := Last}, nodes := Nodes} =
         convoy:info(),
     ?assertEqual(N, Forgotten),
@@ -287,7 +286,7 @@ dead_names_forgotten(_Config) ->
     Sender ! again,
     receive sent -> ok after 60000 -> ct:fail(sends_stuck) end,
     {_, C2, H2} = convoy_peers:lookup(hd(Names)),
-    ?assertEqual(0, atomics:get(H2, 1)),
+    ?assertEqual({0, 0}, convoy_held:read(H2)),
     ?assertMatch(#{accepted := 1, dropped := 1}, convoy_metrics:node_counts(C2)).
 
 %% Rows of connected nodes, rows holding messages and rows whose counters move
@@ -302,8 +301,7 @@ rows_kept_while_needed(_Config) ->
     {_, H} = convoy_metrics:node_refs(Held),
     {CB, _} = convoy_metrics:node_refs(Busy),
     _ = convoy_metrics:node_refs(Idle),
-    atomics:add(H, 1, 1),
-    atomics:add(H, 2, 100),
+    ok = convoy_held:hold(H, 100, infinity, infinity),
     Sweeps = [begin
                   convoy_metrics:add(CB, dropped, 1),
                   convoy_peers:sweep()
@@ -313,10 +311,10 @@ rows_kept_while_needed(_Config) ->
     ?assertMatch({{convoy, _, _}, _, _}, convoy_peers:lookup(Y)),
     ?assertMatch({plain, _, H}, convoy_peers:lookup(Held)),
     ?assertMatch({plain, CB, _}, convoy_peers:lookup(Busy)),
-    ?assertEqual(1, atomics:get(H, 1)), % never left closed
+    ?assertEqual({1, 100}, convoy_held:read(H)), % never left closed
+    ?assertNot(convoy_held:is_closed(H)),
     %% Once released and quiet, they go too.
-    atomics:sub(H, 1, 1),
-    atomics:sub(H, 2, 100),
+    ok = convoy_held:release(H, 1, 100),
     ?assertEqual([2, 0], [convoy_peers:sweep() || _ <- [1, 2]]),
     ?assertEqual([Y], [N || {N, _} <- convoy_peers:all()]),
     ?assertMatch(#{nodes := 3}, convoy_peers:forgotten()).
