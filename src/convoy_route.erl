@@ -19,10 +19,15 @@
 %% <li>Bypassing the inbox too (sending straight to the destination process) is
 %%   allowed only when none of the sender's earlier messages to that node can still
 %%   be waiting in an inbox: the process dictionary key `{'$convoy_inbox', Node}'
-%%   marks a sender whose traffic to `Node' went through an inbox since its last
-%%   barrier. A barrier (an entry the inbox answers once everything before it is
-%%   delivered) clears it. Idle round trips thus cost what plain `!' costs.</li>
+%%   marks a sender whose traffic to `Node' went through a lane or an inbox since
+%%   its last barrier. A barrier (an entry the inbox answers once everything before
+%%   it is delivered) clears it: a marked sender pays one when it sends a large
+%%   message, or a small one after its lane has been calm for a while (see
+%%   `convoy_path'). Idle round trips thus cost what plain `!' costs, after a
+%%   burst as before it.</li>
 %% </ol>
+%% The decision of each message's path is `convoy_path''s (pure); this module
+%% gathers the facts and carries it out.
 %% When convoy stops, the runtime is published marked `stopping' and every lane is
 %% closed: a sender with messages in its lane or an inbox (the marker above) waits
 %% until its lane is gone, which it is only once everything it held has shipped and
@@ -143,12 +148,17 @@ lane_of(#runtime{n = N}) -> erlang:phash2(self(), N) + 1.
 
 slots(#runtime{slots = Slots}, L) -> element(L, Slots).
 
-%% The marker of a sender whose traffic to Node went through a lane or an inbox.
-flag_key(Node) -> {'$convoy_inbox', Node}.
+%% The marker of a sender whose traffic to Node went through a lane or an inbox
+%% since its last barrier.
+mark_key(Node) -> {'$convoy_inbox', Node}.
 
-%% One message to a remote node. A sender with nothing of its own pending for Node
-%% (no flag) sends directly when the lane is quiet, or whatever the lane does when
-%% the message is large: no admission is needed, as nothing can be overtaken.
+is_marked(Node) -> get(mark_key(Node)) =:= true.
+
+unmark(Node) ->
+    _ = erase(mark_key(Node)),
+    ok.
+
+%% One message to a remote node; convoy_path decides the path from the facts.
 %% Size is {small, EstimatedBytes} or large (measured once, here).
 remote(undefined, Node, To, Msg) ->
     plain_send(Node, [To], Msg);
@@ -157,27 +167,56 @@ remote(RT = #runtime{stopping = true}, Node, To, Msg) ->
 remote(RT = #runtime{large_threshold = T}, Node, To, Msg) ->
     L = lane_of(RT),
     Size = convoy_size:measure(Msg, T),
-    Quiet = Size =:= large orelse quiet(RT, L),
-    case get(flag_key(Node)) of
-        undefined when Quiet -> direct(RT, L, Node, To, Msg, Size);
-        _ -> admitted(RT, L, Node, To, Msg, Size, Quiet)
+    Calm = case Size of
+               large -> busy; % not a small send: the lane's calm is not touched
+               _ -> calm(RT, L)
+           end,
+    case convoy_path:unadmitted(size_kind(Size), Calm, is_marked(Node)) of
+        direct -> direct(RT, L, Node, To, Msg, Size);
+        admit -> admitted(RT, L, Node, To, Msg, Size, Calm)
     end.
 
 %% Once admitted, a message must be disposed of: nothing after add_get may fail.
-admitted(RT, L, Node, To, Msg, Size, Quiet) ->
+admitted(RT, L, Node, To, Msg, Size, Calm) ->
     V = convoy_slots:admit(slots(RT, L)),
     case convoy_slots:is_closed(V) of
         true ->
             %% The lane is retired or stopping; its successor is already published.
             remote(refreshed(RT), Node, To, Msg);
         false ->
-            Idle = idle(RT, L, V),
-            case Size of
-                large -> large(RT, L, Idle, Node, To, Msg);
-                _ when Quiet, Idle -> small_idle(RT, L, Node, To, Msg, Size);
-                _ -> to_lane(RT, L, Node, To, Msg, Size)
+            case convoy_path:may_bypass(size_kind(Size), Calm, idle(RT, L, V)) of
+                true -> bypass(RT, L, Node, To, Msg, Size, Calm);
+                false -> to_lane(RT, L, Node, To, Msg, Size)
             end
     end.
+
+%% The lane has shipped all it was given: the message may follow it, by a path
+%% that depends on the node's route.
+bypass(RT, L, Node, To, Msg, Size, Calm) ->
+    {Route, C, Inboxes} = node_row(Node),
+    case convoy_path:bypass(size_kind(Size), Calm, Route) of
+        direct ->
+            %% Plain peer: what the lane shipped is already in the connection.
+            unmark(Node),
+            admitted_direct(RT, L, Node, C, To, Msg, Size);
+        inbox ->
+            via_inbox(RT, L, Node, Inboxes, C, {To, Msg}, To, Msg, Size);
+        lane ->
+            to_lane(RT, L, Node, To, Msg, Size);
+        {barrier, Else} ->
+            case barrier(RT, L, Node, Inboxes) of
+                ok ->
+                    unmark(Node),
+                    admitted_direct(RT, L, Node, C, To, Msg, Size);
+                timeout when Else =:= inbox ->
+                    via_inbox(RT, L, Node, Inboxes, C, {To, Msg}, To, Msg, Size);
+                timeout ->
+                    to_lane(RT, L, Node, To, Msg, Size)
+            end
+    end.
+
+size_kind(large) -> large;
+size_kind(_) -> small.
 
 %% Plain send straight to the destination, never suspending or connecting; if
 %% that is not possible now, the lane takes the message.
@@ -221,24 +260,13 @@ fetch_refs(Gen, Key, Node) ->
             convoy_metrics:new_refs()
     end.
 
-%% A flagged sender's small message while its lane is idle and quiet: the lane
-%% has shipped all it was given, so the sender's message may follow it directly.
-small_idle(RT, L, Node, To, Msg, Size) ->
-    case node_row(Node) of
-        {{convoy, _Vsn, Inboxes}, C} ->
-            via_inbox(RT, L, Node, Inboxes, C, {To, Msg}, To, Msg, Size);
-        {plain, C} ->
-            admitted_direct(RT, L, Node, C, To, Msg, Size);
-        none ->
-            to_lane(RT, L, Node, To, Msg, Size)
-    end.
-
-%% The route to Node and its counters; none before convoy has dealt with Node (or
-%% while convoy's tree is being torn down).
+%% Node's route (convoy, plain, or none before convoy has dealt with Node or while
+%% convoy's tree is being torn down), its counters and its inbox names.
 node_row(Node) ->
     case convoy_peers:lookup(Node) of
-        {Route, C, _H} -> {Route, C};
-        none -> none
+        {{convoy, _Vsn, Inboxes}, C, _H} -> {convoy, C, Inboxes};
+        {plain, C, _H} -> {plain, C, none};
+        none -> {none, undefined, none}
     end.
 
 admitted_direct(RT, L, Node, C, To, Msg, Size) ->
@@ -250,7 +278,7 @@ admitted_direct(RT, L, Node, C, To, Msg, Size) ->
 %% A batch of one to the inbox this sender's lane uses.
 via_inbox(RT, L, Node, Inboxes, C, Entry, To, Msg, Size) ->
     Inbox = {convoy_wire:lane_inbox(L, Inboxes), Node},
-    flag(Node),
+    mark(Node),
     case erlang:send(Inbox, convoy_wire:batch(node(), [Entry]), ?DIRECT_OPTS) of
         ok -> disposed(RT, L, C);
         _ -> to_lane(RT, L, Node, To, Msg, Size)
@@ -288,7 +316,7 @@ kind(_Msg, {multicast, B}) -> {'$convoy_multicast', B};
 kind(Msg, large) -> {'$convoy_large', convoy_size:estimate(Msg)}.
 
 hand_over(#runtime{lanes = Lanes}, L, Node, To, Msg, Kind, Bytes) ->
-    flag(Node),
+    mark(Node),
     erlang:send(element(L, Lanes), {Kind, Node, To, Msg, Bytes}),
     ok.
 
@@ -373,36 +401,12 @@ event(#runtime{telemetry = true}, Name, Measurements, Meta) ->
 event(_RT, _Name, _Measurements, _Meta) ->
     ok.
 
-flag(Node) ->
-    Key = flag_key(Node),
+mark(Node) ->
+    Key = mark_key(Node),
     case get(Key) of
         true -> ok;
         undefined -> put(Key, true)
     end.
-
-%% A large message from a sender with messages possibly waiting in an inbox. With
-%% its lane idle, the sender asks the inbox for a barrier (one round trip) and then
-%% sends directly; with its lane busy (or the distribution buffer full), it never
-%% waits: the lane takes the message, in order.
-large(RT, L, true, Node, To, Msg) ->
-    case node_row(Node) of
-        {{convoy, _Vsn, Inboxes}, C} ->
-            case barrier(RT, L, Node, Inboxes) of
-                ok ->
-                    erase(flag_key(Node)),
-                    admitted_direct(RT, L, Node, C, To, Msg, large);
-                timeout ->
-                    to_lane(RT, L, Node, To, Msg, large)
-            end;
-        {plain, C} ->
-            %% Plain peer: what the lane shipped is already in the connection.
-            erase(flag_key(Node)),
-            admitted_direct(RT, L, Node, C, To, Msg, large);
-        none ->
-            to_lane(RT, L, Node, To, Msg, large)
-    end;
-large(RT, L, false, Node, To, Msg) ->
-    to_lane(RT, L, Node, To, Msg, large).
 
 %% Wait until the inbox has delivered everything this sender sent before.
 barrier(#runtime{lanes = Lanes, barrier_timeout = Timeout}, L, Node, Inboxes) ->
@@ -429,14 +433,14 @@ barrier(#runtime{lanes = Lanes, barrier_timeout = Timeout}, L, Node, Inboxes) ->
 idle(RT = #runtime{max_delay = 0}, L, V) -> convoy_slots:idle(slots(RT, L), V);
 idle(_RT, _L, _V) -> false.
 
-%% Records this small send's time on the lane; true if the one before was more
-%% than bypass_after microseconds ago. Never quiet when max_delay asks for batches.
-quiet(#runtime{bypass_after = never}, _L) ->
-    false;
-quiet(#runtime{max_delay = D}, _L) when D > 0 ->
-    false;
-quiet(RT = #runtime{bypass_after = W}, L) ->
-    convoy_slots:quiet(slots(RT, L), W).
+%% Records this small send's time on the lane and says how calm the lane was
+%% before it (convoy_path). Never calm when max_delay asks for batches.
+calm(#runtime{bypass_after = never}, _L) ->
+    busy;
+calm(#runtime{max_delay = D}, _L) when D > 0 ->
+    busy;
+calm(RT = #runtime{bypass_after = W}, L) ->
+    convoy_path:calm(convoy_slots:since_last_send(slots(RT, L)), W).
 
 %% One multicast entry to a remote node: one copy travels, the inbox fans it out.
 %% A large one (large_threshold) never waits in the lane when the lane is idle: the
@@ -453,29 +457,24 @@ remote_multi(RT = #runtime{large_threshold = T}, Node, Tos, Msg) ->
         true ->
             remote_multi(refreshed(RT), Node, Tos, Msg);
         false ->
-            case convoy_size:measure(Msg, T) of
-                large ->
-                    multi_large(RT, L, idle(RT, L, V), Node, Tos, Msg);
-                {small, B} ->
-                    Size = {multicast, B},
-                    case quiet(RT, L) andalso idle(RT, L, V) andalso node_row(Node) of
-                        {{convoy, _Vsn, Inboxes}, C} ->
-                            via_inbox(RT, L, Node, Inboxes, C, {Tos, Msg}, Tos, Msg, Size);
-                        _ ->
-                            to_lane(RT, L, Node, Tos, Msg, Size)
-                    end
+            {Kind, Size} = case convoy_size:measure(Msg, T) of
+                               large -> {large, large};
+                               {small, B} -> {small, {multicast, B}}
+                           end,
+            Calm = case Kind of
+                       large -> busy;
+                       small -> calm(RT, L)
+                   end,
+            Idle = idle(RT, L, V),
+            {Route, C, Inboxes} = case Idle of
+                                      true -> node_row(Node);
+                                      false -> {none, undefined, none}
+                                  end,
+            case convoy_path:multicast(Kind, Calm, Idle, Route) of
+                inbox -> via_inbox(RT, L, Node, Inboxes, C, {Tos, Msg}, Tos, Msg, Size);
+                lane -> to_lane(RT, L, Node, Tos, Msg, Size)
             end
     end.
-
-multi_large(RT, L, true, Node, Tos, Msg) ->
-    case node_row(Node) of
-        {{convoy, _Vsn, Inboxes}, C} ->
-            via_inbox(RT, L, Node, Inboxes, C, {Tos, Msg}, Tos, Msg, large);
-        _ ->
-            to_lane(RT, L, Node, Tos, Msg, large)
-    end;
-multi_large(RT, L, false, Node, Tos, Msg) ->
-    to_lane(RT, L, Node, Tos, Msg, large).
 
 %%--------------------------------------------------------------------
 %% convoy not running, or stopping
@@ -490,12 +489,12 @@ plain_send(Node, Tos, Msg) ->
 %% (everything it held shipped and confirmed delivered by the peer's inbox, or
 %% counted as dropped), so that its plain sends cannot overtake them.
 stopping(RT, Node, Tos, Msg) ->
-    case get(flag_key(Node)) of
-        undefined ->
+    case is_marked(Node) of
+        false ->
             ok;
         true ->
             await_gone(element(lane_of(RT), RT#runtime.lanes)),
-            erase(flag_key(Node))
+            unmark(Node)
     end,
     plain_send(Node, Tos, Msg).
 

@@ -13,13 +13,13 @@
 %%   (`dispose/2'); when it equals the admissions before a sender's own, the lane is
 %%   idle and everything it was given is already in the distribution layer;</li>
 %% <li>last small send: monotonic microseconds of the latest small message on this
-%%   lane (`quiet/2'). It starts far in the past, never at 0: the monotonic clock can
+%%   lane (`since_last_send/1'). It starts far in the past, never at 0: the monotonic clock can
 %%   be negative.</li>
 %% </ul>
 -module(convoy_slots).
 
--export([new/1, admit/1, is_closed/1, dispose/2, idle/2, quiet/2, close/1, admitted/1,
-         disposed/1]).
+-export([new/1, admit/1, is_closed/1, dispose/2, idle/2, since_last_send/1, close/1,
+         admitted/1, disposed/1]).
 
 -export_type([slots/0]).
 
@@ -63,12 +63,11 @@ dispose(A, K) -> atomics:add(A, ?DISPOSED, K).
 -spec idle(slots(), integer()) -> boolean().
 idle(A, V) -> atomics:get(A, ?DISPOSED) =:= V - 1.
 
-%% @doc Record a small send now; true if the previous one was more than `Window'
-%% microseconds ago.
--spec quiet(slots(), non_neg_integer()) -> boolean().
-quiet(A, Window) ->
+%% @doc Record a small send now; returns the microseconds since the previous one.
+-spec since_last_send(slots()) -> integer().
+since_last_send(A) ->
     Now = erlang:monotonic_time(microsecond),
-    Now - atomics:exchange(A, ?LAST_SEND, Now) > Window.
+    Now - atomics:exchange(A, ?LAST_SEND, Now).
 
 %% @doc Close the lane to new admissions; returns how many it granted. Closing a
 %% closed lane changes nothing.
@@ -118,8 +117,8 @@ held_lane_is_never_idle_test() ->
     ok = dispose(A, 1),
     ?assertNot(idle(A, admit(A))).
 
-first_send_is_quiet_test() ->
+first_send_is_long_after_test() ->
     A = new(0),
-    ?assert(quiet(A, 1000000)),
-    ?assertNot(quiet(A, 1000000)).
+    ?assert(since_last_send(A) > 1000000),
+    ?assert(since_last_send(A) < 1000000).
 -endif.

@@ -1,0 +1,77 @@
+%% @private
+%% Which path a remote message takes, decided from facts the sender gathers. Pure:
+%% `convoy_route' reads the facts (its lane's counters, its own marker, the node's
+%% route) and carries the decision out. Why each path keeps order is in
+%% `convoy_route''s header; in short:
+%% <ul>
+%% <li>`direct' (a plain send to the destination) needs nothing of the sender's
+%%   own to be waiting: no marker (nothing in an inbox), or, after an admission,
+%%   the lane idle (nothing in the lane);</li>
+%% <li>`inbox' (a batch of one to the inbox the sender's lane uses) needs the lane
+%%   idle: it travels behind everything the lane shipped, through the same inbox;</li>
+%% <li>`{barrier, Else}' asks that inbox to confirm it delivered everything before
+%%   (one round trip), then sends directly and drops the marker; `Else' if the
+%%   confirmation does not come in time;</li>
+%% <li>`lane' is always safe.</li>
+%% </ul>
+%% A small message bypasses the lane only when the lane is calm (no small message
+%% took it in the last `bypass_after' microseconds): a flood is batched rather than
+%% leaking out one message at a time. A marked sender whose lane has been calm for
+%% `SETTLED_US' pays one barrier and is back on direct sends: after a burst, an idle
+%% request/response costs what plain `!' costs. Below that, it goes through the
+%% inbox (no round trip), as senders in a steady exchange would pay the barrier
+%% again and again.
+-module(convoy_path).
+
+-export([calm/2, unadmitted/3, may_bypass/3, bypass/3, multicast/4]).
+
+-export_type([size/0, calm/0, route/0]).
+
+%% No small message on the lane for this long: a marked sender's barrier (one
+%% round trip, tens of microseconds on a LAN) costs little beside the idle gap.
+-define(SETTLED_US, 1000).
+
+-type size() :: small | large.
+%% busy: a small message took the lane within bypass_after (or batching is forced);
+%% quiet: not within bypass_after; settled: not within SETTLED_US either.
+-type calm() :: busy | quiet | settled.
+-type route() :: convoy | plain | none.
+
+%% @doc How calm a lane is, from the microseconds since its previous small send
+%% and the `bypass_after' window (`never': batching is forced).
+-spec calm(integer(), non_neg_integer() | never) -> calm().
+calm(_Gap, never) -> busy;
+calm(Gap, Window) when Gap > Window, Gap > ?SETTLED_US -> settled;
+calm(Gap, Window) when Gap > Window -> quiet;
+calm(_Gap, _Window) -> busy.
+
+%% @doc Before any admission: an unmarked sender sends a large message, or a small
+%% one on a calm lane, directly.
+-spec unadmitted(size(), calm(), Marked :: boolean()) -> direct | admit.
+unadmitted(_Size, _Calm, true) -> admit;
+unadmitted(large, _Calm, false) -> direct;
+unadmitted(small, busy, false) -> admit;
+unadmitted(small, _Calm, false) -> direct.
+
+%% @doc After an admission: whether the message may bypass the lane at all (then
+%% the node's route decides how, see `bypass/3').
+-spec may_bypass(size(), calm(), Idle :: boolean()) -> boolean().
+may_bypass(_Size, _Calm, false) -> false;
+may_bypass(large, _Calm, true) -> true;
+may_bypass(small, busy, true) -> false;
+may_bypass(small, _Calm, true) -> true.
+
+%% @doc How an admitted message that may bypass the lane goes, by the node's route.
+-spec bypass(size(), calm(), route()) -> direct | inbox | lane | {barrier, inbox | lane}.
+bypass(_Size, _Calm, none) -> lane;          % convoy has not dealt with the node yet
+bypass(_Size, _Calm, plain) -> direct;       % no inbox: the lane shipped into the connection
+bypass(large, _Calm, convoy) -> {barrier, lane};
+bypass(small, settled, convoy) -> {barrier, inbox};
+bypass(small, _Calm, convoy) -> inbox.
+
+%% @doc A multicast entry (always admitted: it goes through an inbox to be fanned
+%% out there, or through the lane).
+-spec multicast(size(), calm(), Idle :: boolean(), route()) -> inbox | lane.
+multicast(large, _Calm, true, convoy) -> inbox;
+multicast(small, Calm, true, convoy) when Calm =/= busy -> inbox;
+multicast(_Size, _Calm, _Idle, _Route) -> lane.

@@ -1,0 +1,136 @@
+%% The paths a sender's messages take (convoy_path), with a peer node: after a
+%% burst, an idle sender returns to direct sends; order holds across every switch
+%% between lane, inbox, barrier and direct.
+-module(convoy_path_SUITE).
+
+-include_lib("common_test/include/ct.hrl").
+-include_lib("stdlib/include/assert.hrl").
+
+-export([all/0, suite/0, init_per_testcase/2, end_per_testcase/2]).
+-export([idle_after_burst_goes_direct/1, order_across_path_switches/1]).
+%% Run on the peer.
+-export([echo/0, collector/0]).
+
+suite() ->
+    [{timetrap, {seconds, 120}}].
+
+all() ->
+    [idle_after_burst_goes_direct, order_across_path_switches].
+
+init_per_testcase(_TC, Config) ->
+    _ = application:stop(convoy),
+    {ok, _} = application:ensure_all_started(convoy),
+    Config.
+
+end_per_testcase(_TC, _Config) ->
+    _ = application:stop(convoy),
+    ok.
+
+%% A burst marks the sender (its messages went through the lane and an inbox).
+%% Its marker used to stay for good, so every later idle round trip went through
+%% the peer's inbox (one more hop there). Now the first small message after the
+%% lane has been calm for a while pays one barrier, and the round trips after it
+%% go directly: the peer's inbox delivers none of them.
+idle_after_burst_goes_direct(_Config) ->
+    {Peer, Node} = convoy_ct_peers:convoy_peer(?MODULE, ?CT_PEER_NAME(), #{}),
+    Echo = spawn(Node, ?MODULE, echo, []),
+    [ok = convoy:send(Echo, {burst, I}) || I <- lists:seq(1, 20000)],
+    ok = convoy:flush(),
+    %% (the burst went through the lane, not only direct sends)
+    #{accepted := A, direct := D} = maps:get(Node, maps:get(nodes, convoy:info())),
+    ?assert(A - D > 0),
+    timer:sleep(20), % the lane is calm
+    Before = received(Peer),
+    [round_trip(Echo, I) || I <- lists:seq(1, 50)],
+    After = received(Peer),
+    ct:pal("messages the peer's inbox delivered during 50 idle round trips: ~p",
+           [After - Before]),
+    ?assertEqual(0, After - Before),
+    %% and the sender is no longer marked
+    ?assertEqual(undefined, get({'$convoy_inbox', Node})).
+
+%% Senders alternate bursts (lane), short pauses (inbox), long pauses (barrier,
+%% then direct), large messages (barrier) and multicasts; every pair stays in order.
+order_across_path_switches(_Config) ->
+    {_Peer, Node} = convoy_ct_peers:convoy_peer(?MODULE, ?CT_PEER_NAME(), #{}),
+    Collector = spawn(Node, ?MODULE, collector, []),
+    Senders = 4,
+    Self = self(),
+    Pids = [spawn_link(fun() -> Self ! {done, self(), send_mixed(Collector, S)} end)
+            || S <- lists:seq(1, Senders)],
+    Sent = lists:sum([receive {done, P, N} -> N after 60000 -> ct:fail(sender_stuck) end
+                      || P <- Pids]),
+    {Got, Disorder} = convoy_ct_peers:await(fun() -> report(Collector) end,
+                                            fun({G, _}) -> G >= Sent end, 30000),
+    ct:pal("sent ~p, collected ~p, out of order ~p", [Sent, Got, Disorder]),
+    ?assertEqual([], Disorder),
+    ?assertEqual(Sent, Got).
+
+%%--------------------------------------------------------------------
+%% Helpers
+
+send_mixed(Collector, S) ->
+    rand:seed(exsss, {S, 7, 11}),
+    Large = binary:copy(<<"L">>, 100000),
+    lists:foldl(fun(Round, Seq) ->
+                        case rand:uniform(5) of
+                            1 -> burst(Collector, S, Seq, 500);
+                            2 -> timer:sleep(0), one(Collector, S, Seq, small);
+                            3 -> timer:sleep(3), one(Collector, S, Seq, small);
+                            4 -> one(Collector, S, Seq, Large);
+                            5 -> multi(Collector, S, Seq, Round)
+                        end
+                end, 0, lists:seq(1, 200)).
+
+burst(Collector, S, Seq, N) ->
+    lists:foldl(fun(_, Q) -> one(Collector, S, Q, small) end, Seq, lists:seq(1, N)).
+
+one(Collector, S, Seq, Payload) ->
+    ok = convoy:send(Collector, {seq, S, Seq + 1, Payload}),
+    Seq + 1.
+
+multi(Collector, S, Seq, _Round) ->
+    ok = convoy:multicast([Collector], {seq, S, Seq + 1, multi}),
+    Seq + 1.
+
+report(Collector) ->
+    Collector ! {report, self()},
+    receive {report, R} -> R after 10000 -> ct:fail(no_report) end.
+
+round_trip(Echo, I) ->
+    ok = convoy:send(Echo, {ping, self(), I}),
+    receive {pong, I} -> ok after 5000 -> ct:fail({no_pong, I}) end.
+
+received(Peer) ->
+    maps:get(received, node_info(node(), Peer)).
+
+node_info(Node, Peer) ->
+    maps:get(Node, maps:get(nodes, peer:call(Peer, convoy, info, []))).
+
+%%--------------------------------------------------------------------
+%% Run on the peer
+
+echo() ->
+    receive
+        {ping, From, I} -> From ! {pong, I};
+        _ -> ok
+    end,
+    echo().
+
+%% Per sender, sequence numbers must go up by one.
+collector() ->
+    collector(#{}, 0, []).
+
+collector(Last, Got, Disorder) ->
+    receive
+        {seq, S, N, _} ->
+            Expected = maps:get(S, Last, 0) + 1,
+            D = case N of
+                    Expected -> Disorder;
+                    _ -> [{S, Expected, N} | Disorder]
+                end,
+            collector(Last#{S => N}, Got + 1, lists:sublist(D, 20));
+        {report, From} ->
+            From ! {report, {Got, lists:reverse(Disorder)}},
+            collector(Last, Got, Disorder)
+    end.

@@ -1,0 +1,76 @@
+%% convoy_path: every combination of facts, checked against the ordering rules
+%% (convoy_route's header) rather than against a copy of the table.
+-module(convoy_path_tests).
+
+-include_lib("eunit/include/eunit.hrl").
+
+-define(SIZES, [small, large]).
+-define(CALMS, [busy, quiet, settled]).
+-define(ROUTES, [convoy, plain, none]).
+
+calm_test() ->
+    ?assertEqual(busy, convoy_path:calm(10, 20)),
+    ?assertEqual(busy, convoy_path:calm(20, 20)),
+    ?assertEqual(quiet, convoy_path:calm(21, 20)),
+    ?assertEqual(quiet, convoy_path:calm(1000, 20)),
+    ?assertEqual(settled, convoy_path:calm(1001, 20)),
+    %% a window longer than the settling time: settled once past the window
+    ?assertEqual(busy, convoy_path:calm(4000, 5000)),
+    ?assertEqual(settled, convoy_path:calm(5001, 5000)),
+    ?assertEqual(busy, convoy_path:calm(1 bsl 40, never)),
+    %% the clock is monotonic but a gap read across lanes may be negative
+    ?assertEqual(busy, convoy_path:calm(-5, 0)).
+
+%% Rule 3: a marked sender never sends directly before an admission. An unmarked
+%% one bypasses the lane only with a large message or on a calm lane.
+unadmitted_test() ->
+    [begin
+         P = convoy_path:unadmitted(Size, Calm, Marked),
+         ?assert(lists:member(P, [direct, admit])),
+         Marked andalso ?assertEqual(admit, P),
+         (not Marked) andalso Size =:= small andalso Calm =:= busy
+             andalso ?assertEqual(admit, P),
+         (not Marked) andalso (Size =:= large orelse Calm =/= busy)
+             andalso ?assertEqual(direct, P)
+     end || Size <- ?SIZES, Calm <- ?CALMS, Marked <- [true, false]].
+
+%% Rule 2: nothing bypasses a lane that is not idle, and a small message bypasses
+%% only a calm lane (a flood is batched).
+may_bypass_test() ->
+    [begin
+         B = convoy_path:may_bypass(Size, Calm, Idle),
+         Idle orelse ?assertNot(B),
+         Size =:= small andalso Calm =:= busy andalso ?assertNot(B),
+         Idle andalso (Size =:= large orelse Calm =/= busy) andalso ?assert(B)
+     end || Size <- ?SIZES, Calm <- ?CALMS, Idle <- [true, false]].
+
+%% Once it may bypass: a direct send to a convoy peer only after a barrier (its
+%% inbox may hold the sender's earlier messages); a node convoy has not dealt
+%% with goes to the lane; a plain peer has no inbox to wait for.
+bypass_test() ->
+    [begin
+         P = convoy_path:bypass(Size, Calm, Route),
+         case Route of
+             none -> ?assertEqual(lane, P);
+             plain -> ?assertEqual(direct, P);
+             convoy -> ?assertNotEqual(direct, P)
+         end,
+         %% a large message never rides through an inbox as a batch of one
+         Size =:= large andalso ?assertNotEqual(inbox, P),
+         Size =:= large andalso Route =:= convoy andalso ?assertEqual({barrier, lane}, P),
+         %% the barrier is paid only when the lane has been calm for a while
+         Size =:= small andalso Route =:= convoy andalso Calm =/= settled
+             andalso ?assertEqual(inbox, P),
+         Size =:= small andalso Route =:= convoy andalso Calm =:= settled
+             andalso ?assertEqual({barrier, inbox}, P)
+     end || Size <- ?SIZES, Calm <- [quiet, settled], Route <- ?ROUTES].
+
+%% A multicast goes through an inbox (fanned out there) only past an idle lane,
+%% to a convoy peer, and for a small one on a calm lane; otherwise the lane.
+multicast_test() ->
+    [begin
+         P = convoy_path:multicast(Size, Calm, Idle, Route),
+         Inbox = Idle andalso Route =:= convoy andalso (Size =:= large orelse Calm =/= busy),
+         ?assertEqual(Inbox, P =:= inbox),
+         Inbox orelse ?assertEqual(lane, P)
+     end || Size <- ?SIZES, Calm <- ?CALMS, Idle <- [true, false], Route <- ?ROUTES].
