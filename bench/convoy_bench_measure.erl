@@ -60,10 +60,13 @@ measure(pairs, #{pairs := C, payload := Bytes} = P, Ctx = #{mode := M}) ->
     {Dur, Samples} = window(Clients, P, Ctx),
     stop_all(Servers),
     (latency_figures(Samples))#{rt_s => length(Samples) / Dur};
-measure(latency, #{n := N, warmup := W}, Ctx = #{mode := M}) ->
+measure(latency, #{n := N, warmup := W, burst := B}, Ctx = #{mode := M}) ->
     [S] = erpc:call(sink(Ctx), ?MODULE, spawn_servers, [M, 1]),
     Req = {req, self(), ping},
     _ = round_trips(M, S, Req, W, []),
+    %% A burst first (B > 0): then idle round trips by a sender that has just used
+    %% convoy's batched path.
+    after_burst(M, S, Req, B),
     T0 = erlang:monotonic_time(),
     Samples = round_trips(M, S, Req, N, []),
     T1 = erlang:monotonic_time(),
@@ -223,15 +226,23 @@ await(Msg, Ctx) ->
 spawn_servers(M, N) ->
     [spawn_opt(?MODULE, server, [M], ?SINK_OPTS) || _ <- lists:seq(1, N)].
 
-%% @doc Answers `{req, From, _}' with `resp'.
+%% @doc Answers `{req, From, _}' with `resp'; takes `{burst, _}' without answer.
 -spec server(mode()) -> ok.
 server(M) ->
     receive
         {req, From, _} -> snd(M, From, resp), server(M);
+        {burst, _} -> server(M);
         stop -> ok
     end.
 
 stop_all(Pids) -> [P ! stop || P <- Pids], ok.
+
+after_burst(_M, _S, _Req, 0) ->
+    ok;
+after_burst(M, S, Req, B) ->
+    [snd(M, S, {burst, I}) || I <- lists:seq(1, B)],
+    _ = round_trips(M, S, Req, 1, []),
+    timer:sleep(5).
 
 round_trips(_M, _S, _Req, 0, Acc) -> Acc;
 round_trips(M, S, Req, N, Acc) ->

@@ -60,8 +60,8 @@ params(pairs, normal) -> #{pairs => [1, 4, 16, 64, 256, 1024], payload => 1024,
                            duration_ms => 1000, warmup_ms => 200};
 params(pairs, tiny) -> #{pairs => [1, 8], payload => 1024,
                          duration_ms => 100, warmup_ms => 20};
-params(latency, normal) -> #{n => 20000, warmup => 2000};
-params(latency, tiny) -> #{n => 300, warmup => 30};
+params(latency, normal) -> #{n => 20000, warmup => 2000, burst => 10000};
+params(latency, tiny) -> #{n => 300, warmup => 30, burst => 300};
 params(bulk, normal) -> #{senders => [1, 16], size => 10000000,
                           duration_ms => 1500, warmup_ms => 300};
 params(bulk, tiny) -> #{senders => [1, 4], size => 200000,
@@ -116,10 +116,12 @@ describe(pairs, P = #{pairs := Pairs}) ->
       figures => [{rt_s, <<"rt/s">>, rate}, {p50_us, <<"p50">>, us},
                   {p99_us, <<"p99">>, us}, {p999_us, <<"p99.9">>, us}],
       ratio => [rt_s, p99_us], primary => {rt_s, higher}, convoy => measured};
-describe(latency, P = #{n := N}) ->
-    #{title => fmt("idle round trip, one client, ~b sequential small round trips", [N]),
+describe(latency, P = #{n := N, burst := B}) ->
+    #{title => fmt("idle round trip, one client, ~b sequential small round trips; "
+                   "\"after burst\": the client first sends ~b one-way messages, "
+                   "waits for one round trip and 5 ms", [N, B]),
       placement => cross, sinks => 1,
-      points => [point(<<"idle">>, P)],
+      points => [point(<<"idle">>, P#{burst => 0}), point(<<"after burst">>, P)],
       figures => [{p50_us, <<"p50">>, us}, {p99_us, <<"p99">>, us},
                   {p999_us, <<"p99.9">>, us}, {max_us, <<"max">>, us}],
       ratio => [p50_us, p99_us], primary => {p50_us, lower}, convoy => measured};
