@@ -21,7 +21,7 @@
          traffic_after_fuzz/1,
          improper_list_message/1, forged_nodeup_to_peers/1]).
 %% Run on the peer nodes.
--export([counter/0, seq_collector/0, seq_sender/3, fuzz_inboxes_remote/2,
+-export([counter/0, seq_sender/3, fuzz_inboxes_remote/2,
          fuzz_peers_remote/2, make_pid/2, send_then_barrier/2]).
 
 -define(SINK, convoy_fuzz_sink).
@@ -111,7 +111,7 @@ end_per_group(_Group, Config) ->
 fuzz_inboxes(Config) ->
     A = ?config(a, Config),
     B = ?config(b, Config),
-    Collector = spawn_link(?MODULE, seq_collector, []),
+    Collector = spawn_link(convoy_ct_seq, collector, []),
     Traffic = spawn(B, ?MODULE, seq_sender, [Collector, ?TRAFFIC, self()]),
     Before = rejected(),
     ReceivedBefore = received([A, B]),
@@ -132,7 +132,7 @@ fuzz_inboxes(Config) ->
     ?assertEqual(SinkBefore + ExpSink, await_counter(?config(sink, Config), SinkBefore + ExpSink)),
     %% B's real traffic during the fuzzing: complete and in order.
     receive {sent, Traffic, ?TRAFFIC} -> ok after 30000 -> ct:fail(traffic_sender_stuck) end,
-    ?assertEqual({?TRAFFIC, []}, await_seq(Collector, ?TRAFFIC)),
+    ?assertEqual({?TRAFFIC, []}, convoy_ct_seq:await(Collector, ?TRAFFIC)),
     ok.
 
 %% From peer A: random terms, batches and bad hellos to convoy_peers, hellos from
@@ -190,21 +190,21 @@ traffic_after_fuzz(Config) ->
     PeerA = ?config(peer_a, Config),
     await_route(A, convoy),
     %% A -> here
-    Here = spawn_link(?MODULE, seq_collector, []),
+    Here = spawn_link(convoy_ct_seq, collector, []),
     AStatsBefore = peer:call(PeerA, convoy, info, []),
     Sender = spawn(A, ?MODULE, seq_sender, [Here, ?TRAFFIC, self()]),
     receive {sent, Sender, ?TRAFFIC} -> ok after 30000 -> ct:fail(sender_on_a_stuck) end,
-    ?assertEqual({?TRAFFIC, []}, await_seq(Here, ?TRAFFIC)),
+    ?assertEqual({?TRAFFIC, []}, convoy_ct_seq:await(Here, ?TRAFFIC)),
     AStatsAfter = peer:call(PeerA, convoy, info, []),
     #{accepted := Acc0, messages := M0, dropped := D0} = node_stats(AStatsBefore, node()),
     #{accepted := Acc1, messages := M1, dropped := D1, buffered := 0} =
         node_stats(AStatsAfter, node()),
     ?assertEqual({?TRAFFIC, ?TRAFFIC, 0}, {Acc1 - Acc0, M1 - M0, D1 - D0}),
     %% here -> A
-    There = spawn(A, ?MODULE, seq_collector, []),
+    There = convoy_ct_seq:start(A),
     Before = node_stats(convoy:info(), A),
     seq_sender(There, ?TRAFFIC, none),
-    ?assertEqual({?TRAFFIC, []}, await_seq(There, ?TRAFFIC)),
+    ?assertEqual({?TRAFFIC, []}, convoy_ct_seq:await(There, ?TRAFFIC)),
     After = node_stats(convoy:info(), A),
     ?assertEqual(?TRAFFIC, maps:get(accepted, After) - maps:get(accepted, Before)),
     ?assertEqual(?TRAFFIC, maps:get(messages, After) - maps:get(messages, Before)),
@@ -334,33 +334,6 @@ counter_value(C) ->
 await_counter(C, Target) ->
     C ! {'$fuzz_q', await, Target, self()},
     receive {'$fuzz_value', C, N} -> N after 20000 -> ct:fail({counter_short, C, Target}) end.
-
-%% seq_collector: per sender, sequence numbers must go up by one.
-seq_collector() ->
-    seq_collector(#{}, 0, [], []).
-
-seq_collector(Last, Count, Errors, Waiters) ->
-    receive
-        {seq, From, Seq} ->
-            Errors1 = case maps:get(From, Last, 0) of
-                          Prev when Seq =:= Prev + 1 -> Errors;
-                          Prev -> [{From, Prev, Seq} | Errors]
-                      end,
-            seq_waiters(Last#{From => Seq}, Count + 1, Errors1, Waiters);
-        {'$fuzz_q', await, Target, From} ->
-            seq_waiters(Last, Count, Errors, [{Target, From} | Waiters])
-    end.
-
-seq_waiters(Last, Count, Errors, Waiters) ->
-    {Done, Left} = lists:partition(fun({T, _}) -> Count >= T end, Waiters),
-    [From ! {'$fuzz_seq', self(), Count, lists:reverse(Errors)} || {_, From} <- Done],
-    seq_collector(Last, Count, Errors, Left).
-
-await_seq(C, Target) ->
-    C ! {'$fuzz_q', await, Target, self()},
-    receive {'$fuzz_seq', C, N, Errors} -> {N, lists:sublist(Errors, 10)}
-    after 20000 -> ct:fail({collector_short, C, Target})
-    end.
 
 %% seq_sender: N messages through convoy, then flush; tells ReplyTo.
 seq_sender(To, N, ReplyTo) ->

@@ -9,7 +9,7 @@
 -export([all/0, suite/0, init_per_testcase/2, end_per_testcase/2]).
 -export([idle_after_burst_goes_direct/1, order_across_path_switches/1]).
 %% Run on the peer.
--export([echo/0, collector/0]).
+-export([echo/0]).
 
 suite() ->
     [{timetrap, {seconds, 120}}].
@@ -53,15 +53,14 @@ idle_after_burst_goes_direct(_Config) ->
 %% then direct), large messages (barrier) and multicasts; every pair stays in order.
 order_across_path_switches(_Config) ->
     {_Peer, Node} = convoy_ct_peers:convoy_peer(?MODULE, ?CT_PEER_NAME(), #{}),
-    Collector = spawn(Node, ?MODULE, collector, []),
+    Collector = convoy_ct_seq:start(Node),
     Senders = 4,
     Self = self(),
     Pids = [spawn_link(fun() -> Self ! {done, self(), send_mixed(Collector, S)} end)
             || S <- lists:seq(1, Senders)],
     Sent = lists:sum([receive {done, P, N} -> N after 60000 -> ct:fail(sender_stuck) end
                       || P <- Pids]),
-    {Got, Disorder} = convoy_ct_peers:await(fun() -> report(Collector) end,
-                                            fun({G, _}) -> G >= Sent end, 30000),
+    {Got, Disorder} = convoy_ct_seq:await(Collector, Sent),
     ct:pal("sent ~p, collected ~p, out of order ~p", [Sent, Got, Disorder]),
     ?assertEqual([], Disorder),
     ?assertEqual(Sent, Got).
@@ -93,10 +92,6 @@ multi(Collector, S, Seq, _Round) ->
     ok = convoy:multicast([Collector], {seq, S, Seq + 1, multi}),
     Seq + 1.
 
-report(Collector) ->
-    Collector ! {report, self()},
-    receive {report, R} -> R after 10000 -> ct:fail(no_report) end.
-
 round_trip(Echo, I) ->
     ok = convoy:send(Echo, {ping, self(), I}),
     receive {pong, I} -> ok after 5000 -> ct:fail({no_pong, I}) end.
@@ -116,21 +111,3 @@ echo() ->
         _ -> ok
     end,
     echo().
-
-%% Per sender, sequence numbers must go up by one.
-collector() ->
-    collector(#{}, 0, []).
-
-collector(Last, Got, Disorder) ->
-    receive
-        {seq, S, N, _} ->
-            Expected = maps:get(S, Last, 0) + 1,
-            D = case N of
-                    Expected -> Disorder;
-                    _ -> [{S, Expected, N} | Disorder]
-                end,
-            collector(Last#{S => N}, Got + 1, lists:sublist(D, 20));
-        {report, From} ->
-            From ! {report, {Got, lists:reverse(Disorder)}},
-            collector(Last, Got, Disorder)
-    end.

@@ -19,7 +19,7 @@
          refs_when_not_running/1, table_is_protected/1,
          dead_names_forgotten/1, rows_kept_while_needed/1, gone_peer_forgotten/1]).
 %% Run on peer nodes.
--export([send_then_barrier/2, replay/3, seq_collector/0]).
+-export([send_then_barrier/2, replay/3]).
 %% logger handler
 -export([log/2]).
 
@@ -133,7 +133,7 @@ replayed_hellos_change_nothing(Config) ->
     ok = convoy:set_config(#{bypass_after => 20}),
     Writes = trace_writes(whereis(convoy_peers)),
     Watcher = spawn_link(fun() -> watch_route(X, Route, 0) end),
-    Collector = spawn(X, ?MODULE, seq_collector, []),
+    Collector = convoy_ct_seq:start(X),
     Senders = start_senders(Collector, 20 * ?PER_SENDER, 30),
     Before = rejected(),
     ok = peer:call(?config(peer_a, Config), ?MODULE, replay,
@@ -142,7 +142,7 @@ replayed_hellos_change_nothing(Config) ->
                                              {'$convoy', 1, hello, maps:remove(request, Hello)}],
                     1000], 60000),
     await_senders(Senders),
-    Seq = await_seq(Collector, ?SENDERS * 20 * ?PER_SENDER),
+    Seq = convoy_ct_seq:await(Collector, ?SENDERS * 20 * ?PER_SENDER),
     Watcher ! {stop, self()},
     Changes = receive {route_changes, _} = R -> R after 5000 -> timeout end,
     Written = stop_trace(Writes),
@@ -323,9 +323,9 @@ rows_kept_while_needed(_Config) ->
 gone_peer_forgotten(_Config) ->
     start_convoy(#{}),
     {Peer, Y} = convoy_ct_peers:convoy_peer(?MODULE, ?CT_PEER_NAME(), #{}),
-    Collector = spawn(Y, ?MODULE, seq_collector, []),
+    Collector = convoy_ct_seq:start(Y),
     await_senders(start_senders(Collector, 10)),
-    ?assertEqual({?SENDERS * 10, []}, await_seq(Collector, ?SENDERS * 10)),
+    ?assertEqual({?SENDERS * 10, []}, convoy_ct_seq:await(Collector, ?SENDERS * 10)),
     ok = convoy_peers:set_sweep(#{interval => 3600000, grace => 0}),
     ?assertEqual(0, convoy_peers:sweep()), % connected: kept
     peer:stop(Peer),
@@ -362,10 +362,10 @@ attack(Config, Msgs) ->
 %% and counted as what it is.
 traffic_to(Node) ->
     Before = node_stats(Node),
-    Collector = spawn(Node, ?MODULE, seq_collector, []),
+    Collector = convoy_ct_seq:start(Node),
     await_senders(start_senders(Collector, ?PER_SENDER)),
     Total = ?SENDERS * ?PER_SENDER,
-    ?assertEqual({Total, []}, await_seq(Collector, Total)),
+    ?assertEqual({Total, []}, convoy_ct_seq:await(Collector, Total)),
     After = node_stats(Node),
     ?assertEqual({Total, Total, 0},
                  {maps:get(accepted, After) - maps:get(accepted, Before),
@@ -396,12 +396,6 @@ spin(Until) ->
 await_senders(Pids) ->
     [receive {sent, P} -> ok after 60000 -> ct:fail({sender_stuck, P}) end || P <- Pids],
     ok.
-
-await_seq(C, Target) ->
-    C ! {await, Target, self()},
-    receive {seq, C, N, Errors} -> {N, lists:sublist(Errors, 10)}
-    after 30000 -> ct:fail({collector_short, C, Target})
-    end.
 
 %% Calls of convoy_peers that write to the table, while traced.
 trace_writes(Pid) ->
@@ -464,24 +458,3 @@ replay(To, Msgs, Times) ->
     [[To ! M || M <- Msgs] || _ <- lists:seq(1, Times)],
     _ = sys:get_state(To, 30000),
     ok.
-
-%% Per sender, sequence numbers must go up by one.
-seq_collector() ->
-    seq_collector(#{}, 0, [], []).
-
-seq_collector(Last, Count, Errors, Waiters) ->
-    receive
-        {seq, From, Seq} ->
-            Errors1 = case maps:get(From, Last, 0) of
-                          Prev when Seq =:= Prev + 1 -> Errors;
-                          Prev -> [{From, Prev, Seq} | Errors]
-                      end,
-            seq_answer(Last#{From => Seq}, Count + 1, Errors1, Waiters);
-        {await, Target, From} ->
-            seq_answer(Last, Count, Errors, [{Target, From} | Waiters])
-    end.
-
-seq_answer(Last, Count, Errors, Waiters) ->
-    {Done, Left} = lists:partition(fun({T, _}) -> Count >= T end, Waiters),
-    [From ! {seq, self(), Count, lists:reverse(Errors)} || {_, From} <- Done],
-    seq_collector(Last, Count, Errors, Left).
