@@ -8,9 +8,9 @@
 %% <li>`{To, Msg}' and `{[To], Msg}' count as messages (one per entry);</li>
 %% <li>`{'$convoy_large', To, Msg}' is a message that always ships alone: a large
 %%   message is never held behind others in a batch, nor others behind it;</li>
-%% <li>`{'$convoy_barrier', ReplyTo, Tag}' travels with the batch to the peer;</li>
-%% <li>`{'$convoy_mark', From, Tag}' stays here: the lane answers it once everything
-%%   before it has left the node (`convoy:flush/0,1').</li>
+%% <li>`{'$convoy_mark', Id, Node}' stays in the lane: it is answered once
+%%   everything before it has left the node (`convoy:flush/0,1', see
+%%   `convoy_lane_core').</li>
 %% </ul>
 %% A node's queue is `ready' (can ship), `busy' (a courier is waiting out a busy
 %% distribution buffer with its last chunk) or `connecting'. Only ready queues ship,
@@ -59,12 +59,18 @@ push_many(Node, Entries, K, Now, Core) ->
 
 %% @doc Take the next chunk of `Node''s queue: at most `Max' messages, with the
 %% control entries among them, from the head; a large message makes a chunk of its
-%% own. The queue must be ready.
+%% own. The queue must be ready; a node without a queue gives nothing.
 -spec take(node(), pos_integer(), core()) -> {[term()], core()}.
 take(Node, Max, Core) ->
-    #{Node := #nq{status = ready} = NQ} = Core,
-    {Chunk, NQ1} = take_chunk(Max, NQ),
-    {Chunk, Core#{Node := NQ1}}.
+    case Core of
+        #{Node := #nq{status = ready} = NQ} ->
+            {Chunk, NQ1} = take_chunk(Max, NQ),
+            {Chunk, Core#{Node := NQ1}};
+        #{Node := _} ->
+            erlang:error(badarg, [Node, Max, Core]);
+        _ ->
+            {[], Core}
+    end.
 
 take_chunk(Max, NQ = #nq{q = Q, msgs = Msgs, large = 0}) when Msgs =< Max ->
     {queue:to_list(Q), NQ#nq{q = queue:new(), msgs = 0}};
@@ -197,7 +203,6 @@ buffered(Node, Core) ->
 nodes(Core) -> maps:keys(Core).
 
 -spec is_message(term()) -> boolean().
-is_message({'$convoy_barrier', _, _}) -> false;
 is_message({'$convoy_mark', _, _}) -> false;
 is_message(_) -> true.
 

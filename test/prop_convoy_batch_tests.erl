@@ -56,7 +56,7 @@ run(Prop, N) ->
 node_gen() -> oneof(?NODES).
 
 kind() ->
-    frequency([{8, msg}, {2, multi}, {2, barrier}, {2, mark}]).
+    frequency([{8, msg}, {2, multi}, {4, mark}]).
 
 cmd(Mode) ->
     Time = case Mode of
@@ -118,7 +118,6 @@ put_model(Node, M, St = #{nodes := Ns}) -> St#{nodes := Ns#{Node => M}}.
 
 entry(msg, Seq, _Node) -> {{dest, Seq rem 3}, {m, Seq}};
 entry(multi, Seq, _Node) -> {[{dest, 1}, {dest, 2}], {m, Seq}};
-entry(barrier, Seq, _Node) -> {'$convoy_barrier', self(), {b, Seq}};
 entry(mark, Seq, Node) -> {'$convoy_mark', {ref, Seq}, Node}.
 
 exec({push, Node, Kind}, St = #{core := C, now := Now, seq := Seq}) ->
@@ -182,7 +181,6 @@ exec({advance, Dt}, St = #{now := Now}) ->
 
 msgs(Entries) -> length([E || E <- Entries, is_msg(E)]).
 
-is_msg({'$convoy_barrier', _, _}) -> false;
 is_msg({'$convoy_mark', _, _}) -> false;
 is_msg(_) -> true.
 
@@ -275,12 +273,12 @@ check_delay(Now, MB, MD, C, Ready, DueNodes) ->
 %% Plain EUnit cases for shapes the random commands reach rarely.
 
 only_controls_due_at_once_with_delay_test() ->
-    C = convoy_batch:push(n, {'$convoy_barrier', self(), t}, 0, convoy_batch:new()),
+    C = convoy_batch:push(n, {'$convoy_mark', 1, n}, 0, convoy_batch:new()),
     ?assertEqual([{n, drained}], convoy_batch:due(0, 10, 1000000, C)),
     ?assertEqual(infinity, convoy_batch:next_timeout(0, 1000000, C)).
 
 take_stops_at_max_messages_test() ->
-    B = {'$convoy_barrier', self(), t},
+    B = {'$convoy_mark', 1, n},
     C0 = lists:foldl(fun(E, C) -> convoy_batch:push(n, E, 0, C) end, convoy_batch:new(),
                      [B, {d, 1}, B, {d, 2}, B, {d, 3}]),
     {Chunk, C1} = convoy_batch:take(n, 2, C0),
