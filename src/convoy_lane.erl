@@ -47,7 +47,7 @@
 
 %% Couriers and connectors report their result as their exit reason, and
 %% terminate/2 and a retired lane end the process: all end by exit on purpose.
--dialyzer({nowarn_function, [courier/3, connector/1, terminate/2, cycle/1]}).
+-dialyzer({nowarn_function, [courier/3, connect/2, connector/1, terminate/2, cycle/1]}).
 -define(SEND_OPTS, [nosuspend, noconnect]).
 
 -record(s, {index :: pos_integer(),
@@ -237,8 +237,7 @@ act({reply, ReplyTo, Tag}, _Now, S) ->
     ReplyTo ! {Tag, ok},
     S;
 act({connect, Node}, _Now, S) ->
-    Pid = spawn_link(fun() -> connector(Node) end),
-    S#s{workers = (S#s.workers)#{Pid => {connector, Node}}};
+    connect(Node, S);
 act({forget, Node}, _Now, S = #s{routes = Routes}) ->
     %% Counters are fetched again when needed, so a row convoy_peers has forgotten
     %% is never written to; a convoy route stays for shutdown barriers until a
@@ -398,6 +397,10 @@ run_ops([{Dest, Term, W} | Rest], Msgs, Sends, Lost) ->
         ok -> run_ops(Rest, Msgs + W, Sends + 1, Lost);
         noconnect -> run_ops(Rest, Msgs, Sends, Lost + W)
     end.
+
+connect(Node, S) ->
+    Pid = spawn_link(fun() -> connector(Node) end),
+    S#s{workers = (S#s.workers)#{Pid => {connector, Node}}}.
 
 connector(Node) ->
     exit({connected, net_kernel:connect_node(Node)}).
