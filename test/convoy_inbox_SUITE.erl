@@ -10,7 +10,8 @@
 
 -export([all/0, suite/0, init_per_testcase/2, end_per_testcase/2]).
 -export([barrier_for_third_node/1, huge_multicast_rejected/1, long_batch_yields/1,
-         old_incarnation_not_logged/1, nested_batch_rejected/1, sender_splits_multicast/1]).
+         old_incarnation_not_logged/1, old_incarnation_through_convoy/1,
+         nested_batch_rejected/1, sender_splits_multicast/1]).
 %% Run on peer nodes, or spawned.
 -export([recorder/0, send_with_barrier/3, make_ids/0, log/2]).
 
@@ -21,7 +22,8 @@ suite() ->
 
 all() ->
     [barrier_for_third_node, huge_multicast_rejected, long_batch_yields,
-     old_incarnation_not_logged, nested_batch_rejected, sender_splits_multicast].
+     old_incarnation_not_logged, old_incarnation_through_convoy, nested_batch_rejected,
+     sender_splits_multicast].
 
 init_per_testcase(_TC, Config) ->
     _ = application:stop(convoy),
@@ -133,6 +135,41 @@ old_incarnation_not_logged(_Config) ->
     After = peer:call(Peer2, convoy_metrics, rejected, []),
     ?assertEqual(4, maps:get(undeliverable, After) - maps:get(undeliverable, Before)),
     ?assertEqual([m2, m2, m4], ask(Live, received)).
+
+%% The same through convoy's own path, as the issue found it: this node's
+%% convoy:send/2 and multicast/2 to pids of the peer's old incarnation, every
+%% message through a lane, reach the new incarnation's inbox, which counts them as
+%% undeliverable and logs nothing; a live process's messages around them arrive.
+old_incarnation_through_convoy(_Config) ->
+    ok = convoy:set_config(#{bypass_after => never}),
+    Name = ?CT_PEER_NAME(),
+    {Peer1, Node} = peer(Name),
+    {OldPid, OldAlias, _} = peer:call(Peer1, ?MODULE, make_ids, []),
+    peer:stop(Peer1),
+    await(fun() -> lists:member(Node, nodes()) end, fun(Up) -> not Up end, 10000),
+    {Peer2, Node} = peer(Name),
+    ok = convoy_ct_peers:start_convoy(Peer2, #{}),
+    convoy_ct_peers:await_route(Node, convoy),
+    Log = spawn(Node, ?MODULE, recorder, []),
+    ok = peer:call(Peer2, logger, add_handler, [convoy_inbox_suite, ?MODULE, #{config => #{to => Log}}]),
+    Live = spawn(Node, ?MODULE, recorder, []),
+    Before = peer:call(Peer2, convoy_metrics, rejected, []),
+    ok = convoy:send(Live, m1),
+    ok = convoy:send(OldPid, m2),
+    ok = convoy:multicast([Live, OldPid, OldAlias], m3),
+    ok = convoy:send(OldAlias, m4),
+    ok = convoy:send(Live, m5),
+    ok = convoy:flush(Node),
+    ?assertEqual([m1, m3, m5], await_received(Live, 3)),
+    %% Everything before m5 was handled by the inbox (one lane, one inbox, in order).
+    _ = peer:call(Peer2, sys, get_state, [logger]),
+    ok = peer:call(Peer2, logger, error, ["convoy_inbox_SUITE control event"]),
+    Events = [format_event(E) || E <- ask(Log, received)],
+    ct:pal("logged on the new incarnation: ~p", [Events]),
+    ?assert(lists:any(fun(E) -> string:find(E, "control event") =/= nomatch end, Events)),
+    ?assertEqual([], [E || E <- Events, string:find(E, "old incarnation") =/= nomatch]),
+    After = peer:call(Peer2, convoy_metrics, rejected, []),
+    ?assertEqual(4, maps:get(undeliverable, After) - maps:get(undeliverable, Before)).
 
 %% An entry whose message is itself a batch, sent to the inbox (or multicast to
 %% it many times), made the inbox feed itself: each level multiplies the work of
