@@ -87,19 +87,16 @@ send(Dest, Msg) ->
 %% `block' waits for room up to `block_timeout' ms, then returns
 %% `{error, overload}'; `drop' drops the message (counted in `dropped') and returns
 %% `ok'; `error' returns `{error, overload}' at once (counted in `refused').
-%% Unset keys take the settings' values. Raises `badarg' for bad options.
+%% Unset keys take the settings' values; set ones are checked with the settings'
+%% bounds. Bad options raise `{badarg, {bad_option, Key}}' or
+%% `{badarg, {bad_value, Key, Value}}'; a bad destination raises `badarg' as
+%% `erlang:send/2' would.
 -spec send(dest(), term(), send_options()) -> ok | {error, overload}.
-send(Dest, Msg, Opts) when is_map(Opts) ->
-    case maps:fold(fun valid_send_option/3, true, Opts) of
-        true -> convoy_route:send(Dest, Msg, Opts);
-        false -> erlang:error(badarg, [Dest, Msg, Opts])
-    end;
 send(Dest, Msg, Opts) ->
-    erlang:error(badarg, [Dest, Msg, Opts]).
-
-valid_send_option(overload, V, Acc) -> Acc andalso lists:member(V, [block, drop, error]);
-valid_send_option(block_timeout, V, Acc) -> Acc andalso is_integer(V) andalso V >= 0;
-valid_send_option(_, _, _) -> false.
+    case convoy_config:send_options(Opts) of
+        {ok, Checked} -> convoy_route:send(Dest, Msg, Checked);
+        {error, Reason} -> erlang:error({badarg, Reason}, [Dest, Msg, Opts])
+    end.
 
 %% @doc Send `Msg' to every destination: one copy travels to each remote node and is
 %% fanned out there. Order relative to the caller's `send/2' to each destination is

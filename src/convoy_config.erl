@@ -9,11 +9,13 @@
 %% fails until all of them agree).
 %%
 %% Every entry point (application environment at start-up, `convoy:start_link/1',
-%% `convoy:set_config/1') goes through this module, so a bad key or value is
-%% reported the same way wherever it comes from.
+%% `convoy:set_config/1', and `convoy:send/3' for its per-call options) goes
+%% through this module, so a bad key or value is reported
+%% the same way wherever it comes from.
 -module(convoy_config).
 
--export([settings/0, defaults/0, keys/0, validate/1, merge/2, from_env/1]).
+-export([settings/0, defaults/0, keys/0, validate/1, merge/2, from_env/1,
+         send_options/1]).
 
 -export_type([config/0, error/0, overload/0, accepts/0]).
 
@@ -33,6 +35,9 @@
 -type accepts() :: [atom() | {integer, Min :: integer(), Max :: integer() | unbounded}].
 %% A value is accepted when it is one of the atoms, or an integer within one of
 %% the (inclusive) ranges.
+
+%% The settings `convoy:send/3' takes for one call.
+-define(SEND_OPTIONS, [overload, block_timeout]).
 
 %% @doc Every setting, in README order: key, default, accepted values.
 %%
@@ -82,6 +87,19 @@ merge(_Base, Opts) ->
 -spec from_env([{atom(), term()}]) -> {ok, config()} | {error, error()}.
 from_env(Env) ->
     validate(maps:from_list([KV || {K, _} = KV <- Env, K =/= included_applications])).
+
+%% @doc `convoy:send/3''s options: `overload' and `block_timeout', with the same
+%% bounds as the settings; unset keys are left unset (the call takes the settings').
+-spec send_options(map() | term()) -> {ok, convoy:send_options()} | {error, error()}.
+send_options(Opts) when map_size(Opts) =:= 0 ->
+    {ok, Opts};
+send_options(Opts) when is_map(Opts) ->
+    case check(Opts, ?SEND_OPTIONS) of
+        ok -> {ok, Opts};
+        {error, _} = E -> E
+    end;
+send_options(Opts) ->
+    {error, {bad_option, Opts}}.
 
 %% The first key of `Opts' not in `Allowed', or the first bad value.
 check(Opts, Allowed) ->
@@ -155,4 +173,20 @@ bounds_test() ->
 large_threshold_infinity_test() ->
     ?assertMatch({ok, #{large_threshold := infinity}},
                  validate(#{large_threshold => infinity})).
+
+send_options_test() ->
+    ?assertEqual({ok, #{}}, send_options(#{})),
+    Opts = #{overload => error, block_timeout => 0},
+    ?assertEqual({ok, Opts}, send_options(Opts)),
+    ?assertEqual({error, {bad_option, lanes}}, send_options(#{lanes => 2})),
+    ?assertEqual({error, {bad_option, nope}}, send_options(#{nope => 1})),
+    ?assertEqual({error, {bad_option, [overload]}}, send_options([overload])),
+    ?assertEqual({error, {bad_value, overload, later}}, send_options(#{overload => later})),
+    ?assertEqual({error, {bad_value, block_timeout, -1}}, send_options(#{block_timeout => -1})).
+
+%% The per-call options take exactly the settings' bounds.
+send_options_bounds_as_settings_test() ->
+    Values = [-1, 0, 1, 3600000, 3600001, infinity, never, block, drop, error, later, 1.5],
+    [?assertEqual(element(1, validate(#{K => V})), element(1, send_options(#{K => V})))
+     || K <- ?SEND_OPTIONS, V <- Values].
 -endif.

@@ -527,8 +527,16 @@ badarg_like_send(_Config) ->
     ?assertError(badarg, convoy:multicast([self(), 42], x)),
     ?assertError(badarg, convoy:multicast([self(), not_registered_here], x)),
     ?assertError(badarg, convoy:multicast(notalist, x)),
-    %% Nothing was sent by the failed multicasts.
-    receive x -> ct:fail(partial_multicast) after 0 -> ok end.
+    %% send/3: a bad destination as send/2; bad options named, with the settings'
+    %% bounds, checked before anything is sent.
+    ?assertError(badarg, convoy:send(123, x, #{overload => drop})),
+    ?assertError({badarg, {bad_value, block_timeout, 3600001}},
+                 convoy:send(self(), x, #{block_timeout => 3600001})),
+    ?assertError({badarg, {bad_value, overload, later}}, convoy:send(self(), x, #{overload => later})),
+    ?assertError({badarg, {bad_option, max_batch}}, convoy:send(self(), x, #{max_batch => 1})),
+    ?assertError({badarg, {bad_option, [drop]}}, convoy:send(self(), x, [drop])),
+    %% Nothing was sent by the failed calls.
+    receive x -> ct:fail(partial_send) after 0 -> ok end.
 
 local_destinations(_Config) ->
     start_convoy(#{}),

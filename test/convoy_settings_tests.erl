@@ -56,7 +56,12 @@ types_name_every_setting_test() ->
     Keys = lists:sort(convoy_config:keys()),
     ?assertEqual(Keys, type_keys(convoy_config, config)),
     ?assertEqual(Keys, type_keys(convoy, options)),
-    ?assertEqual([], type_keys(convoy, send_options) -- Keys).
+    SendKeys = type_keys(convoy, send_options),
+    ?assertEqual([], SendKeys -- Keys),
+    Defaults = convoy_config:defaults(),
+    [?assertEqual({ok, #{K => maps:get(K, Defaults)}},
+                  convoy_config:send_options(#{K => maps:get(K, Defaults)}))
+     || K <- SendKeys].
 
 %% Keys of a map type, from the module's debug_info.
 type_keys(Module, Type) ->
@@ -107,3 +112,22 @@ ancestors(Dir) ->
         Parent -> [Dir | ancestors(Parent)]
     end.
 
+%% send/3 rejects what convoy_config rejects, naming the key, with the caller's
+%% arguments in the error (as erlang:error/2 gives them).
+send_options_named_test() ->
+    Opts = #{block_timeout => 3600001},
+    ?assertEqual([self(), x, Opts],
+                 error_args({badarg, {bad_value, block_timeout, 3600001}},
+                            fun() -> convoy:send(self(), x, Opts) end)),
+    ?assertError({badarg, {bad_option, lanes}}, convoy:send(self(), x, #{lanes => 2})),
+    ?assertEqual(ok, convoy:send(self(), x, #{overload => error, block_timeout => 3600000})),
+    receive x -> ok after 0 -> error(not_sent) end.
+
+error_args(Reason, Fun) ->
+    try Fun() of
+        Result -> error({no_error, Result})
+    catch
+        error:Reason:Stack ->
+            [{convoy, _, Args, _} | _] = Stack,
+            Args
+    end.
