@@ -216,10 +216,15 @@ set_config(Opts) ->
 
 %% @doc A child specification to run convoy in your own supervision tree, with
 %% settings `Opts' (over the defaults; the application environment is not read).
-%% Run convoy either this way or as an application on a node, not both.
+%% Run convoy either this way or as an application on a node, not both. Bad
+%% settings raise `{badarg, {bad_option, Key}}' or `{badarg, {bad_value, Key,
+%% Value}}' here, where they are written, rather than when the supervisor starts.
 -spec child_spec(options()) -> supervisor:child_spec().
 child_spec(Opts) ->
-    #{id => convoy, start => {?MODULE, start_link, [Opts]}, type => supervisor}.
+    case convoy_config:validate(Opts) of
+        {ok, _} -> #{id => convoy, start => {?MODULE, start_link, [Opts]}, type => supervisor};
+        {error, Reason} -> erlang:error({badarg, Reason}, [Opts])
+    end.
 
 %% @doc Start convoy's supervision tree with settings `Opts'.
 -spec start_link(options()) -> {ok, pid()} | {error, {convoy_config, convoy_config:error()} | term()}.

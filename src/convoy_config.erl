@@ -8,9 +8,9 @@
 %% types below and a row in README's Settings table (test/convoy_settings_tests.erl
 %% fails until all of them agree).
 %%
-%% Every entry point (application environment at start-up, `convoy:start_link/1',
-%% `convoy:set_config/1', and `convoy:send/3' for its per-call options) goes
-%% through this module, so a bad key or value is reported
+%% Every entry point (application environment at start-up, `convoy:child_spec/1',
+%% `convoy:start_link/1', `convoy:set_config/1', and `convoy:send/3' for its
+%% per-call options) goes through this module, so a bad key or value is reported
 %% the same way wherever it comes from.
 -module(convoy_config).
 

@@ -558,10 +558,14 @@ child_spec_in_own_tree(Config) ->
     true = is_pid(Sup),
     ?assertMatch(#{running := true, settings := #{lanes := 2, max_batch := 50}},
                  peer:call(Peer, convoy, info, [])),
-    %% Bad settings: the child fails to start with a named error.
+    %% Bad settings: child_spec/1 raises where they are written; a spec made by
+    %% hand fails to start with the same named error.
+    ?assertError({badarg, {bad_value, lanes, x}}, convoy:child_spec(#{lanes => x})),
+    ?assertError({badarg, {bad_option, lane}}, convoy:child_spec(#{lane => 2})),
     ?assertMatch({error, {{convoy_config, {bad_value, lanes, x}}, _}},
                  peer:call(Peer, supervisor, start_child,
-                           [user_sup, (convoy:child_spec(#{lanes => x}))#{id => other}])),
+                           [user_sup, Spec#{id => other,
+                                            start => {convoy, start_link, [#{lanes => x}]}}])),
     start_convoy(#{}),
     await_route(Node, convoy),
     Self = self(),

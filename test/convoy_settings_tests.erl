@@ -112,8 +112,8 @@ ancestors(Dir) ->
         Parent -> [Dir | ancestors(Parent)]
     end.
 
-%% send/3 rejects what convoy_config rejects, naming the key, with the caller's
-%% arguments in the error (as erlang:error/2 gives them).
+%% send/3 and child_spec/1 reject what convoy_config rejects, naming the key,
+%% with the caller's arguments in the error (as erlang:error/2 gives them).
 send_options_named_test() ->
     Opts = #{block_timeout => 3600001},
     ?assertEqual([self(), x, Opts],
@@ -122,6 +122,14 @@ send_options_named_test() ->
     ?assertError({badarg, {bad_option, lanes}}, convoy:send(self(), x, #{lanes => 2})),
     ?assertEqual(ok, convoy:send(self(), x, #{overload => error, block_timeout => 3600000})),
     receive x -> ok after 0 -> error(not_sent) end.
+
+child_spec_named_test() ->
+    ?assertEqual([#{max_delay => -1}],
+                 error_args({badarg, {bad_value, max_delay, -1}},
+                            fun() -> convoy:child_spec(#{max_delay => -1}) end)),
+    ?assertError({badarg, {bad_option, [lanes]}}, convoy:child_spec([lanes])),
+    ?assertMatch(#{id := convoy, start := {convoy, start_link, [#{lanes := 2}]}},
+                 convoy:child_spec(#{lanes => 2})).
 
 error_args(Reason, Fun) ->
     try Fun() of
