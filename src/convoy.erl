@@ -87,19 +87,16 @@ send(Dest, Msg) ->
 %% `block' waits for room up to `block_timeout' ms, then returns
 %% `{error, overload}'; `drop' drops the message (counted in `dropped') and returns
 %% `ok'; `error' returns `{error, overload}' at once (counted in `refused').
-%% Unset keys take the settings' values. Raises `badarg' for bad options.
+%% Unset keys take the settings' values; set ones are checked with the settings'
+%% bounds. Bad options raise `{badarg, {bad_option, Key}}' or
+%% `{badarg, {bad_value, Key, Value}}'; a bad destination raises `badarg' as
+%% `erlang:send/2' would.
 -spec send(dest(), term(), send_options()) -> ok | {error, overload}.
-send(Dest, Msg, Opts) when is_map(Opts) ->
-    case maps:fold(fun valid_send_option/3, true, Opts) of
-        true -> convoy_route:send(Dest, Msg, Opts);
-        false -> erlang:error(badarg, [Dest, Msg, Opts])
-    end;
 send(Dest, Msg, Opts) ->
-    erlang:error(badarg, [Dest, Msg, Opts]).
-
-valid_send_option(overload, V, Acc) -> Acc andalso lists:member(V, [block, drop, error]);
-valid_send_option(block_timeout, V, Acc) -> Acc andalso is_integer(V) andalso V >= 0;
-valid_send_option(_, _, _) -> false.
+    case convoy_config:send_options(Opts) of
+        {ok, Checked} -> convoy_route:send(Dest, Msg, Checked);
+        {error, Reason} -> erlang:error({badarg, Reason}, [Dest, Msg, Opts])
+    end.
 
 %% @doc Send `Msg' to every destination: one copy travels to each remote node and is
 %% fanned out there. Order relative to the caller's `send/2' to each destination is
@@ -219,10 +216,15 @@ set_config(Opts) ->
 
 %% @doc A child specification to run convoy in your own supervision tree, with
 %% settings `Opts' (over the defaults; the application environment is not read).
-%% Run convoy either this way or as an application on a node, not both.
+%% Run convoy either this way or as an application on a node, not both. Bad
+%% settings raise `{badarg, {bad_option, Key}}' or `{badarg, {bad_value, Key,
+%% Value}}' here, where they are written, rather than when the supervisor starts.
 -spec child_spec(options()) -> supervisor:child_spec().
 child_spec(Opts) ->
-    #{id => convoy, start => {?MODULE, start_link, [Opts]}, type => supervisor}.
+    case convoy_config:validate(Opts) of
+        {ok, _} -> #{id => convoy, start => {?MODULE, start_link, [Opts]}, type => supervisor};
+        {error, Reason} -> erlang:error({badarg, Reason}, [Opts])
+    end.
 
 %% @doc Start convoy's supervision tree with settings `Opts'.
 -spec start_link(options()) -> {ok, pid()} | {error, {convoy_config, convoy_config:error()} | term()}.

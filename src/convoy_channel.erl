@@ -268,7 +268,9 @@ send(Ch, Msg) ->
 
 deliver(#convoy_channel{ref = Ref, consumer = C, token = Token}, S = #chs{sent = Sent}, Msg) ->
     put(?KEY(Ref), S#chs{sent = Sent + 1}),
-    convoy:send(C, {convoy_channel, Token, Msg}).
+    %% convoy_route (what convoy:send/2 calls), not the facade: convoy calls this
+    %% module for stats/0, and the two must not depend on each other.
+    convoy_route:send(C, {convoy_channel, Token, Msg}).
 
 %% Credit is spent: take what has arrived; wait only if that is nothing.
 refill(Ch = #convoy_channel{ref = Ref, mon = Mon, window = W}, S0) ->
@@ -497,7 +499,7 @@ ack(Token) ->
     erlang:error(badarg, [Token]).
 
 return_credit(Ref, N) ->
-    convoy:send(Ref, {'$convoy_credit', Ref, N}).
+    convoy_route:send(Ref, {'$convoy_credit', Ref, N}).
 
 %% A new partial count takes a unit of room; the last unit pays for a sweep.
 count_started() ->

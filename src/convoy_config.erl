@@ -1,14 +1,23 @@
 %% @private
 %% Settings: defaults and validation, in one place. Pure.
 %%
+%% `settings/0' is the only list of settings: each one's key, default and accepted
+%% values, written together. `defaults/0', `keys/0' and every check are derived
+%% from it, and `convoy_control' fills the `#runtime{}' field of the same name from
+%% it, so adding a setting is one row here, one field in `convoy_runtime.hrl', the
+%% types below and a row in README's Settings table (test/convoy_settings_tests.erl
+%% fails until all of them agree).
+%%
 %% Every entry point (application environment at start-up, `convoy:child_spec/1',
-%% `convoy:set_config/1') goes through `validate/1' or `merge/2', so a bad key or
-%% value is reported the same way wherever it comes from.
+%% `convoy:start_link/1', `convoy:set_config/1', and `convoy:send/3' for its
+%% per-call options) goes through this module, so a bad key or value is reported
+%% the same way wherever it comes from.
 -module(convoy_config).
 
--export([defaults/0, keys/0, validate/1, merge/2, from_env/1]).
+-export([settings/0, defaults/0, keys/0, validate/1, merge/2, from_env/1,
+         send_options/1]).
 
--export_type([config/0, error/0, overload/0]).
+-export_type([config/0, error/0, overload/0, accepts/0]).
 
 -type config() :: #{lanes := pos_integer(),
                     max_batch := pos_integer(),
@@ -23,30 +32,41 @@
                     telemetry := boolean()}.
 -type error() :: {bad_option, term()} | {bad_value, atom(), term()}.
 -type overload() :: block | drop | error.
+-type accepts() :: [atom() | {integer, Min :: integer(), Max :: integer() | unbounded}].
+%% A value is accepted when it is one of the atoms, or an integer within one of
+%% the (inclusive) ranges.
 
--define(MAX_LANES, 1024).
+%% The settings `convoy:send/3' takes for one call.
+-define(SEND_OPTIONS, [overload, block_timeout]).
+
+%% @doc Every setting, in README order: key, default, accepted values.
+%%
+%% `lanes' defaults to 1: on the 2-core machine this project is measured on, a
+%% second lane splits a single sender's traffic nowhere (lanes are chosen per
+%% sender) and adds a process competing for the same two schedulers; see README
+%% "Choosing the defaults". Its upper bound keeps the lane and inbox tables small.
+-spec settings() -> [{atom(), term(), accepts()}].
+settings() ->
+    [{lanes, 1, [{integer, 1, 1024}]},
+     {max_batch, 1000, [{integer, 1, 1000000}]},
+     {max_delay, 0, [{integer, 0, 10000000}]},
+     {large_threshold, 65536, [infinity, {integer, 0, unbounded}]},
+     {barrier_timeout, 100, [{integer, 0, 60000}]},
+     {bypass_after, 20, [never, {integer, 0, 1000000}]},
+     {max_buffered, 1000000, [infinity, {integer, 1, unbounded}]},
+     {max_buffered_bytes, 64 * 1024 * 1024, [infinity, {integer, 1, unbounded}]},
+     {overload, block, [block, drop, error]},
+     {block_timeout, 5000, [{integer, 0, 3600000}]},
+     {telemetry, true, [true, false]}].
 
 %% @doc The settings used where nothing else is given.
-%%
-%% `lanes' is 1: on the 2-core machine this project is measured on, a second lane
-%% splits a single sender's traffic nowhere (lanes are chosen per sender) and adds a
-%% process competing for the same two schedulers; see README "Choosing lanes".
 -spec defaults() -> config().
 defaults() ->
-    #{lanes => 1,
-      max_batch => 1000,
-      max_delay => 0,
-      large_threshold => 65536,
-      barrier_timeout => 100,
-      bypass_after => 20,
-      max_buffered => 1000000,
-      max_buffered_bytes => 64 * 1024 * 1024,
-      overload => block,
-      block_timeout => 5000,
-      telemetry => true}.
+    maps:from_list([{K, D} || {K, D, _} <- settings()]).
 
+%% @doc The settings' keys, in README order.
 -spec keys() -> [atom()].
-keys() -> maps:keys(defaults()).
+keys() -> [K || {K, _, _} <- settings()].
 
 %% @doc A complete, valid configuration from a (partial) map over the defaults.
 -spec validate(map() | term()) -> {ok, config()} | {error, error()}.
@@ -55,7 +75,10 @@ validate(Opts) -> merge(defaults(), Opts).
 %% @doc Apply the changes in `Opts' on top of an already valid `Base'.
 -spec merge(config(), map() | term()) -> {ok, config()} | {error, error()}.
 merge(Base, Opts) when is_map(Opts) ->
-    check(maps:to_list(Opts), Base);
+    case check(Opts, keys()) of
+        ok -> {ok, maps:merge(Base, Opts)};
+        {error, _} = E -> E
+    end;
 merge(_Base, Opts) ->
     {error, {bad_option, Opts}}.
 
@@ -65,38 +88,53 @@ merge(_Base, Opts) ->
 from_env(Env) ->
     validate(maps:from_list([KV || {K, _} = KV <- Env, K =/= included_applications])).
 
-check([], Acc) ->
-    {ok, Acc};
-check([{Key, Value} | Rest], Acc) ->
-    case is_map_key(Key, Acc) of
+%% @doc `convoy:send/3''s options: `overload' and `block_timeout', with the same
+%% bounds as the settings; unset keys are left unset (the call takes the settings').
+-spec send_options(map() | term()) -> {ok, convoy:send_options()} | {error, error()}.
+send_options(Opts) when map_size(Opts) =:= 0 ->
+    {ok, Opts};
+send_options(Opts) when is_map(Opts) ->
+    case check(Opts, ?SEND_OPTIONS) of
+        ok -> {ok, Opts};
+        {error, _} = E -> E
+    end;
+send_options(Opts) ->
+    {error, {bad_option, Opts}}.
+
+%% The first key of `Opts' not in `Allowed', or the first bad value.
+check(Opts, Allowed) ->
+    check_each(maps:to_list(Opts), Allowed).
+
+check_each([], _Allowed) ->
+    ok;
+check_each([{K, V} | Rest], Allowed) ->
+    case lists:member(K, Allowed) of
         false ->
-            {error, {bad_option, Key}};
+            {error, {bad_option, K}};
         true ->
-            case valid(Key, Value) of
-                true -> check(Rest, Acc#{Key := Value});
-                false -> {error, {bad_value, Key, Value}}
+            {K, _, Accepts} = lists:keyfind(K, 1, settings()),
+            case lists:any(fun(A) -> accepts(A, V) end, Accepts) of
+                true -> check_each(Rest, Allowed);
+                false -> {error, {bad_value, K, V}}
             end
     end.
 
-valid(lanes, V) -> is_integer(V) andalso V >= 1 andalso V =< ?MAX_LANES;
-valid(max_batch, V) -> is_integer(V) andalso V >= 1 andalso V =< 1000000;
-valid(max_delay, V) -> is_integer(V) andalso V >= 0 andalso V =< 10000000;
-valid(large_threshold, infinity) -> true;
-valid(large_threshold, V) -> is_integer(V) andalso V >= 0;
-valid(max_buffered, V) -> V =:= infinity orelse (is_integer(V) andalso V >= 1);
-valid(max_buffered_bytes, V) -> V =:= infinity orelse (is_integer(V) andalso V >= 1);
-valid(overload, V) -> V =:= block orelse V =:= drop orelse V =:= error;
-valid(block_timeout, V) -> is_integer(V) andalso V >= 0 andalso V =< 3600000;
-valid(bypass_after, never) -> true;
-valid(bypass_after, V) -> is_integer(V) andalso V >= 0 andalso V =< 1000000;
-valid(barrier_timeout, V) -> is_integer(V) andalso V >= 0 andalso V =< 60000;
-valid(telemetry, V) -> is_boolean(V).
+accepts({integer, Min, unbounded}, V) -> is_integer(V) andalso V >= Min;
+accepts({integer, Min, Max}, V) -> is_integer(V) andalso V >= Min andalso V =< Max;
+accepts(Atom, V) -> V =:= Atom.
 
 -ifdef(TEST).
 -include_lib("eunit/include/eunit.hrl").
 
 defaults_are_valid_test() ->
     ?assertEqual({ok, defaults()}, validate(#{})).
+
+one_row_per_key_test() ->
+    ?assertEqual(length(keys()), length(lists:usort(keys()))).
+
+%% Every default is among its own accepted values (a row cannot contradict itself).
+defaults_accepted_test() ->
+    [?assertEqual({ok, defaults()}, validate(#{K => D})) || {K, D, _} <- settings()].
 
 unknown_key_named_test() ->
     ?assertEqual({error, {bad_option, lane}}, validate(#{lane => 2})).
@@ -105,7 +143,8 @@ bad_value_named_test() ->
     ?assertEqual({error, {bad_value, lanes, 0}}, validate(#{lanes => 0})),
     ?assertEqual({error, {bad_value, max_delay, -1}}, validate(#{max_delay => -1})),
     ?assertEqual({error, {bad_value, telemetry, yes}}, validate(#{telemetry => yes})),
-    ?assertEqual({error, {bad_value, lanes, 1025}}, validate(#{lanes => 1025})).
+    ?assertEqual({error, {bad_value, lanes, 1025}}, validate(#{lanes => 1025})),
+    ?assertEqual({error, {bad_value, max_batch, 1.0}}, validate(#{max_batch => 1.0})).
 
 not_a_map_test() ->
     ?assertEqual({error, {bad_option, [lanes]}}, validate([lanes])).
@@ -124,9 +163,30 @@ bounds_test() ->
     ?assertMatch({ok, #{max_buffered := infinity, overload := drop}},
                  validate(#{max_buffered => infinity, overload => drop})),
     ?assertEqual({error, {bad_value, overload, later}}, validate(#{overload => later})),
-    ?assertEqual({error, {bad_value, max_buffered_bytes, 0}}, validate(#{max_buffered_bytes => 0})).
+    ?assertEqual({error, {bad_value, max_buffered_bytes, 0}}, validate(#{max_buffered_bytes => 0})),
+    ?assertMatch({ok, #{block_timeout := 3600000}}, validate(#{block_timeout => 3600000})),
+    ?assertEqual({error, {bad_value, block_timeout, 3600001}},
+                 validate(#{block_timeout => 3600001})),
+    ?assertEqual({error, {bad_value, bypass_after, infinity}},
+                 validate(#{bypass_after => infinity})).
 
 large_threshold_infinity_test() ->
     ?assertMatch({ok, #{large_threshold := infinity}},
                  validate(#{large_threshold => infinity})).
+
+send_options_test() ->
+    ?assertEqual({ok, #{}}, send_options(#{})),
+    Opts = #{overload => error, block_timeout => 0},
+    ?assertEqual({ok, Opts}, send_options(Opts)),
+    ?assertEqual({error, {bad_option, lanes}}, send_options(#{lanes => 2})),
+    ?assertEqual({error, {bad_option, nope}}, send_options(#{nope => 1})),
+    ?assertEqual({error, {bad_option, [overload]}}, send_options([overload])),
+    ?assertEqual({error, {bad_value, overload, later}}, send_options(#{overload => later})),
+    ?assertEqual({error, {bad_value, block_timeout, -1}}, send_options(#{block_timeout => -1})).
+
+%% The per-call options take exactly the settings' bounds.
+send_options_bounds_as_settings_test() ->
+    Values = [-1, 0, 1, 3600000, 3600001, infinity, never, block, drop, error, later, 1.5],
+    [?assertEqual(element(1, validate(#{K => V})), element(1, send_options(#{K => V})))
+     || K <- ?SEND_OPTIONS, V <- Values].
 -endif.

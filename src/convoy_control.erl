@@ -95,19 +95,17 @@ start_lane(I, Held, RT, S = #s{secret = Secret, monitors = M}) ->
     {ok, Pid} = convoy_lane_sup:start_lane(I, Held, RT, {self(), Secret}),
     {Pid, S#s{monitors = M#{erlang:monitor(process, Pid) => Pid}}}.
 
+%% The runtime for Config: every field named after a setting takes that setting's
+%% value, so a new setting needs only its field in convoy_runtime.hrl (`lanes' is
+%% the exception: the count is `n', the field holds the lane pids). The other
+%% fields are set here; a field that is neither fails at start-up with
+%% `{badkey, Field}'. Built as a tuple because a `#runtime{}' literal would have
+%% to name each setting again.
 runtime(Config, N, Generation) ->
-    #runtime{lanes = {}, slots = {}, generation = Generation, n = N,
-             max_batch = maps:get(max_batch, Config),
-             max_delay = maps:get(max_delay, Config),
-             large_threshold = maps:get(large_threshold, Config),
-             barrier_timeout = maps:get(barrier_timeout, Config),
-             bypass_after = maps:get(bypass_after, Config),
-             max_buffered = maps:get(max_buffered, Config),
-             max_buffered_bytes = maps:get(max_buffered_bytes, Config),
-             overload = maps:get(overload, Config),
-             block_timeout = maps:get(block_timeout, Config),
-             telemetry = maps:get(telemetry, Config),
-             config = Config}.
+    Values = maps:merge(maps:remove(lanes, Config),
+                        #{lanes => {}, slots => {}, generation => Generation, n => N,
+                          stopping => false, refuse => drop, config => Config}),
+    list_to_tuple([runtime | [maps:get(F, Values) || F <- record_info(fields, runtime)]]).
 
 %% @private
 -spec handle_call(term(), gen_server:from(), #s{}) -> {reply, term(), #s{}}.

@@ -1,5 +1,9 @@
 %% The settings in force and the lane table, read by every sender from
 %% persistent_term (written only by convoy_control).
+%%
+%% A field named after a setting (every key of convoy_config:settings/0 but
+%% `lanes') is filled from the configuration by convoy_control's runtime/3; the
+%% other fields are set there by name.
 -define(RUNTIME_KEY, {convoy, runtime}).
 
 %% A lane's admission counter jumps by this much when the lane is retired: a sender
@@ -14,17 +18,18 @@
     n :: pos_integer(),
     %% each lane's admission counters (convoy_slots), index 1..n
     slots :: tuple(),
-    %% true once convoy is stopping: the lanes are closed and drain; a sender with
-    %% messages in its lane waits for the lane to finish, then sends plainly
-    stopping = false :: boolean(),
+    %% true once convoy is stopping (false as published at start): the lanes are
+    %% closed and drain; a sender with messages in its lane waits for the lane to
+    %% finish, then sends plainly
+    stopping :: boolean(),
     bypass_after :: non_neg_integer() | never,
     max_buffered :: pos_integer() | infinity,
     max_buffered_bytes :: pos_integer() | infinity,
     overload :: block | drop | error,
     block_timeout :: non_neg_integer(),
-    %% what a refused message becomes: send/2 drops it (counted), send/3 returns
-    %% {error, overload}; set per call, not a setting
-    refuse = drop :: drop | error,
+    %% what a refused message becomes: send/2 drops it (counted, the value
+    %% published), send/3 returns {error, overload}; set per call, not a setting
+    refuse :: drop | error,
     max_batch :: pos_integer(),
     max_delay :: non_neg_integer(),
     large_threshold :: non_neg_integer() | infinity,

@@ -527,8 +527,16 @@ badarg_like_send(_Config) ->
     ?assertError(badarg, convoy:multicast([self(), 42], x)),
     ?assertError(badarg, convoy:multicast([self(), not_registered_here], x)),
     ?assertError(badarg, convoy:multicast(notalist, x)),
-    %% Nothing was sent by the failed multicasts.
-    receive x -> ct:fail(partial_multicast) after 0 -> ok end.
+    %% send/3: a bad destination as send/2; bad options named, with the settings'
+    %% bounds, checked before anything is sent.
+    ?assertError(badarg, convoy:send(123, x, #{overload => drop})),
+    ?assertError({badarg, {bad_value, block_timeout, 3600001}},
+                 convoy:send(self(), x, #{block_timeout => 3600001})),
+    ?assertError({badarg, {bad_value, overload, later}}, convoy:send(self(), x, #{overload => later})),
+    ?assertError({badarg, {bad_option, max_batch}}, convoy:send(self(), x, #{max_batch => 1})),
+    ?assertError({badarg, {bad_option, [drop]}}, convoy:send(self(), x, [drop])),
+    %% Nothing was sent by the failed calls.
+    receive x -> ct:fail(partial_send) after 0 -> ok end.
 
 local_destinations(_Config) ->
     start_convoy(#{}),
@@ -550,10 +558,14 @@ child_spec_in_own_tree(Config) ->
     true = is_pid(Sup),
     ?assertMatch(#{running := true, settings := #{lanes := 2, max_batch := 50}},
                  peer:call(Peer, convoy, info, [])),
-    %% Bad settings: the child fails to start with a named error.
+    %% Bad settings: child_spec/1 raises where they are written; a spec made by
+    %% hand fails to start with the same named error.
+    ?assertError({badarg, {bad_value, lanes, x}}, convoy:child_spec(#{lanes => x})),
+    ?assertError({badarg, {bad_option, lane}}, convoy:child_spec(#{lane => 2})),
     ?assertMatch({error, {{convoy_config, {bad_value, lanes, x}}, _}},
                  peer:call(Peer, supervisor, start_child,
-                           [user_sup, (convoy:child_spec(#{lanes => x}))#{id => other}])),
+                           [user_sup, Spec#{id => other,
+                                            start => {convoy, start_link, [#{lanes => x}]}}])),
     start_convoy(#{}),
     await_route(Node, convoy),
     Self = self(),
