@@ -178,7 +178,7 @@ info() ->
         RT ->
             #{running => true,
               settings => RT#runtime.config,
-              nodes => maps:from_list([{N, node_info(Route, C, H)}
+              nodes => maps:from_list([{N, convoy_metrics:node_report(Route, C, H)}
                                        || {N, {Route, C, H}} <- convoy_peers:all()]),
               lanes => [#{index => I, pid => P, queue => queue_len(P)}
                         || {I, P} <- lists:zip(lists:seq(1, RT#runtime.n),
@@ -188,17 +188,6 @@ info() ->
               lost => convoy_metrics:lost(),
               channels => convoy_channel:stats()}
     end.
-
-node_info(Route, C, H) ->
-    Counts = #{accepted := A, messages := M, dropped := D} = convoy_metrics:node_counts(C),
-    {Queued, QueuedBytes} = convoy_metrics:held(H),
-    Counts#{queued => max(0, Queued),
-            queued_bytes => max(0, QueuedBytes),
-            route => case Route of
-                         plain -> plain;
-                         {convoy, _, _} -> convoy
-                     end,
-            buffered => max(0, A - M - D)}.
 
 queue_len(Pid) ->
     case erlang:process_info(Pid, message_queue_len) of

@@ -331,10 +331,11 @@ await_lanes(Lanes, S = #s{secret = Secret, monitors = M}, Deadline) ->
 
 %% The counters go with convoy: say what they held.
 log_stop(Reason) ->
-    Nodes = try convoy:info() of
-                #{nodes := N} -> N
+    Nodes = try
+                maps:from_list([{N, convoy_metrics:node_report(R, C, H)}
+                                || {N, {R, C, H}} <- convoy_peers:all()])
             catch
-                _:_ -> #{}
+                _:_ -> #{} % the node table went with convoy_peers
             end,
     Dropped = maps:fold(fun(_, #{dropped := D}, Acc) -> Acc + D end, 0, Nodes),
     Lost = try convoy_metrics:lost() catch _:_ -> 0 end,

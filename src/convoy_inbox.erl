@@ -121,10 +121,10 @@ peer(Node, S = #s{peers = Peers}) ->
         _ ->
             case lists:member(Node, nodes(connected)) of
                 true ->
-                    case convoy_metrics:node_counters(Node) of
+                    case convoy_peers:refs(Node) of
                         undefined ->
                             {ok, element(1, convoy_metrics:new_refs()), S};
-                        C ->
+                        {C, _H} ->
                             {ok, C, S#s{peers = Peers#{Node => C}}}
                     end;
                 false ->

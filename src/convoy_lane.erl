@@ -272,7 +272,7 @@ refs(Node, #s{refs = Refs}) ->
 %% While convoy's tree is torn down (no convoy_peers) counts go to counters of the
 %% lane's own, which its shutdown summary reports.
 node_refs(Node) ->
-    case convoy_metrics:node_refs(Node) of
+    case convoy_peers:refs(Node) of
         undefined -> convoy_metrics:new_refs();
         Refs -> Refs
     end.

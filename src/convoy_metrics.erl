@@ -4,15 +4,15 @@
 %% Per remote node: a `counters' array and a held array (`convoy_held') in the
 %% node's row of the `convoy_nodes' table. `convoy_peers' owns the table and is its
 %% only writer: it creates a row when someone first asks for the node's references
-%% (`node_refs/1') and forgets it once the node is gone and idle (see
+%% (`convoy_peers:refs/1') and forgets it once the node is gone and idle (see
 %% `convoy_peers'). Node-independent rejections (bad input) live in one `atomics'
 %% array so the first of each kind can be logged.
 %% Telemetry events are emitted per batch or per episode, never per message, and only
 %% when the `telemetry' module is loaded: there is no build dependency on it.
 -module(convoy_metrics).
 
--export([init/0, lost/1, lost/0, node_counters/1, node_refs/1, new_refs/0, add/3,
-         node_info/1, node_counts/1, held/1, rejected/1, rejected/0, emit/3]).
+-export([init/0, lost/1, lost/0, new_refs/0, add/3,
+         node_info/1, node_counts/1, node_report/3, held/1, rejected/1, rejected/0, emit/3]).
 
 -export_type([counter/0, rejection/0]).
 
@@ -51,27 +51,6 @@ lost(N) ->
 lost() ->
     counters:get(persistent_term:get(?LOST), 1).
 
-%% @doc The counters of `Node', created on first use; `undefined' when convoy is
-%% not running (see `node_refs/1').
--spec node_counters(node()) -> counters:counters_ref() | undefined.
-node_counters(Node) ->
-    case node_refs(Node) of
-        {C, _H} -> C;
-        undefined -> undefined
-    end.
-
-%% @doc The counters of `Node' and its held array (`convoy_held': messages handed to
-%% a lane and not yet sent or dropped, and their estimated bytes), created on first use
-%% (by `convoy_peers', see `convoy_peers:refs/1').
-%%
-%% Returns `undefined', never raises, when `convoy_peers' is not running (convoy is
-%% not started, is stopping, or its tree is restarting) or does not answer within
-%% 5 s: the caller is a user's process. Holders must follow the invalidation
-%% contract in `convoy_peers' (a closed held array: fetch again).
--spec node_refs(node()) -> {counters:counters_ref(), convoy_held:held()} | undefined.
-node_refs(Node) ->
-    convoy_peers:refs(Node).
-
 %% @doc Fresh references: for a new row (`convoy_peers'), or for a process that
 %% must keep counting while `convoy_peers' is gone (counts nobody reads).
 %%
@@ -104,6 +83,20 @@ node_info(Ref) ->
 node_counts(Ref) ->
     Counts = #{accepted := A, messages := M, direct := D} = node_info(Ref),
     Counts#{accepted := A + D, messages := M + D}.
+
+%% @doc A node's figures as `convoy:info/0' shows them, from its row.
+-spec node_report(plain | {convoy, pos_integer(), tuple()}, counters:counters_ref(),
+                  convoy_held:held()) -> map().
+node_report(Route, C, H) ->
+    Counts = #{accepted := A, messages := M, dropped := D} = node_counts(C),
+    {Queued, QueuedBytes} = held(H),
+    Counts#{queued => max(0, Queued),
+            queued_bytes => max(0, QueuedBytes),
+            route => case Route of
+                         plain -> plain;
+                         {convoy, _, _} -> convoy
+                     end,
+            buffered => max(0, A - M - D)}.
 
 index(accepted) -> 1;
 index(messages) -> 2;

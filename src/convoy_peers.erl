@@ -8,8 +8,8 @@
 %% peer that answered our hello with a version we share, and `plain' for every other
 %% node (no convoy, an incompatible one, not yet answered, or gone). Nobody else
 %% pattern-matches rows: readers use `route/1', `lookup/1', `convoy_nodes/0' and
-%% `all/0' (straight from ETS, no call), and `refs/1' (through
-%% `convoy_metrics:node_refs/1'), which creates a missing row with a call here.
+%% `all/0' (straight from ETS, no call), and `refs/1', which creates a missing row
+%% with a call here.
 %%
 %% == The exchange ==
 %% What we learn about node X comes only from X's answer to our own request:
@@ -55,7 +55,7 @@
 %% deletes a row only once `convoy_held:try_close/1' closed its held array for good
 %% (nothing held); a holder whose `convoy_held:hold/4' returns `closed', or that
 %% finds its cached array `convoy_held:is_closed/1', fetches the refs again
-%% (`convoy_metrics:node_refs/1'). The
+%% (`refs/1'). The
 %% final counters of forgotten nodes are logged (one report per sweep) and kept in
 %% a bounded history (`forgotten/0', shown by `convoy:info/0').
 %%

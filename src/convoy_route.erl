@@ -249,7 +249,7 @@ refs(#runtime{generation = Gen}, Node) ->
     end.
 
 fetch_refs(Gen, Key, Node) ->
-    case convoy_metrics:node_refs(Node) of
+    case convoy_peers:refs(Node) of
         {C, H} ->
             put(Key, {Gen, C, H}),
             {C, H};

@@ -202,24 +202,23 @@ peer_restart_relearnt(Config) ->
 %%--------------------------------------------------------------------
 %% Reading and writing the table
 
-%% node_refs/1 is called from users' processes: it never raises.
+%% convoy_peers:refs/1 is called from users' processes: it never raises.
 refs_when_not_running(_Config) ->
     ?assertEqual(undefined, whereis(convoy_peers)),
-    ?assertEqual(undefined, convoy_metrics:node_refs('nobody@nohost')),
-    ?assertEqual(undefined, convoy_metrics:node_counters('nobody@nohost')),
+    ?assertEqual(undefined, convoy_peers:refs('nobody@nohost')),
     ?assertEqual(none, convoy_peers:lookup('nobody@nohost')),
     ?assertEqual(plain, convoy_peers:route('nobody@nohost')),
     ?assertEqual([], convoy_peers:convoy_nodes()),
     ?assertEqual([], convoy_peers:all()),
     ?assertMatch(#{running := false, forgotten := #{nodes := 0}}, convoy:info()),
     start_convoy(#{}),
-    {C, H} = convoy_metrics:node_refs('nobody@nohost'),
+    {C, H} = convoy_peers:refs('nobody@nohost'),
     ?assertEqual({plain, C, H}, convoy_peers:lookup('nobody@nohost')),
-    ?assertEqual({C, H}, convoy_metrics:node_refs('nobody@nohost')),
+    ?assertEqual({C, H}, convoy_peers:refs('nobody@nohost')),
     %% A killed tree: the caller still gets an answer, not an exception.
     exit(whereis(convoy_sup), kill),
     convoy_ct_peers:await(fun() -> whereis(convoy_peers) end, fun(P) -> P =:= undefined end, 5000),
-    ?assertEqual(undefined, convoy_metrics:node_refs('other@nohost')).
+    ?assertEqual(undefined, convoy_peers:refs('other@nohost')).
 
 table_is_protected(_Config) ->
     start_convoy(#{}),
@@ -228,7 +227,7 @@ table_is_protected(_Config) ->
     ?assertError(badarg, ets:insert(convoy_nodes, {'x@nohost', plain, a, b})),
     %% rows are created for any process through the call
     Self = self(),
-    spawn_link(fun() -> Self ! {refs, convoy_metrics:node_refs('x@nohost')} end),
+    spawn_link(fun() -> Self ! {refs, convoy_peers:refs('x@nohost')} end),
     receive {refs, {_, _}} -> ok after 5000 -> ct:fail(no_refs) end,
     ?assertMatch({plain, _, _}, convoy_peers:lookup('x@nohost')).
 
@@ -244,7 +243,7 @@ dead_names_forgotten(_Config) ->
     capture_log(),
     Names = [list_to_atom("convoy_dead_" ++ integer_to_list(I) ++ "@" ++ host())
              || I <- lists:seq(1, N)],
-    {_C1, H1} = convoy_metrics:node_refs(hd(Names)), % a cached holder
+    {_C1, H1} = convoy_peers:refs(hd(Names)), % a cached holder
     Self = self(),
     Sender = spawn_link(fun() ->
                                 [ok = convoy:send({nobody, Name}, hi) || Name <- Names],
@@ -298,9 +297,9 @@ rows_kept_while_needed(_Config) ->
     Held = list_to_atom("convoy_held@" ++ host()),
     Busy = list_to_atom("convoy_busy@" ++ host()),
     Idle = list_to_atom("convoy_idle@" ++ host()),
-    {_, H} = convoy_metrics:node_refs(Held),
-    {CB, _} = convoy_metrics:node_refs(Busy),
-    _ = convoy_metrics:node_refs(Idle),
+    {_, H} = convoy_peers:refs(Held),
+    {CB, _} = convoy_peers:refs(Busy),
+    _ = convoy_peers:refs(Idle),
     ok = convoy_held:hold(H, 100, infinity, infinity),
     Sweeps = [begin
                   convoy_metrics:add(CB, dropped, 1),
