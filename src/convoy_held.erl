@@ -19,7 +19,7 @@
 %% the value the exchange returned). A hold that does not fit writes nothing, so
 %% the word only ever holds counts that were granted: the fields never carry into
 %% each other and the bounds are never passed, not even for an instant. Release is
-%% one `sub' of both fields at once.
+%% one `add' of minus both fields at once.
 %%
 %% Ceiling: each field has a fixed width, so whatever the configured bounds
 %% (`infinity' included) at most 67,108,863 messages (2^26 - 1) and
@@ -90,7 +90,8 @@ hold(H, W, Bytes, MaxN, MaxB) ->
 release(_H, 0, 0) ->
     ok;
 release(H, K, Bytes) ->
-    atomics:sub(H, ?SLOT, K * ?MSG + Bytes).
+    %% add/3 of the negation: sub/3 is add/3 behind a wrapper.
+    atomics:add(H, ?SLOT, -(K * ?MSG + Bytes)).
 
 %% @doc Whether a message of `Bytes' would fit now (a lane deciding whether to wake
 %% a blocked sender; the sender still takes the room with `hold/4').
