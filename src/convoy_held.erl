@@ -1,55 +1,88 @@
 %% @private
 %% What convoy holds for one node now, and the only module that touches it.
 %%
-%% Each node row (`convoy_peers' creates it) has an `atomics' array with two slots:
+%% Each node row (`convoy_peers' creates it) has an `atomics' array with one slot,
+%% a single word read and changed as a whole:
+%% <pre>
+%%   bit 63      bit 62    bits 61..36            bits 35..0
+%%   sign (0)    closed    messages (26 bits)     bytes (36 bits)
+%% </pre>
 %% messages handed to a lane for that node and not yet shipped or dropped, and
 %% their estimated bytes. Senders take room (`hold/4') before handing a message
 %% to a lane, within the node's bounds (`max_buffered', `max_buffered_bytes');
 %% the lane gives it back as messages leave (`release/3'). Lane mailboxes are
 %% included, so the bounds hold whatever the lane is doing.
 %%
+%% Taking room is one read and one `compare_exchange' from what was read to that
+%% plus one message and its bytes: one read-modify-write when no other sender
+%% changed the word in between (a sender that lost the race decides again from
+%% the value the exchange returned). A hold that does not fit writes nothing, so
+%% the word only ever holds counts that were granted: the fields never carry into
+%% each other and the bounds are never passed, not even for an instant. Release is
+%% one `add' of minus both fields at once.
+%%
+%% Ceiling: each field has a fixed width, so whatever the configured bounds
+%% (`infinity' included) at most 67,108,863 messages (2^26 - 1) and
+%% 68,719,476,735 estimated bytes (2^36 - 1, 64 GiB - 1) are held for one node at
+%% a time; a hold past either answers `full', and the overload policy applies as
+%% for the configured bounds. The rule that a message alone may exceed the byte
+%% bound does not extend past the field: one message estimated at 64 GiB or more
+%% never fits.
+%%
 %% Forgetting a row (`convoy_peers', only for a node that is not connected and
-%% holds nothing): `try_close/1' adds `?CLOSED' to the message slot and keeps it
-%% there only if that found 0 messages and 0 bytes. A sender whose `hold/4' lands
-%% at or above it undoes its add before touching the byte slot and gets `closed':
-%% it must fetch the node's references again. A closed array stays closed; a
-%% holder of cached references checks `is_closed/1' before using them.
+%% holds nothing): `try_close/1' sets the closed bit with a `compare_exchange'
+%% from exactly 0 (nothing held, not closed), so it fails if anything is held and
+%% a hold fails once it succeeded: a sender that reads the bit gets `closed' and
+%% must fetch the node's references again. A closed array stays closed and reads
+%% as holding nothing; a holder of cached references checks `is_closed/1' before
+%% using them. Only what was held is ever released, so a closed array is never
+%% released.
 -module(convoy_held).
 
 -export([new/0, hold/4, release/3, has_room/4, read/1, is_empty/1, is_closed/1,
          try_close/1]).
 
--export_type([held/0, bound/0]).
+-ifdef(TEST).
+-export([ceiling/0, set/3]).
+-endif.
 
--include("convoy_runtime.hrl").
+-export_type([held/0, bound/0]).
 
 -opaque held() :: atomics:atomics_ref().
 -type bound() :: pos_integer() | infinity.
 
--define(MSGS, 1).
--define(BYTES, 2).
+-define(SLOT, 1).
+-define(BYTE_BITS, 36).
+-define(MSG_BITS, 26).
+-define(MAX_BYTES, ((1 bsl ?BYTE_BITS) - 1)).
+-define(MAX_MSGS, ((1 bsl ?MSG_BITS) - 1)).
+%% One message, in the word.
+-define(MSG, (1 bsl ?BYTE_BITS)).
+-define(CLOSED_BIT, (1 bsl (?BYTE_BITS + ?MSG_BITS))).
+
+-define(MSGS(W), ((W) bsr ?BYTE_BITS)).
+-define(BYTES(W), ((W) band ?MAX_BYTES)).
 
 -spec new() -> held().
-new() -> atomics:new(2, [{signed, true}]).
+new() -> atomics:new(1, [{signed, true}]).
 
 %% @doc Take room for one message of `Bytes' within the bounds: `full' (nothing
 %% taken) when it does not fit, `closed' when the row was forgotten.
 -spec hold(held(), non_neg_integer(), bound(), bound()) -> ok | full | closed.
 hold(H, Bytes, MaxN, MaxB) ->
-    case atomics:add_get(H, ?MSGS, 1) of
-        N when N >= ?CLOSED div 2 ->
-            atomics:sub(H, ?MSGS, 1),
-            closed;
-        N ->
-            B = atomics:add_get(H, ?BYTES, Bytes),
-            case fits(N - 1, B - Bytes, Bytes, MaxN, MaxB) of
-                true ->
-                    ok;
-                false ->
-                    atomics:sub(H, ?MSGS, 1),
-                    atomics:sub(H, ?BYTES, Bytes),
-                    full
-            end
+    hold(H, atomics:get(H, ?SLOT), Bytes, MaxN, MaxB).
+
+hold(_H, W, _Bytes, _MaxN, _MaxB) when W >= ?CLOSED_BIT ->
+    closed;
+hold(H, W, Bytes, MaxN, MaxB) ->
+    case fits(?MSGS(W), ?BYTES(W), Bytes, MaxN, MaxB) of
+        true ->
+            case atomics:compare_exchange(H, ?SLOT, W, W + ?MSG + Bytes) of
+                ok -> ok;
+                Now -> hold(H, Now, Bytes, MaxN, MaxB)
+            end;
+        false ->
+            full
     end.
 
 %% @doc `K' held messages of `Bytes' in all left (shipped or dropped).
@@ -57,8 +90,8 @@ hold(H, Bytes, MaxN, MaxB) ->
 release(_H, 0, 0) ->
     ok;
 release(H, K, Bytes) ->
-    atomics:sub(H, ?MSGS, K),
-    atomics:sub(H, ?BYTES, Bytes).
+    %% add/3 of the negation: sub/3 is add/3 behind a wrapper.
+    atomics:add(H, ?SLOT, -(K * ?MSG + Bytes)).
 
 %% @doc Whether a message of `Bytes' would fit now (a lane deciding whether to wake
 %% a blocked sender; the sender still takes the room with `hold/4').
@@ -67,39 +100,43 @@ has_room(H, Bytes, MaxN, MaxB) ->
     {N, B} = read(H),
     fits(N, B, Bytes, MaxN, MaxB).
 
-%% A message alone may exceed the byte bound.
+%% A message alone may exceed the byte bound, never the byte field.
 fits(Held, HeldBytes, Bytes, MaxN, MaxB) ->
-    within(Held + 1, MaxN) andalso (HeldBytes =< 0 orelse within(HeldBytes + Bytes, MaxB)).
+    Held < ?MAX_MSGS andalso within(Held + 1, MaxN)
+        andalso HeldBytes + Bytes =< ?MAX_BYTES
+        andalso (HeldBytes =< 0 orelse within(HeldBytes + Bytes, MaxB)).
 
 within(_, infinity) -> true;
 within(V, Max) -> V =< Max.
 
-%% @doc Messages and bytes held now (a row being closed reads as what it holds).
+%% @doc Messages and bytes held now (a closed row holds nothing).
 -spec read(held()) -> {integer(), integer()}.
 read(H) ->
-    N = case atomics:get(H, ?MSGS) of
-            V when V >= ?CLOSED div 2 -> V - ?CLOSED;
-            V -> V
-        end,
-    {N, atomics:get(H, ?BYTES)}.
+    case atomics:get(H, ?SLOT) of
+        W when W >= ?CLOSED_BIT -> {0, 0};
+        W -> {?MSGS(W), ?BYTES(W)}
+    end.
 
 %% @doc Nothing held (and not closed).
 -spec is_empty(held()) -> boolean().
 is_empty(H) ->
-    atomics:get(H, ?MSGS) =:= 0 andalso atomics:get(H, ?BYTES) =:= 0.
+    atomics:get(H, ?SLOT) =:= 0.
 
-%% @doc Whether the row was forgotten (or is being checked for it right now).
+%% @doc Whether the row was forgotten.
 -spec is_closed(held()) -> boolean().
 is_closed(H) ->
-    atomics:get(H, ?MSGS) >= ?CLOSED div 2.
+    atomics:get(H, ?SLOT) >= ?CLOSED_BIT.
 
 %% @doc Close for good if nothing is held; otherwise leave it as it was.
 -spec try_close(held()) -> boolean().
 try_close(H) ->
-    case atomics:add_get(H, ?MSGS, ?CLOSED) =:= ?CLOSED andalso atomics:get(H, ?BYTES) =:= 0 of
-        true ->
-            true;
-        false ->
-            atomics:sub(H, ?MSGS, ?CLOSED),
-            false
-    end.
+    atomics:compare_exchange(H, ?SLOT, 0, ?CLOSED_BIT) =:= ok.
+
+-ifdef(TEST).
+%% The most messages and bytes one array can hold, whatever the bounds.
+ceiling() -> {?MAX_MSGS, ?MAX_BYTES}.
+
+%% Put a state straight into the word (tests reach the ceiling without 2^26 holds).
+set(H, N, B) when N >= 0, N =< ?MAX_MSGS, B >= 0, B =< ?MAX_BYTES ->
+    atomics:put(H, ?SLOT, N * ?MSG + B).
+-endif.

@@ -13,8 +13,9 @@
 %%   (`dispose/2'); when it equals the admissions before a sender's own, the lane is
 %%   idle and everything it was given is already in the distribution layer;</li>
 %% <li>last small send: monotonic microseconds of the latest small message on this
-%%   lane (`since_last_send/1'). It starts far in the past, never at 0: the monotonic clock can
-%%   be negative.</li>
+%%   lane (`since_last_send/1'), read by every small send and written only when
+%%   the microsecond has moved on. It starts far in the past, never at 0: the
+%%   monotonic clock can be negative.</li>
 %% </ul>
 -module(convoy_slots).
 
@@ -63,11 +64,24 @@ dispose(A, K) -> atomics:add(A, ?DISPOSED, K).
 -spec idle(slots(), integer()) -> boolean().
 idle(A, V) -> atomics:get(A, ?DISPOSED) =:= V - 1.
 
-%% @doc Record a small send now; returns the microseconds since the previous one.
+%% @doc Record a small send now; returns the microseconds since the previous one
+%% (0 or less when another sender already recorded this microsecond or a later one).
+%% A read, and a plain write only when the time moves forward: a flood of senders
+%% mostly reads the line instead of taking it in turn. Two senders racing across a
+%% microsecond may both see the older time (both measure the gap before either
+%% send), and, as with the `exchange' this replaces, a sender delayed between the
+%% clock and the write may leave a slightly older time: either only makes a gap
+%% look longer by the race's length. The lane's ordering never depends on it.
 -spec since_last_send(slots()) -> integer().
 since_last_send(A) ->
     Now = erlang:monotonic_time(microsecond),
-    Now - atomics:exchange(A, ?LAST_SEND, Now).
+    case atomics:get(A, ?LAST_SEND) of
+        Last when Last < Now ->
+            atomics:put(A, ?LAST_SEND, Now),
+            Now - Last;
+        Last ->
+            Now - Last
+    end.
 
 %% @doc Close the lane to new admissions; returns how many it granted. Closing a
 %% closed lane changes nothing.
@@ -120,5 +134,28 @@ held_lane_is_never_idle_test() ->
 first_send_is_long_after_test() ->
     A = new(0),
     ?assert(since_last_send(A) > 1000000),
-    ?assert(since_last_send(A) < 1000000).
+    G = since_last_send(A),
+    ?assert(G >= 0 andalso G < 1000000).
+
+%% The gap is measured from the previous send, written only as time moves on.
+gap_since_previous_send_test() ->
+    A = new(0),
+    _ = since_last_send(A),
+    T0 = erlang:monotonic_time(microsecond),
+    Last = atomics:get(A, ?LAST_SEND),
+    ?assert(Last =< T0),
+    wait_until(T0 + 3),
+    ?assert(since_last_send(A) >= 3),
+    ?assert(atomics:get(A, ?LAST_SEND) >= T0 + 3),
+    %% A later time already recorded (another sender's) is not overwritten.
+    Later = erlang:monotonic_time(microsecond) + 1000000,
+    atomics:put(A, ?LAST_SEND, Later),
+    ?assert(since_last_send(A) < 0),
+    ?assertEqual(Later, atomics:get(A, ?LAST_SEND)).
+
+wait_until(T) ->
+    case erlang:monotonic_time(microsecond) >= T of
+        true -> ok;
+        false -> wait_until(T)
+    end.
 -endif.
