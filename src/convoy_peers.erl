@@ -50,7 +50,8 @@
 %%
 %% == Forgetting nodes ==
 %% Every `SWEEP_INTERVAL' this process forgets rows whose node is not connected,
-%% whose held slots are both 0 and whose counters have not changed for `GRACE'.
+%% that holds nothing (`convoy_held:is_empty/1') and whose counters have not
+%% changed for `GRACE'.
 %% Invalidation contract for holders of a row's `{Counters, Held}': this process
 %% deletes a row only once `convoy_held:try_close/1' closed its held array for good
 %% (nothing held); a holder whose `convoy_held:hold/4' returns `closed', or that

@@ -6,12 +6,6 @@
 %% other fields are set there by name.
 -define(RUNTIME_KEY, {convoy, runtime}).
 
-%% A lane's admission counter jumps by this much when the lane is retired: a sender
-%% whose add_get lands at or above it knows to re-read the runtime and go elsewhere.
-%% A node row's held slot 1 does the same when convoy_peers forgets the row: a
-%% holder of the row's references fetches them again.
--define(CLOSED, (1 bsl 58)).
-
 -record(runtime, {
     lanes :: tuple(),                 % lane pids, index 1..n
     generation :: reference(),        % this start of convoy (tells stale caches)

@@ -24,7 +24,9 @@
 
 -export_type([slots/0]).
 
--include("convoy_runtime.hrl").
+%% A lane's admission counter jumps by this much when the lane is retired: a sender
+%% whose add_get lands at or above it knows to re-read the runtime and go elsewhere.
+-define(CLOSED, (1 bsl 58)).
 
 -opaque slots() :: atomics:atomics_ref().
 
