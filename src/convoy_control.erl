@@ -339,8 +339,12 @@ log_stop(Reason) ->
             end,
     Dropped = maps:fold(fun(_, #{dropped := D}, Acc) -> Acc + D end, 0, Nodes),
     Lost = try convoy_metrics:lost() catch _:_ -> 0 end,
-    Level = case Dropped + Lost of 0 -> info; _ -> notice end,
+    %% Lanes still draining at the stop's limit count what they drop after this:
+    %% what is buffered then is reported too, so it is not hidden at info level.
+    Buffered = maps:fold(fun(_, #{buffered := B}, Acc) -> Acc + B end, 0, Nodes),
+    Level = case Dropped + Lost + Buffered of 0 -> info; _ -> notice end,
     ?LOG(Level, #{what => convoy_stopped, reason => Reason, dropped => Dropped, lost => Lost,
+                  buffered => Buffered,
                   nodes => maps:map(fun(_, I) -> maps:with([accepted, messages, dropped,
                                                             buffered], I)
                                     end, Nodes)}).

@@ -442,17 +442,20 @@ barrier(_I, _Node, _NotConvoy) ->
 
 %% At shutdown: what this lane shipped is delivered before it goes (bounded), so
 %% that its senders' plain sends that follow cannot overtake it.
+%% A barrier still waiting at the deadline (a stalled peer) is killed: nothing of
+%% the lane outlives it.
 shutdown_barriers(#s{index = I, routes = Routes}) ->
     Deadline = erlang:monotonic_time(millisecond) + ?SHUTDOWN_BARRIER_MS,
-    Mons = [element(2, spawn_monitor(fun() -> barrier(I, Node, Route) end))
-            || {Node, {convoy, _, _} = Route} <- maps:to_list(Routes)],
-    lists:foreach(fun(Mon) ->
+    Helpers = [spawn_monitor(fun() -> barrier(I, Node, Route) end)
+               || {Node, {convoy, _, _} = Route} <- maps:to_list(Routes)],
+    lists:foreach(fun({Pid, Mon}) ->
                           receive
                               {'DOWN', Mon, process, _, _} -> ok
                           after max(0, Deadline - erlang:monotonic_time(millisecond)) ->
-                              erlang:demonitor(Mon, [flush])
+                              erlang:demonitor(Mon, [flush]),
+                              exit(Pid, kill)
                           end
-                  end, Mons).
+                  end, Helpers).
 
 %%--------------------------------------------------------------------
 %% Shutdown (convoy stops, or its tree is torn down): everything handed over
