@@ -103,6 +103,8 @@ value(V, count) -> integer_to_list(round(V));
 value(V, bytes) when V >= 1.0e4 -> [number(V), "B"];
 value(V, bytes) -> [number(V), " B"];
 value(V, ms) -> [number(V), " ms"];
+value(V, ns) when V >= 10000 -> [number(V / 1000), " us"];
+value(V, ns) -> [number(V), " ns"];
 value(V, us) when V >= 10000 -> [number(V / 1000), " ms"];
 value(V, us) -> [number(V), " us"].
 

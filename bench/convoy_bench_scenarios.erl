@@ -2,12 +2,19 @@
 %% for tests and smoke runs, `normal' otherwise), the points it measures, the
 %% figures it reports, which figures are compared with the baseline, and the figure
 %% `tune' optimises. Pure data; the measuring is in `convoy_bench_measure'.
+%%
+%% `oneway', `flood' and `pairs' measure two message shapes, named in the point
+%% label: the scenario's small message (`atom' = the atom `message'; `ping' = the
+%% seed's `{ping, Pid}'; `req' = `{req, Pid, Payload}') and `event', a realistic
+%% one: `{event, Id, <<"user-42">>, #{k => Id}}' with Id the message's sequence
+%% number (in `pairs' the request is `{req, Pid, Event}' with the payload in the
+%% map: `#{k => Id, body => Payload}').
 -module(convoy_bench_scenarios).
 
 -export([names/0, default_selection/0, spec/3, param_keys/1]).
 
 -type size() :: tiny | normal.
--type unit() :: rate | us | ms | mbs | count | bytes.
+-type unit() :: rate | us | ms | ns | mbs | count | bytes.
 -type point() :: #{label := binary(), params := map()}.
 -type spec() :: #{name := atom(),
                   title := binary(),
@@ -56,9 +63,9 @@ params(sizes, normal) -> #{sizes => [16, 128, 1024, 8192, 65536, 1048576],
                            budget => 200000000, min_count => 300, max_count => 300000};
 params(sizes, tiny) -> #{sizes => [16, 1024, 65536, 1048576],
                          budget => 4000000, min_count => 10, max_count => 3000};
-params(pairs, normal) -> #{pairs => [1, 4, 16, 64, 256, 1024], payload => 1024,
-                           duration_ms => 1000, warmup_ms => 200};
-params(pairs, tiny) -> #{pairs => [1, 8], payload => 1024,
+params(pairs, normal) -> #{pairs => [1, 4, 16, 64, 256, 1024], event_pairs => [1, 4, 64, 256],
+                           payload => 1024, duration_ms => 1000, warmup_ms => 200};
+params(pairs, tiny) -> #{pairs => [1, 8], event_pairs => [8], payload => 1024,
                          duration_ms => 100, warmup_ms => 20};
 params(latency, normal) -> #{n => 20000, warmup => 2000, burst => 10000};
 params(latency, tiny) -> #{n => 300, warmup => 30, burst => 300};
@@ -87,16 +94,22 @@ describe(local, P) ->
       primary => {oneway_msg_s, higher}, convoy => measured};
 describe(flood, P = #{pingers := N}) ->
     #{title => fmt("seeds 000/001 (flood1): ~b spawned pingers, one registered pong; "
-                   "pongs received per minute", [N]),
+                   "pongs received per minute; ping: the seed's {ping, Pid}, event: "
+                   "{event, Id, <<\"user-42\">>, #{k => Id}}; ns/msg: wall time per "
+                   "pong, first spawn to last pong", [N]),
       placement => cross, sinks => 1,
-      points => [point(fmt("~b pingers", [N]), P)],
-      figures => [{msg_min, <<"msg/min">>, rate}],
+      points => [point(fmt("~b pingers, ~s", [N, Shape]), P#{shape => Shape})
+                 || Shape <- [ping, event]],
+      figures => [{msg_min, <<"msg/min">>, rate}, {ns_msg, <<"ns/msg">>, ns}],
       ratio => [msg_min], primary => {msg_min, higher}, convoy => measured};
 describe(oneway, P = #{n := N}) ->
-    #{title => fmt("one sender, ~b small messages to one remote process", [N]),
+    #{title => fmt("one sender, ~b messages to one remote process; atom: the atom "
+                   "'message', event: {event, Id, <<\"user-42\">>, #{k => Id}}; "
+                   "ns/msg: the sender's wall time per message", [N]),
       placement => cross, sinks => 1,
-      points => [point(fmt("~b msgs", [N]), P)],
-      figures => [{msg_s, <<"msg/s">>, rate}],
+      points => [point(fmt("~b msgs, ~s", [N, Shape]), P#{shape => Shape})
+                 || Shape <- [atom, event]],
+      figures => [{msg_s, <<"msg/s">>, rate}, {ns_msg, <<"ns/msg">>, ns}],
       ratio => [msg_s], primary => {msg_s, higher}, convoy => measured};
 describe(sizes, #{sizes := Sizes, budget := Budget, min_count := Min,
                       max_count := Max}) ->
@@ -107,12 +120,17 @@ describe(sizes, #{sizes := Sizes, budget := Budget, min_count := Min,
                  || S <- Sizes],
       figures => [{msg_s, <<"msg/s">>, rate}, {mb_s, <<"MB/s">>, mbs}],
       ratio => [mb_s], primary => {mb_s, higher}, convoy => measured};
-describe(pairs, P = #{pairs := Pairs}) ->
-    Base = maps:remove(pairs, P),
-    #{title => fmt("concurrent request/response pairs, ~b B requests, closed loop, ~b ms",
+describe(pairs, P = #{pairs := Pairs, event_pairs := EventPairs}) ->
+    Base = maps:without([pairs, event_pairs], P),
+    #{title => fmt("concurrent request/response pairs, ~b B requests, closed loop, ~b ms; "
+                   "req: {req, Pid, Payload}, event: {req, Pid, {event, Id, "
+                   "<<\"user-42\">>, #{k => Id, body => Payload}}}",
                    [maps:get(payload, P), maps:get(duration_ms, P)]),
       placement => cross, sinks => 1,
-      points => [point(fmt("~b pairs", [C]), Base#{pairs => C}) || C <- Pairs],
+      points => [point(fmt("~b pairs, ~s", [C, Shape]), Base#{pairs => C, shape => Shape})
+                 || C <- lists:usort(Pairs ++ EventPairs),
+                    Shape <- [req || lists:member(C, Pairs)]
+                        ++ [event || lists:member(C, EventPairs)]],
       figures => [{rt_s, <<"rt/s">>, rate}, {p50_us, <<"p50">>, us},
                   {p99_us, <<"p99">>, us}, {p999_us, <<"p99.9">>, us}],
       ratio => [rt_s, p99_us], primary => {rt_s, higher}, convoy => measured};
