@@ -8,7 +8,7 @@
 %% bench/results/<timestamp>/ (`convoy_bench_report').
 -module(convoy_bench).
 
--export([cli/0, main/1, usage/0, parse/1, convoy_variant/2]).
+-export([cli/0, main/1, usage/0, parse/1, variants/1, convoy_variant/2]).
 
 -type opts() :: map().
 -export_type([opts/0]).
@@ -397,6 +397,8 @@ timestamp(Style) ->
 %%--------------------------------------------------------------------
 %% Variants
 
+%% @doc The variants parsed options ask for, in report order.
+-spec variants(opts()) -> [convoy_bench_runner:variant()].
 variants(#{convoy := Extra, only := Only}) ->
     All = [#{name => <<"local">>, kind => local, family => default, mode => plain,
              convoy => off},

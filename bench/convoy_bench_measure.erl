@@ -7,7 +7,7 @@
 %% variants, repeats or reports: it returns the figures of one run as a map.
 -module(convoy_bench_measure).
 
--export([run/3]).
+-export([run/3, run_for/4]).
 %% Spawned on the nodes taking part.
 -export([consumer/2, pong/3, pinger/4, server/1, spawn_servers/2, client/4,
          bulk_sink/1, bulk_sender/4, fan_group/2, fan_counter/3, fan_receiver/1,
@@ -27,6 +27,19 @@ run(Scenario, Params, Ctx) ->
     process_flag(message_queue_data, off_heap),
     process_flag(priority, high),
     measure(Scenario, Params, Ctx).
+
+%% @doc `run/3' in a process of its own on the driver node, spawned by the harness
+%% (which kills it at the point's deadline): sends `{Ref, {ok, Figures}}' or
+%% `{Ref, {error, Class, Reason}}' to `Owner'.
+-spec run_for(pid(), reference(), atom(), {map(), ctx()}) -> ok.
+run_for(Owner, Ref, Scenario, {Params, Ctx}) ->
+    Result = try run(Scenario, Params, Ctx) of
+                 Figures -> {ok, Figures}
+             catch
+                 Class:Reason -> {error, Class, Reason}
+             end,
+    Owner ! {Ref, Result},
+    ok.
 
 %%--------------------------------------------------------------------
 %% Scenarios

@@ -1,7 +1,8 @@
 %% What each scenario is: the seed it reproduces, its parameters (per size: `tiny'
 %% for tests and smoke runs, `normal' otherwise), the points it measures, the
 %% figures it reports, which figures are compared with the baseline, and the figure
-%% `tune' optimises. Pure data; the measuring is in `convoy_bench_measure'.
+%% `tune' optimises, and each point's deadline. Pure data; the measuring is in
+%% `convoy_bench_measure'.
 %%
 %% `oneway', `flood' and `pairs' measure two message shapes, named in the point
 %% label: the scenario's small message (`atom' = the atom `message'; `ping' = the
@@ -26,7 +27,8 @@
                   ratio := [atom()],
                   primary := {atom(), higher | lower},
                   convoy := measured | {awaiting, binary()},
-                  timeout := pos_integer()}.
+                  timeout := pos_integer(),
+                  deadline := pos_integer()}.
 -export_type([spec/0, size/0, unit/0, point/0]).
 
 %% @doc Every scenario, in report order.
@@ -39,10 +41,11 @@ names() ->
 default_selection() ->
     [local, flood, oneway, latency].
 
-%% @doc Integer parameters of a scenario that `--param key=value' may override.
+%% @doc Integer parameters of a scenario that `--param key=value' may override
+%% (`deadline_ms' belongs to every scenario).
 -spec param_keys(atom()) -> [atom()].
 param_keys(Name) ->
-    [K || {K, V} <- maps:to_list(params(Name, normal)), is_integer(V)].
+    [K || {K, V} <- maps:to_list(params(Name, normal)), is_integer(V)] ++ [deadline_ms].
 
 %% @doc The scenario `Name' at `Size', with `Overrides' applied to its parameters
 %% (unknown keys are ignored: they may belong to another scenario).
@@ -50,8 +53,26 @@ param_keys(Name) ->
 spec(Name, Size, Overrides) ->
     P0 = params(Name, Size),
     P = maps:merge(P0, maps:with(maps:keys(P0), Overrides)),
+    Deadline = maps:get(deadline_ms, Overrides, deadline(Name, Size)),
     (describe(Name, P))#{name => Name, params => P,
-                         timeout => case Size of tiny -> 30000; normal -> 300000 end}.
+                         timeout => case Size of tiny -> 30000; normal -> 300000 end,
+                         deadline => Deadline}.
+
+%% How long one point may take, set-up and clean-up included, before it is
+%% reported as FAILED (`deadline N ms') and its nodes are replaced: a few times the
+%% point's usual duration at `normal' size on 2 cores (in brackets), generous
+%% enough for a loaded machine; `--param deadline_ms=N' overrides it.
+deadline(_Name, tiny) -> 20000;
+deadline(local, normal) -> 60000;     % 2 M one-way + 300 k ping-pong (~5 s)
+deadline(flood, normal) -> 60000;     % 200 k pingers (~2-10 s)
+deadline(oneway, normal) -> 30000;    % 1 M messages (~0.5-3 s)
+deadline(sizes, normal) -> 30000;     % up to 200 MB or 300 k messages (~0.5-3 s)
+deadline(pairs, normal) -> 20000;     % 1.2 s window, up to 1024 pairs spawned
+deadline(latency, normal) -> 30000;   % 20 k sequential round trips (~1-3 s)
+deadline(bulk, normal) -> 20000;      % 1.8 s window
+deadline(hol, normal) -> 20000;       % 2.3 s window
+deadline(fanout, normal) -> 30000;    % 21 rounds to 10 k processes (~1-3 s)
+deadline(flow, normal) -> 60000.      % 100 k slow items, syncing (~2-10 s)
 
 params(local, normal) -> #{n_oneway => 2000000, n_pingpong => 300000};
 params(local, tiny) -> #{n_oneway => 20000, n_pingpong => 2000};
