@@ -9,12 +9,17 @@
 %%--------------------------------------------------------------------
 %% Table
 
-%% @doc The printed report: configuration, then one table per scenario.
+%% @doc The printed report: configuration, one table per scenario, then the tune
+%% report and the `--check' summary when there are.
 -spec table(map()) -> iodata().
 table(Result = #{config := C, scenarios := Scenarios}) ->
     [config_text(C), [["\n", scenario_table(S)] || S <- Scenarios],
      case Result of
          #{tune := Tune} -> ["\n", convoy_bench_tune:text(Tune)];
+         _ -> []
+     end,
+     case Result of
+         #{check := Check} -> convoy_bench_check:text(Check);
          _ -> []
      end].
 

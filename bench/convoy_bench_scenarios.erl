@@ -154,7 +154,7 @@ describe(pairs, P = #{pairs := Pairs, event_pairs := EventPairs}) ->
                         ++ [event || lists:member(C, EventPairs)]],
       figures => [{rt_s, <<"rt/s">>, rate}, {p50_us, <<"p50">>, us},
                   {p99_us, <<"p99">>, us}, {p999_us, <<"p99.9">>, us}],
-      ratio => [rt_s, p99_us], primary => {rt_s, higher}, convoy => measured};
+      ratio => [rt_s, p50_us, p99_us], primary => {rt_s, higher}, convoy => measured};
 describe(latency, P = #{n := N, burst := B}) ->
     #{title => fmt("idle round trip, one client, ~b sequential small round trips; "
                    "\"after burst\": the client first sends ~b one-way messages, "
@@ -180,7 +180,7 @@ describe(hol, P = #{bulk_senders := K, size := Size}) ->
       points => [point(fmt("~b bulk", [K]), P)],
       figures => [{p50_us, <<"p50">>, us}, {p99_us, <<"p99">>, us},
                   {max_us, <<"max">>, us}, {bulk_mb_s, <<"bulk MB/s">>, mbs}],
-      ratio => [p99_us, bulk_mb_s], primary => {p99_us, lower}, convoy => measured};
+      ratio => [p50_us, p99_us, bulk_mb_s], primary => {p99_us, lower}, convoy => measured};
 describe(fanout, P = #{receivers := R}) ->
     #{title => fmt("one message to ~b processes on two remote nodes: convoy:multicast "
                    "(convoy variants) vs a loop of sends", [R]),
