@@ -42,7 +42,10 @@ terminal(Gnuplot) ->
 line_plot(Gnuplot, Term, Dir, #{spec := #{points := Points}, summary := Summary},
           {_, Fig, Base, Title, XLabel, YLabel, XParam}) ->
     Variants = variants(Summary),
-    Shapes = lists:usort([maps:get(shape, Params, none) || #{params := Params} <- Points]),
+    Shapes = lists:foldl(fun(#{params := Params}, Acc) ->
+                                 Shape = maps:get(shape, Params, none),
+                                 Acc ++ [Shape || not lists:member(Shape, Acc)]
+                         end, [], Points),
     Series = [{V, Shape} || Shape <- Shapes, V <- Variants],
     Xs = lists:usort([maps:get(XParam, Params) || #{params := Params} <- Points]),
     At = fun(X, Shape) ->
