@@ -61,7 +61,12 @@ measure(flood, #{pingers := N, shape := Shape}, Ctx = #{mode := M}) ->
     spawn_pingers(N, M, Dest, {Shape, Self}),
     count(pong, N, Ctx),
     T1 = erlang:monotonic_time(),
+    %% Gone before the next point registers its own pong under the same name.
+    Mon = monitor(process, Pong),
     Pong ! stop,
+    receive {'DOWN', Mon, process, Pong, _} -> ok
+    after timeout(Ctx) -> exit({timeout, pong_stop})
+    end,
     #{msg_min => N / (secs(T1 - T0) / 60), ns_msg => nanos(T1 - T0) / N};
 measure(oneway, #{n := N, shape := Shape}, Ctx) ->
     {Rate, SenderNative} = oneway(Ctx, N, Shape),
