@@ -8,7 +8,7 @@
 %% bench/results/<timestamp>/ (`convoy_bench_report').
 -module(convoy_bench).
 
--export([cli/0, main/1, usage/0, parse/1, variants/1, convoy_variant/2]).
+-export([cli/0, main/1, exit_status/1, usage/0, parse/1, variants/1, convoy_variant/2]).
 
 -type opts() :: map().
 -export_type([opts/0]).
@@ -19,11 +19,11 @@
 -spec cli() -> no_return().
 cli() ->
     Status = try main(init:get_plain_arguments()) of
-                 {ok, #{check := #{within := N, cells := M}}} when N < M -> 1;
-                 {ok, _} -> 0;
-                 {error, Why} ->
+                 {error, Why} = E ->
                      io:format(standard_error, "convoy-bench: ~s~n", [Why]),
-                     2
+                     exit_status(E);
+                 Ok ->
+                     exit_status(Ok)
              catch
                  Class:Reason:Stack ->
                      io:format(standard_error, "convoy-bench crashed: ~p:~p~n~p~n",
@@ -31,6 +31,13 @@ cli() ->
                      3
              end,
     erlang:halt(Status, [{flush, true}]).
+
+%% @doc The exit status of a `main/1' result: 1 when `--check' found cells outside
+%% tolerance, 2 for an error, 0 otherwise.
+-spec exit_status({ok, map()} | {error, binary()}) -> 0 | 1 | 2.
+exit_status({ok, #{check := #{within := N, cells := M}}}) when N < M -> 1;
+exit_status({ok, _}) -> 0;
+exit_status({error, _}) -> 2.
 
 %% @doc Run the harness with command-line `Args'. Returns the whole result (what
 %% results.json holds, plus `dir' and `files'), `#{help := Text}' for `--help',

@@ -32,7 +32,7 @@ arguments(_Config) ->
      || Opt <- ["--scenario", "--full", "--quick", "--tiny", "--repeat", "--convoy",
                 "--variants", "--param", "--tune", "tune SCENARIO", "--nodes", "--cookie",
                 "--netns", "--rate", "--peer-args", "--out", "--no-plots", "--quiet",
-                "--help"]],
+                "--check", "deadline_ms", "--help"]],
     [?assertMatch({error, <<_/binary>>}, convoy_bench:main(Args), Args)
      || Args <- [["--bogus"], ["--scenario", "nope"], ["--repeat", "0"],
                  ["--convoy", "lane=2"], ["--convoy", "lanes=0"], ["--convoy", "lanes"],
@@ -40,11 +40,17 @@ arguments(_Config) ->
                  ["--nodes", "a@h"], ["--netns"]]],
     {ok, #{convoy := [{<<"max_batch=5000,lanes=2">>, #{max_batch := 5000, lanes := 2}}]}} =
         convoy_bench:parse(["--convoy", "max_batch=5000,lanes=2"]),
+    {ok, #{check := true, params := #{deadline_ms := 5}}} =
+        convoy_bench:parse(["--check", "--param", "deadline_ms=5"]),
+    ?assertEqual(0, convoy_bench:exit_status({ok, #{}})),
+    ?assertEqual(0, convoy_bench:exit_status({ok, #{check => #{within => 3, cells => 3}}})),
+    ?assertEqual(1, convoy_bench:exit_status({ok, #{check => #{within => 2, cells => 3}}})),
+    ?assertEqual(2, convoy_bench:exit_status({error, <<"bad">>})),
     ok.
 
 every_scenario_tiny(Config) ->
     Dir = filename:join(?config(priv_dir, Config), "all"),
-    {ok, R} = convoy_bench:main(["--tiny", "--full", "--repeat", "2", "--quiet",
+    {ok, R} = convoy_bench:main(["--tiny", "--full", "--repeat", "2", "--quiet", "--check",
                                  "--convoy", "max_batch=50", "--out", Dir]),
     Names = convoy_bench_scenarios:names(),
     #{scenarios := Scenarios, config := #{facts := Facts}} = R,
@@ -53,6 +59,24 @@ every_scenario_tiny(Config) ->
                    logical_processors := _, convoy_defaults := #{lanes := _}}, Facts),
     [check_scenario(S) || S <- Scenarios],
     check_files(Dir, R),
+    %% --check: every checked figure of both convoy variants at every point; no
+    %% value asserted (the machine is noisy), only the accounting.
+    #{check := #{cells := M, within := N, failures := Failures}} = R,
+    Checked = fun(#{ratio := Ratio, figures := Figs}) ->
+                      length([F || F <- Ratio, {F1, _, U} <- Figs, F1 =:= F,
+                                   lists:member(U, [rate, mbs])
+                                       orelse F =:= p50_us orelse F =:= p99_us])
+              end,
+    ?assertEqual(2 * lists:sum([length(P) * Checked(Spec)
+                                || #{spec := Spec = #{points := P}} <- Scenarios]), M),
+    ?assertEqual(M - N, length(Failures)),
+    {ok, Table} = file:read_file(filename:join(Dir, "table.txt")),
+    Line = io_lib:format("convoy vs plain: ~b of ~b cells within tolerance", [N, M]),
+    ?assertNotEqual(nomatch, string:find(Table, Line)),
+    {ok, Bin} = file:read_file(filename:join(Dir, "results.json")),
+    {ok, #{<<"check">> := #{<<"cells">> := M, <<"within">> := N,
+                            <<"tolerances">> := #{<<"p50_max">> := _}}}} =
+        convoy_bench_json:decode(Bin),
     ok.
 
 tune_tiny(Config) ->
@@ -168,6 +192,9 @@ check_scenario(#{name := Name, spec := Spec, runs := Runs, summary := Summary,
     #{points := Points, figures := Figs, convoy := ConvoyStatus} = Spec,
     Keys = [K || {K, _, _} <- Figs],
     ?assert(Variants =/= []),
+    %% p50 and p99 are compared with the baseline wherever they are measured.
+    [?assert(lists:member(F, maps:get(ratio, Spec)), {Name, F})
+     || F <- [p50_us, p99_us], lists:member(F, Keys)],
     %% Every variant x point x repeat ran (or says why not).
     ?assertEqual(length(Variants) * length(Points) * 2, length(Runs)),
     [begin
