@@ -95,7 +95,7 @@ prepare(Family, Count, Convoy, State0) ->
 reset(Family, S = #{given := none, families := Fs, generation := G}) ->
     case Fs of
         #{Family := #{peers := Ps}} ->
-            [catch peer:stop(P) || P <- Ps],
+            _ = [catch peer:stop(P) || P <- Ps],
             S#{families := maps:remove(Family, Fs), generation := G + 1};
         _ ->
             S
@@ -103,7 +103,7 @@ reset(Family, S = #{given := none, families := Fs, generation := G}) ->
 reset(Family, S = #{families := Fs}) ->
     case Fs of
         #{Family := F = #{nodes := Ns}} ->
-            [catch erpc:call(N, ?MODULE, kill_measurements, [], 10000) || N <- Ns],
+            _ = [catch erpc:call(N, ?MODULE, kill_measurements, [], 10000) || N <- Ns],
             put_family(Family, F#{convoy := unknown}, S);
         _ ->
             S

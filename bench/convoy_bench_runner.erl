@@ -3,19 +3,20 @@
 %% Repeat r runs every variant once, in an order rotated by r (so no variant is
 %% always first after a pause or always last before one); a variant's run measures
 %% all points of the scenario. A run that fails is recorded with its reason and the
-%% others carry on.
+%% others carry on. The summary gives, per variant and point, the median with min
+%% and max of each figure, and for the compared figures the ratio to the baseline
+%% variant taken repeat by repeat, then the median of those ratios.
 %%
 %% Every point has a deadline (the spec's `deadline', ms). The measurement runs in
 %% a process of its own on the driver node; at the deadline that process is killed,
 %% the point is recorded as FAILED with note `deadline N ms', and the variant's
 %% nodes are reset (`convoy_bench_nodes:reset/2': new peers, or on given nodes
 %% every measuring process killed and convoy restarted), so the next point,
-%% variant or repeat measures on clean nodes. The summary gives, per variant and point, the median with min
-%% and max of each figure, and for the compared figures the ratio to the baseline
-%% variant taken repeat by repeat, then the median of those ratios.
+%% variant or repeat measures on clean nodes.
 -module(convoy_bench_runner).
 
--export([variants_for/2, baseline/1, run/4, summarise/3, primary/3, deadline_note/1]).
+-export([variants_for/2, baseline/1, run/4, summarise/3, primary/3,
+         deadline_note/1]).
 
 -type variant() :: #{name := binary(),
                      kind := local | plain | nodelay_false | delay_send | convoy,
