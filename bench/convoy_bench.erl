@@ -8,19 +8,22 @@
 %% bench/results/<timestamp>/ (`convoy_bench_report').
 -module(convoy_bench).
 
--export([cli/0, main/1, usage/0, parse/1, convoy_variant/2]).
+-export([cli/0, main/1, exit_status/1, usage/0, parse/1, variants/1, convoy_variant/2]).
 
 -type opts() :: map().
 -export_type([opts/0]).
 
-%% @doc Entry point of `bin/convoy-bench': arguments after `-extra'; halts.
+%% @doc Entry point of `bin/convoy-bench': arguments after `-extra'; halts with 0,
+%% 1 when `--check' found cells outside tolerance, 2 for bad arguments or a failed
+%% run, 3 if the harness crashed.
 -spec cli() -> no_return().
 cli() ->
     Status = try main(init:get_plain_arguments()) of
-                 {ok, _} -> 0;
-                 {error, Why} ->
+                 {error, Why} = E ->
                      io:format(standard_error, "convoy-bench: ~s~n", [Why]),
-                     2
+                     exit_status(E);
+                 Ok ->
+                     exit_status(Ok)
              catch
                  Class:Reason:Stack ->
                      io:format(standard_error, "convoy-bench crashed: ~p:~p~n~p~n",
@@ -28,6 +31,13 @@ cli() ->
                      3
              end,
     erlang:halt(Status, [{flush, true}]).
+
+%% @doc The exit status of a `main/1' result: 1 when `--check' found cells outside
+%% tolerance, 2 for an error, 0 otherwise.
+-spec exit_status({ok, map()} | {error, binary()}) -> 0 | 1 | 2.
+exit_status({ok, #{check := #{within := N, cells := M}}}) when N < M -> 1;
+exit_status({ok, _}) -> 0;
+exit_status({error, _}) -> 2.
 
 %% @doc Run the harness with command-line `Args'. Returns the whole result (what
 %% results.json holds, plus `dir' and `files'), `#{help := Text}' for `--help',
@@ -64,10 +74,13 @@ usage() ->
      "\n"
      "Scenarios: ", Names, "\n"
      "  local    seed 002: same-node oneway and ping-pong rates\n"
-     "  flood    seeds 000/001: 200k spawned pingers + one pong, msg/min\n"
-     "  oneway   one sender, small messages to a remote process, msg/s\n"
+     "  flood    seeds 000/001: 200k spawned pingers + one pong, msg/min and ns/msg;\n"
+     "           the seed's {ping, Pid} and the event shape\n"
+     "  oneway   one sender, 1 M messages to a remote process, msg/s and ns/msg\n"
+     "           (the sender's time per message); an atom and the event shape\n"
      "  sizes    one-way msg/s and MB/s, 16 B .. 1 MB\n"
-     "  pairs    1..1024 request/response pairs: rt/s and p50/p99/p99.9\n"
+     "  pairs    1..1024 request/response pairs: rt/s and p50/p99/p99.9; the event\n"
+     "           shape at 1, 4, 64 and 256 pairs\n"
      "  latency  idle round trip percentiles\n"
      "  bulk     seed 003: 10 MB binaries, 1 and 16 senders, MB/s\n"
      "  hol      small round trips while 4 senders push 10 MB binaries (p99)\n"
@@ -75,6 +88,9 @@ usage() ->
      "           (convoy:multicast vs a loop of sends)\n"
      "  flow     seed 004: a slow consumer, flooded, synced every 1000, or fed\n"
      "           through a convoy_channel (window 1000); same node and 2 nodes\n"
+     "  The event shape is a realistic message, {event, Id, <<\"user-42\">>, #{k => Id}}\n"
+     "  (Id: the message's sequence number; pairs: #{k => Id, body => Payload}); the\n"
+     "  point label names the shape, e.g. \"1000000 msgs, atom\" / \"1000000 msgs, event\".\n"
      "\n"
      "Variants: local (same node: the ceiling), plain (`!`), nodelay_false (`!`, both\n"
      "nodes with -kernel dist_nodelay false), delay_send (`!`, both nodes with\n"
@@ -95,6 +111,11 @@ usage() ->
      "  --variants a,b      run only these variants (names as printed)\n"
      "  --param k=v         override a scenario parameter, e.g. --param pingers=50000,\n"
      "                      --param n=200000 (repeatable; see results.json 'params')\n"
+     "  --param deadline_ms=N  every point's deadline (default per scenario, 20 s to\n"
+     "                      60 s; 20 s with --tiny): a measurement still running then is\n"
+     "                      killed, reported FAILED (note \"deadline N ms\") and its nodes\n"
+     "                      are replaced (given nodes: its processes killed, convoy\n"
+     "                      restarted); the run carries on\n"
      "  --tune SCENARIO     sweep lanes, max_batch, max_delay and large_threshold for\n"
      "  tune SCENARIO       SCENARIO (one knob at a time, keeping the best so far),\n"
      "                      then measure the best against plain and the defaults and\n"
@@ -116,6 +137,14 @@ usage() ->
      "  --peer-args \"...\"   extra emulator flags for every peer node, e.g. \"+S 1\"\n"
      "  --out DIR           results directory (default bench/results/<timestamp>)\n"
      "  --no-plots          do not run gnuplot\n"
+     "  --check             after the tables, compare every convoy cell with the baseline\n"
+     "                      of its scenario (plain; local on one node), median of the\n"
+     "                      per-repeat ratios: throughput (msg/s, rt/s, MB/s, deliveries/s,\n"
+     "                      msg/min) must be >= 0.95x, p50 <= 1.10x, p99 <= 1.25x; a FAILED\n"
+     "                      or unmeasured cell, or one without a ratio, is outside. Prints\n"
+     "                      \"convoy vs plain: N of M cells within tolerance\" and the failing\n"
+     "                      cells, writes them to results.json ('check'), and exits 1 when\n"
+     "                      N < M. Works with --full, --scenario, --variants, tune, ...\n"
      "  --quiet             no progress on stderr and no table on stdout\n"
      "  --help              this text\n"].
 
@@ -126,7 +155,7 @@ defaults() ->
     #{command => bench, scenarios => default, size => normal, repeat => 3,
       convoy => [], only => all, params => #{}, nodes => none, cookie => undefined,
       out => undefined, plots => true, peer_args => [], quiet => false,
-      nodes_note => undefined}.
+      nodes_note => undefined, check => false}.
 
 %% @doc Parse command-line arguments.
 -spec parse([string()]) -> {ok, opts()} | {error, binary()}.
@@ -156,6 +185,7 @@ parse(["--cookie", C | R], O) -> parse(R, O#{cookie => list_to_atom(C)});
 parse(["--out", D | R], O) -> parse(R, O#{out => D});
 parse(["--no-plots" | R], O) -> parse(R, O#{plots => false});
 parse(["--quiet" | R], O) -> parse(R, O#{quiet => true});
+parse(["--check" | R], O) -> parse(R, O#{check => true});
 parse(["--peer-args", A | R], O) -> parse(R, O#{peer_args => string:lexemes(A, " ")});
 parse(["--nodes-note", N | R], O) -> parse(R, O#{nodes_note => list_to_binary(N)});
 parse(["--netns" | _], _O) ->
@@ -346,7 +376,9 @@ scenario_result(Spec = #{name := Name, title := Title}, {Variants, Runs, Secs}, 
 finish(Opts, Facts, Body = #{variants := Variants}, T0) ->
     Dir = out_dir(Opts),
     Secs = erlang:convert_time_unit(erlang:monotonic_time() - T0, native, millisecond) / 1000,
-    Result0 = (maps:remove(variants, Body))#{config => config(Opts, Facts, Variants, Secs)},
+    Result0 = with_check(Opts, Variants,
+                         (maps:remove(variants, Body))#{config => config(Opts, Facts, Variants,
+                                                                         Secs)}),
     {Files, Notes} = convoy_bench_report:write(Dir, Result0),
     Result = Result0#{dir => iolist_to_binary(Dir),
                       files => [iolist_to_binary(F) || F <- Files],
@@ -360,6 +392,13 @@ finish(Opts, Facts, Body = #{variants := Variants}, T0) ->
             [io:format("note: ~s~n", [N]) || N <- Notes]
     end,
     {ok, Result}.
+
+%% --check: every cell of every convoy variant against its scenario's baseline.
+with_check(#{check := true}, Variants, Result = #{scenarios := Scenarios}) ->
+    Convoy = [N || #{name := N, kind := convoy} <- Variants],
+    Result#{check => convoy_bench_check:check(Scenarios, Convoy)};
+with_check(#{check := false}, _Variants, Result) ->
+    Result.
 
 nodes_note(#{nodes_note := Note}) when Note =/= undefined -> Note;
 nodes_note(#{nodes := none, peer_args := PA}) ->
@@ -397,6 +436,8 @@ timestamp(Style) ->
 %%--------------------------------------------------------------------
 %% Variants
 
+%% @doc The variants parsed options ask for, in report order.
+-spec variants(opts()) -> [convoy_bench_runner:variant()].
 variants(#{convoy := Extra, only := Only}) ->
     All = [#{name => <<"local">>, kind => local, family => default, mode => plain,
              convoy => off},

@@ -7,9 +7,9 @@
 %% variants, repeats or reports: it returns the figures of one run as a map.
 -module(convoy_bench_measure).
 
--export([run/3]).
+-export([run/3, run_for/4]).
 %% Spawned on the nodes taking part.
--export([consumer/2, pong/3, pinger/3, server/1, spawn_servers/2, client/4,
+-export([consumer/2, pong/3, pinger/4, server/1, spawn_servers/2, client/4,
          bulk_sink/1, bulk_sender/4, fan_group/2, fan_counter/3, fan_receiver/1,
          slow_consumer/4]).
 
@@ -28,35 +28,56 @@ run(Scenario, Params, Ctx) ->
     process_flag(priority, high),
     measure(Scenario, Params, Ctx).
 
+%% @doc `run/3' in a process of its own on the driver node, spawned by the harness
+%% (which kills it at the point's deadline): sends `{Ref, {ok, Figures}}' or
+%% `{Ref, {error, Class, Reason}}' to `Owner'.
+-spec run_for(pid(), reference(), atom(), {map(), ctx()}) -> ok.
+run_for(Owner, Ref, Scenario, {Params, Ctx}) ->
+    Result = try run(Scenario, Params, Ctx) of
+                 Figures -> {ok, Figures}
+             catch
+                 Class:Reason -> {error, Class, Reason}
+             end,
+    Owner ! {Ref, Result},
+    ok.
+
 %%--------------------------------------------------------------------
 %% Scenarios
 
 %% seed 002: oneway and ping-pong between two processes.
 measure(local, #{n_oneway := N1, n_pingpong := N2}, Ctx) ->
-    #{oneway_msg_s => oneway_rate(Ctx, N1, message),
+    #{oneway_msg_s => element(1, oneway(Ctx, N1, atom)),
       pingpong_rt_s => pingpong_rate(Ctx, N2)};
 %% seeds 000/001: N spawned pingers, one registered pong, pongs per minute.
-measure(flood, #{pingers := N}, Ctx = #{mode := M}) ->
+%% `shape' ping: the seed's `{ping, Pid}'; event: see `message/2' (the pong
+%% answers its owner, the driver, which is the collector anyway).
+measure(flood, #{pingers := N, shape := Shape}, Ctx = #{mode := M}) ->
     Node = sink(Ctx),
     Pong = spawn_opt(Node, ?MODULE, pong, [M, ?PONG_NAME, self()], ?SINK_OPTS),
     await({registered, Pong}, Ctx),
     Dest = {?PONG_NAME, Node},
     Self = self(),
     T0 = erlang:monotonic_time(),
-    spawn_pingers(N, M, Dest, Self),
+    spawn_pingers(N, M, Dest, {Shape, Self}),
     count(pong, N, Ctx),
     T1 = erlang:monotonic_time(),
+    %% Gone before the next point registers its own pong under the same name.
+    Mon = monitor(process, Pong),
     Pong ! stop,
-    #{msg_min => N / (secs(T1 - T0) / 60)};
-measure(oneway, #{n := N}, Ctx) ->
-    #{msg_s => oneway_rate(Ctx, N, message)};
+    receive {'DOWN', Mon, process, Pong, _} -> ok
+    after timeout(Ctx) -> exit({timeout, pong_stop})
+    end,
+    #{msg_min => N / (secs(T1 - T0) / 60), ns_msg => nanos(T1 - T0) / N};
+measure(oneway, #{n := N, shape := Shape}, Ctx) ->
+    {Rate, SenderNative} = oneway(Ctx, N, Shape),
+    #{msg_s => Rate, ns_msg => nanos(SenderNative) / N};
 measure(sizes, #{size := Size, count := N}, Ctx) ->
-    Rate = oneway_rate(Ctx, N, {data, binary:copy(<<"x">>, Size)}),
+    {Rate, _} = oneway(Ctx, N, {data, binary:copy(<<"x">>, Size)}),
     #{msg_s => Rate, mb_s => Rate * Size / 1.0e6};
-measure(pairs, #{pairs := C, payload := Bytes} = P, Ctx = #{mode := M}) ->
+measure(pairs, #{pairs := C, payload := Bytes, shape := Shape} = P, Ctx = #{mode := M}) ->
     Servers = erpc:call(sink(Ctx), ?MODULE, spawn_servers, [M, C]),
-    Req = {req, self(), binary:copy(<<"p">>, Bytes)},
-    Clients = [spawn_link(?MODULE, client, [M, S, Req, self()]) || S <- Servers],
+    Payload = binary:copy(<<"p">>, Bytes),
+    Clients = [spawn_link(?MODULE, client, [M, S, {Shape, Payload}, self()]) || S <- Servers],
     {Dur, Samples} = window(Clients, P, Ctx),
     stop_all(Servers),
     (latency_figures(Samples))#{rt_s => length(Samples) / Dur};
@@ -82,7 +103,7 @@ measure(bulk, #{senders := K, size := Size} = P, Ctx) ->
 measure(hol, #{bulk_senders := K, size := Size} = P, Ctx = #{mode := M}) ->
     {Sinks, Senders} = bulk_pairs(K, Size, Ctx),
     [S] = erpc:call(sink(Ctx), ?MODULE, spawn_servers, [M, 1]),
-    Prober = spawn_link(?MODULE, client, [M, S, {req, self(), ping}, self()]),
+    Prober = spawn_link(?MODULE, client, [M, S, {req, ping}, self()]),
     {Dur, Results} = window_tagged([{bulk, B} || B <- Senders] ++ [{probe, Prober}], P, Ctx),
     stop_all([S | Sinks]),
     Probes = [X || {probe, X} <- Results],
@@ -143,14 +164,19 @@ timeout(#{timeout := T}) -> T.
 
 secs(Native) -> erlang:convert_time_unit(Native, native, nanosecond) / 1.0e9.
 
+nanos(Native) -> erlang:convert_time_unit(Native, native, nanosecond).
+
 us(Native) -> erlang:convert_time_unit(Native, native, nanosecond) / 1000.
 
 %% N messages to a fresh consumer, then `done'; rate in messages per second from
-%% the first send to the consumer's answer. Checks that nothing was lost.
-oneway_rate(Ctx = #{mode := M}, N, Msg) ->
+%% the first send to the consumer's answer, and the sender's time (native units)
+%% from the first send to the return of the last. Checks that nothing was lost.
+%% `What' is a message shape (`atom', `event') or `{data, Term}' (always Term).
+oneway(Ctx = #{mode := M}, N, What) ->
     C = spawn_opt(sink(Ctx), ?MODULE, consumer, [M, 0], ?SINK_OPTS),
     T0 = erlang:monotonic_time(),
-    send_n(M, C, Msg, N),
+    send_n(M, C, What, 1, N),
+    Ts = erlang:monotonic_time(),
     snd(M, C, {done, self()}),
     Count = receive
                 {done, C, Cnt} -> Cnt
@@ -158,10 +184,25 @@ oneway_rate(Ctx = #{mode := M}, N, Msg) ->
             end,
     T1 = erlang:monotonic_time(),
     Count =:= N orelse exit({lost, N - Count}),
-    N / secs(T1 - T0).
+    {N / secs(T1 - T0), Ts - T0}.
 
-send_n(_M, _Dest, _Msg, 0) -> ok;
-send_n(M, Dest, Msg, N) -> snd(M, Dest, Msg), send_n(M, Dest, Msg, N - 1).
+%% Messages I..N. The event shape is built per message (its Id is I), as a real
+%% sender would; the others are the same term every time.
+send_n(_M, _Dest, _What, I, N) when I > N -> ok;
+send_n(M, Dest, atom, I, N) ->
+    snd(M, Dest, message),
+    send_n(M, Dest, atom, I + 1, N);
+send_n(M, Dest, event, I, N) ->
+    snd(M, Dest, message(event, I)),
+    send_n(M, Dest, event, I + 1, N);
+send_n(M, Dest, {data, Term} = What, I, N) ->
+    snd(M, Dest, Term),
+    send_n(M, Dest, What, I + 1, N).
+
+%% The realistic message shape: a tagged tuple with the sequence number, a small
+%% binary and a small map.
+-compile({inline, [message/2]}).
+message(event, Id) -> {event, Id, <<"user-42">>, #{k => Id}}.
 
 pingpong_rate(Ctx = #{mode := M}, N) ->
     C = spawn_opt(sink(Ctx), ?MODULE, consumer, [M, 0], ?SINK_OPTS),
@@ -187,28 +228,33 @@ consumer(M, Count) ->
         _ -> consumer(M, Count + 1)
     end.
 
-%% @doc The seed's flood_pong: a registered process answering every ping.
+%% @doc The seed's flood_pong: a registered process answering every ping (an
+%% event is answered to the owner).
 -spec pong(mode(), atom(), pid()) -> ok.
 pong(M, Name, Owner) ->
     true = register(Name, self()),
     Owner ! {registered, self()},
-    pong_loop(M).
+    pong_loop(M, Owner).
 
-pong_loop(M) ->
+pong_loop(M, Owner) ->
     receive
-        {ping, From} -> snd(M, From, pong), pong_loop(M);
+        {ping, From} -> snd(M, From, pong), pong_loop(M, Owner);
+        {event, _, _, _} -> snd(M, Owner, pong), pong_loop(M, Owner);
         stop -> ok
     end.
 
-%% @doc One of the seed's spawned pingers: one ping, then gone.
--spec pinger(mode(), {atom(), node()}, pid()) -> ok.
-pinger(M, Dest, Collector) ->
-    snd(M, Dest, {ping, Collector}).
+%% @doc One of the seed's spawned pingers: one ping (`{ping, Collector}' or the
+%% event numbered `Id'), then gone.
+-spec pinger(mode(), {atom(), node()}, {ping | event, pid()}, pos_integer()) -> ok.
+pinger(M, Dest, {ping, Collector}, _Id) ->
+    snd(M, Dest, {ping, Collector});
+pinger(M, Dest, {event, _Collector}, Id) ->
+    snd(M, Dest, message(event, Id)).
 
-spawn_pingers(0, _M, _Dest, _Self) -> ok;
-spawn_pingers(N, M, Dest, Self) ->
-    _ = spawn(?MODULE, pinger, [M, Dest, Self]),
-    spawn_pingers(N - 1, M, Dest, Self).
+spawn_pingers(0, _M, _Dest, _What) -> ok;
+spawn_pingers(N, M, Dest, What) ->
+    _ = spawn(?MODULE, pinger, [M, Dest, What, N]),
+    spawn_pingers(N - 1, M, Dest, What).
 
 count(_Msg, 0, _Ctx) -> ok;
 count(Msg, N, Ctx) ->
@@ -254,31 +300,46 @@ round_trips(M, S, Req, N, Acc) ->
 %% @doc A closed-loop client: waits for `go', then does round trips until the
 %% deadline; keeps the latency of those that started after the warm-up and ended
 %% before the deadline; answers `{window_done, self(), Samples}'.
--spec client(mode(), pid(), tuple(), pid()) -> ok.
-client(M, Server, Req0, Driver) ->
-    Req = setelement(2, Req0, self()),
+%% Its requests: `{req, Body}' sends `{req, Self, Body}'; `{event, Payload}' sends
+%% `{req, Self, {event, Id, <<"user-42">>, #{k => Id, body => Payload}}}', Id the
+%% client's sequence number.
+-spec client(mode(), pid(), {req | event, term()}, pid()) -> ok.
+client(M, Server, What, Driver) ->
+    Self = self(),
+    Exchange = case What of
+                   {req, Body} ->
+                       Req = {req, Self, Body},
+                       fun(_Id) -> snd(M, Server, Req), receive resp -> ok end end;
+                   {event, Payload} ->
+                       fun(Id) ->
+                               snd(M, Server, {req, Self, {event, Id, <<"user-42">>,
+                                                           #{k => Id, body => Payload}}}),
+                               receive resp -> ok end
+                       end
+               end,
     receive
         {go, Warm, Deadline} ->
-            Exchange = fun() -> snd(M, Server, Req), receive resp -> ok end end,
-            window_loop(Exchange, fun(T0, T1) -> T1 - T0 end, Driver, Warm, Deadline, [])
+            window_loop(Exchange, fun(T0, T1) -> T1 - T0 end, Driver, Warm, Deadline, 1, [])
     end.
 
-%% Exchange (one request and its answer) again and again until the deadline;
-%% keeps Sample(T0, T1) of the exchanges that started after the warm-up and ended
-%% before the deadline, then answers `{window_done, self(), Samples}'.
-window_loop(Exchange, Sample, Driver, Warm, Deadline, Acc) ->
+%% Exchange(Id) (one request and its answer; Id counts from 1) again and again
+%% until the deadline; keeps Sample(T0, T1) of the exchanges that started after the
+%% warm-up and ended before the deadline, then answers `{window_done, self(),
+%% Samples}'.
+window_loop(Exchange, Sample, Driver, Warm, Deadline, Id, Acc) ->
     T0 = erlang:monotonic_time(),
     case T0 >= Deadline of
         true ->
             Driver ! {window_done, self(), Acc},
             ok;
         false ->
-            Exchange(),
+            Exchange(Id),
             T1 = erlang:monotonic_time(),
-            case T0 >= Warm andalso T1 =< Deadline of
-                true -> window_loop(Exchange, Sample, Driver, Warm, Deadline, [Sample(T0, T1) | Acc]);
-                false -> window_loop(Exchange, Sample, Driver, Warm, Deadline, Acc)
-            end
+            Acc1 = case T0 >= Warm andalso T1 =< Deadline of
+                       true -> [Sample(T0, T1) | Acc];
+                       false -> Acc
+                   end,
+            window_loop(Exchange, Sample, Driver, Warm, Deadline, Id + 1, Acc1)
     end.
 
 %% Start `Workers' together; they report `{window_done, Pid, Samples}' after the
@@ -331,8 +392,8 @@ bulk_sender(M, Sink, Bin, Driver) ->
     receive
         {go, Warm, Deadline} ->
             Msg = {self(), Bin},
-            Exchange = fun() -> snd(M, Sink, Msg), receive true -> ok end end,
-            window_loop(Exchange, fun(_, _) -> 1 end, Driver, Warm, Deadline, [])
+            Exchange = fun(_Id) -> snd(M, Sink, Msg), receive true -> ok end end,
+            window_loop(Exchange, fun(_, _) -> 1 end, Driver, Warm, Deadline, 1, [])
     end.
 
 shares(R, K) ->

@@ -15,15 +15,23 @@
 %% Nodes are OTP `peer' nodes started on first use (connected over distribution,
 %% with convoy's and the harness's code paths), or, with `--nodes', nodes the user
 %% started (then only the `default' family exists).
+%%
+%% `reset/2' makes a family's nodes clean after a measurement was abandoned at its
+%% deadline: peers are stopped (the next `prepare/4' starts new ones, under new
+%% names); on given nodes every process of the measurement is killed and convoy is
+%% restarted by the next `prepare/4'.
 -module(convoy_bench_nodes).
 
--export([new/1, families/0, family_flags/1, available/3, prepare/4, stop/1,
+-export([new/1, families/0, family_flags/1, available/3, prepare/4, reset/2, stop/1,
          facts/1]).
+%% Called on given nodes by reset/2.
+-export([kill_measurements/0]).
 
 -type family() :: default | nodelay_false | delay_send.
 -type convoy_setting() :: off | map().
 -type state() :: #{given := [node()] | none,
                    peer_args := [string()],
+                   generation := non_neg_integer(),
                    families := #{family() => #{nodes := [node()],
                                                peers := [pid()],
                                                convoy := convoy_setting() | unknown}}}.
@@ -35,7 +43,7 @@
 %% @doc A fresh state. `Given' is `none' (start peers) or the user's nodes.
 -spec new(#{given := [node()] | none, peer_args := [string()]}) -> state().
 new(#{given := Given, peer_args := PeerArgs}) ->
-    #{given => Given, peer_args => PeerArgs, families => #{}}.
+    #{given => Given, peer_args => PeerArgs, generation => 0, families => #{}}.
 
 -spec families() -> [family()].
 families() -> [default, nodelay_false, delay_send].
@@ -79,6 +87,41 @@ prepare(Family, Count, Convoy, State0) ->
             ok = set_convoy(All, Convoy),
             {Nodes, put_family(Family, F#{convoy => Convoy}, State1)}
     end.
+
+%% @doc Leave no trace of an abandoned measurement on `Family''s nodes: stop its
+%% peers (the next `prepare/4' starts fresh ones) or, on given nodes, kill every
+%% process the measurement spawned and have the next `prepare/4' restart convoy.
+-spec reset(family(), state()) -> state().
+reset(Family, S = #{given := none, families := Fs, generation := G}) ->
+    case Fs of
+        #{Family := #{peers := Ps}} ->
+            _ = [catch peer:stop(P) || P <- Ps],
+            S#{families := maps:remove(Family, Fs), generation := G + 1};
+        _ ->
+            S
+    end;
+reset(Family, S = #{families := Fs}) ->
+    case Fs of
+        #{Family := F = #{nodes := Ns}} ->
+            _ = [catch erpc:call(N, ?MODULE, kill_measurements, [], 10000) || N <- Ns],
+            put_family(Family, F#{convoy := unknown}, S);
+        _ ->
+            S
+    end.
+
+%% @doc Kill every process on this node that runs the harness's measuring code
+%% (spawned with a `convoy_bench_measure' function) and wait until they are gone;
+%% returns how many.
+-spec kill_measurements() -> non_neg_integer().
+kill_measurements() ->
+    Victims = [P || P <- processes(), P =/= self(),
+                    {initial_call, {convoy_bench_measure, _, _}} <-
+                        [erlang:process_info(P, initial_call)]],
+    Mons = [{P, monitor(process, P)} || P <- Victims],
+    [exit(P, kill) || P <- Victims],
+    %% Dead before we answer: a registered sink's name is free again.
+    [receive {'DOWN', M, process, P, _} -> ok after 5000 -> ok end || {P, M} <- Mons],
+    length(Victims).
 
 %% @doc Stop the peers this harness started (given nodes: stop convoy there).
 -spec stop(state()) -> ok.
@@ -132,19 +175,22 @@ add_nodes(default, Count, S = #{given := Given}) when Given =/= none ->
     [load_code(N) || N <- Given],
     connect_all(Given),
     put_family(default, #{nodes => Given, peers => [], convoy => unknown}, S);
-add_nodes(Family, Count, S = #{families := Fs, peer_args := Extra}) ->
+add_nodes(Family, Count, S = #{families := Fs, peer_args := Extra, generation := G}) ->
     F0 = maps:get(Family, Fs, #{nodes => [], peers => [], convoy => unknown}),
     #{nodes := Ns0, peers := Ps0} = F0,
-    New = [start_peer(Family, I, Extra) || I <- lists:seq(length(Ns0) + 1, Count)],
+    New = [start_peer(Family, I, G, Extra) || I <- lists:seq(length(Ns0) + 1, Count)],
     Ns = Ns0 ++ [N || {_, N} <- New],
     connect_all(Ns),
     %% A new node has no convoy: force the next prepare/4 to set it everywhere.
     put_family(Family, F0#{nodes := Ns, peers := Ps0 ++ [P || {P, _} <- New],
                            convoy := unknown}, S).
 
-start_peer(Family, I, Extra) ->
-    Name = list_to_atom(lists:flatten(io_lib:format("convoy_bench_~s_~c_~s",
-                                                    [Family, $a + I - 1, os:getpid()]))),
+%% Nodes started after a reset/2 (generation G > 0) get new names: the old ones
+%% may not have left epmd yet.
+start_peer(Family, I, G, Extra) ->
+    Name = list_to_atom(lists:flatten(io_lib:format("convoy_bench_~s_~c_~s~s",
+                                                    [Family, $a + I - 1, os:getpid(),
+                                                     [["_", integer_to_list(G)] || G > 0]]))),
     Args = ["-pa", code_dir(convoy), "-pa", code_dir(?MODULE),
             "+P", "2000000",
             %% Families must not meet: no transitive connections through global.

@@ -37,27 +37,50 @@ terminal(Gnuplot) ->
         _ -> "png size 900,560 noenhanced"
     end.
 
-%% One line per variant: x from the point's parameter, y the figure's median.
+%% One line per variant (per variant and message shape when the points have
+%% several, as `pairs' does): x from the point's parameter, y the figure's median.
 line_plot(Gnuplot, Term, Dir, #{spec := #{points := Points}, summary := Summary},
           {_, Fig, Base, Title, XLabel, YLabel, XParam}) ->
     Variants = variants(Summary),
-    Rows = [[integer_to_list(maps:get(XParam, Params))
-             | [cell(Summary, V, Label, Fig) || V <- Variants]]
-            || #{label := Label, params := Params} <- Points],
+    Shapes = lists:foldl(fun(#{params := Params}, Acc) ->
+                                 Shape = maps:get(shape, Params, none),
+                                 Acc ++ [Shape || not lists:member(Shape, Acc)]
+                         end, [], Points),
+    Series = [{V, Shape} || Shape <- Shapes, V <- Variants],
+    Xs = lists:usort([maps:get(XParam, Params) || #{params := Params} <- Points]),
+    At = fun(X, Shape) ->
+                 [L || #{label := L, params := Params} <- Points,
+                       maps:get(XParam, Params) =:= X,
+                       maps:get(shape, Params, none) =:= Shape]
+         end,
+    Rows = [[integer_to_list(X)
+             | [case At(X, Shape) of
+                    [Label | _] -> cell(Summary, V, Label, Fig);
+                    [] -> "?"
+                end || {V, Shape} <- Series]]
+            || X <- Xs],
+    Tic = fun(X) ->
+                  [Label | _] = [L || #{label := L, params := Params} <- Points,
+                                      maps:get(XParam, Params) =:= X],
+                  hd(string:split(Label, ", "))
+          end,
+    Name = fun({V, none}) -> V;
+              ({V, _}) when length(Shapes) =:= 1 -> V;
+              ({V, Shape}) -> [V, " ", atom_to_list(Shape)]
+           end,
     Script = ["set terminal ", Term, "\n",
               "set output '", Base, ".png'\n",
               "set title '", Title, "'\n",
               "set xlabel '", XLabel, "'\nset ylabel '", YLabel, "'\n",
               "set logscale x 2\nset logscale y\nset grid\nset key outside right\n",
-              "set xtics (", lists:join(", ", [io_lib:format("\"~s\" ~b",
-                                                             [Label, maps:get(XParam, Params)])
-                                               || #{label := Label, params := Params} <- Points]),
+              "set xtics (", lists:join(", ", [io_lib:format("\"~s\" ~b", [Tic(X), X])
+                                               || X <- Xs]),
               ")\n",
               "set datafile missing '?'\n",
               "plot ", lists:join(", ", [io_lib:format("'~s.dat' using 1:~b with linespoints "
-                                                       "title '~s'", [Base, I + 1, V])
-                                         || {I, V} <- enumerate(Variants)]), "\n"],
-    render(Gnuplot, Dir, Base, header(["x" | Variants]), Rows, Script).
+                                                       "title '~s'", [Base, I + 1, Name(S)])
+                                         || {I, S} <- enumerate(Series)]), "\n"],
+    render(Gnuplot, Dir, Base, header(["x" | [Name(S) || S <- Series]]), Rows, Script).
 
 %% Percentiles per variant, clustered bars.
 latency_plot(Gnuplot, Term, Dir, #{name := Name, summary := Summary}) ->

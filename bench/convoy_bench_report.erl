@@ -9,12 +9,17 @@
 %%--------------------------------------------------------------------
 %% Table
 
-%% @doc The printed report: configuration, then one table per scenario.
+%% @doc The printed report: configuration, one table per scenario, then the tune
+%% report and the `--check' summary when there are.
 -spec table(map()) -> iodata().
 table(Result = #{config := C, scenarios := Scenarios}) ->
     [config_text(C), [["\n", scenario_table(S)] || S <- Scenarios],
      case Result of
          #{tune := Tune} -> ["\n", convoy_bench_tune:text(Tune)];
+         _ -> []
+     end,
+     case Result of
+         #{check := Check} -> convoy_bench_check:text(Check);
          _ -> []
      end].
 
@@ -103,6 +108,8 @@ value(V, count) -> integer_to_list(round(V));
 value(V, bytes) when V >= 1.0e4 -> [number(V), "B"];
 value(V, bytes) -> [number(V), " B"];
 value(V, ms) -> [number(V), " ms"];
+value(V, ns) when V >= 10000 -> [number(V / 1000), " us"];
+value(V, ns) -> [number(V), " ns"];
 value(V, us) when V >= 10000 -> [number(V / 1000), " ms"];
 value(V, us) -> [number(V), " us"].
 

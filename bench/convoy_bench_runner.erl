@@ -6,9 +6,17 @@
 %% others carry on. The summary gives, per variant and point, the median with min
 %% and max of each figure, and for the compared figures the ratio to the baseline
 %% variant taken repeat by repeat, then the median of those ratios.
+%%
+%% Every point has a deadline (the spec's `deadline', ms). The measurement runs in
+%% a process of its own on the driver node; at the deadline that process is killed,
+%% the point is recorded as FAILED with note `deadline N ms', and the variant's
+%% nodes are reset (`convoy_bench_nodes:reset/2': new peers, or on given nodes
+%% every measuring process killed and convoy restarted), so the next point,
+%% variant or repeat measures on clean nodes.
 -module(convoy_bench_runner).
 
--export([variants_for/2, baseline/1, run/4, summarise/3, primary/3]).
+-export([variants_for/2, baseline/1, run/4, summarise/3, primary/3,
+         deadline_note/1]).
 
 -type variant() :: #{name := binary(),
                      kind := local | plain | nodelay_false | delay_send | convoy,
@@ -60,21 +68,44 @@ run_variant(Spec = #{name := Name, points := Points}, V = #{name := VName}, R,
             {[run_record(Name, VName, R, P, Status, Note, #{}, 0.0) || P <- Points], Nodes0};
         none ->
             progress(Opts, "~s  repeat ~b/~b  ~s ...", [Name, R, maps:get(repeat, Opts), VName]),
-            try place(Spec, V, Nodes0) of
-                {Driver, Ctx, Nodes1} ->
-                    {[case point_skip(V, P) of
-                          none -> measure_point(Spec, V, R, P, Driver, Ctx, Opts);
-                          Why -> run_record(Name, VName, R, P, unavailable, Why, #{}, 0.0)
-                      end || P <- Points],
-                     Nodes1}
-            catch
-                Class:Reason:Stack ->
-                    Note = describe_error(Class, Reason, Stack),
-                    progress(Opts, "~s  ~s: could not prepare nodes: ~s", [Name, VName, Note]),
-                    {[run_record(Name, VName, R, P, error, Note, #{}, 0.0) || P <- Points],
-                     Nodes0}
-            end
+            {Runs, {_, Nodes}} =
+                lists:mapfoldl(fun(P, Acc) -> run_point(Spec, V, R, P, Opts, Acc) end,
+                               {unplaced, Nodes0}, Points),
+            {Runs, Nodes}
     end.
+
+%% One point. The nodes are placed before the first point and again after a reset
+%% (a failure to place them fails the variant's remaining points).
+run_point(Spec = #{name := Name}, V = #{name := VName, family := F}, R, P, Opts,
+          {Placed, Nodes0}) ->
+    case point_skip(V, P) of
+        none ->
+            case placed(Spec, V, Placed, Nodes0, Opts) of
+                {{failed, Note}, _} = Acc ->
+                    {run_record(Name, VName, R, P, error, Note, #{}, 0.0), Acc};
+                {{Driver, Ctx} = Place, Nodes1} ->
+                    case measure_point(Spec, V, R, P, Driver, Ctx, Opts) of
+                        {deadline, Run} ->
+                            {Run, {unplaced, convoy_bench_nodes:reset(F, Nodes1)}};
+                        {done, Run} ->
+                            {Run, {Place, Nodes1}}
+                    end
+            end;
+        Why ->
+            {run_record(Name, VName, R, P, unavailable, Why, #{}, 0.0), {Placed, Nodes0}}
+    end.
+
+placed(Spec = #{name := Name}, V = #{name := VName}, unplaced, Nodes0, Opts) ->
+    try place(Spec, V, Nodes0) of
+        {Driver, Ctx, Nodes1} -> {{Driver, Ctx}, Nodes1}
+    catch
+        Class:Reason:Stack ->
+            Note = describe_error(Class, Reason, Stack),
+            progress(Opts, "~s  ~s: could not prepare nodes: ~s", [Name, VName, Note]),
+            {{failed, Note}, Nodes0}
+    end;
+placed(_Spec, _V, Placed, Nodes, _Opts) ->
+    {Placed, Nodes}.
 
 skip_reason(#{convoy := {awaiting, Why}}, #{kind := convoy}, _Nodes) ->
     {awaiting, Why};
@@ -101,24 +132,56 @@ place(#{placement := Placement, sinks := K}, #{kind := Kind, family := F, mode :
             end,
     {A, #{mode => M, sinks => Sinks}, Nodes1}.
 
-measure_point(#{name := Name, timeout := Timeout}, #{name := VName}, R,
-              #{label := Label, params := Params}, Driver, Ctx, Opts) ->
+%% Measure one point in a process on the driver node, killed if it has not
+%% answered by the deadline. Returns `{deadline, Run}' then (the caller resets the
+%% nodes), `{done, Run}' otherwise.
+measure_point(#{name := Name, timeout := Timeout, deadline := DeadlineMs}, #{name := VName},
+              R, #{label := Label, params := Params}, Driver, Ctx, Opts) ->
     T0 = erlang:monotonic_time(),
-    Result = try
-                 {ok, erpc:call(Driver, convoy_bench_measure, run,
-                                [Name, Params, Ctx#{timeout => Timeout}], 2 * Timeout)}
-             catch
-                 Class:Reason:Stack -> {error, describe_error(Class, Reason, Stack)}
-             end,
+    Result = measure_until(Driver, Name, Params, Ctx#{timeout => Timeout}, DeadlineMs),
     Secs = erlang:convert_time_unit(erlang:monotonic_time() - T0, native, millisecond) / 1000,
     case Result of
         {ok, Figures} ->
             progress(Opts, "~s  repeat ~b  ~s  ~s: ~s (~.1f s)",
                      [Name, R, VName, Label, brief(Figures), Secs]),
-            run_record(Name, VName, R, #{label => Label}, ok, <<>>, Figures, Secs);
+            {done, run_record(Name, VName, R, #{label => Label}, ok, <<>>, Figures, Secs)};
         {error, Note} ->
             progress(Opts, "~s  repeat ~b  ~s  ~s: FAILED ~s", [Name, R, VName, Label, Note]),
-            run_record(Name, VName, R, #{label => Label}, error, Note, #{}, Secs)
+            {done, run_record(Name, VName, R, #{label => Label}, error, Note, #{}, Secs)};
+        deadline ->
+            Note = deadline_note(DeadlineMs),
+            progress(Opts, "~s  repeat ~b  ~s  ~s: FAILED ~s (killed; the variant's nodes "
+                     "are reset)", [Name, R, VName, Label, Note]),
+            {deadline, run_record(Name, VName, R, #{label => Label}, error, Note, #{}, Secs)}
+    end.
+
+%% @doc The note of a point abandoned at its deadline.
+-spec deadline_note(pos_integer()) -> binary().
+deadline_note(Ms) ->
+    iolist_to_binary(io_lib:format("deadline ~b ms", [Ms])).
+
+measure_until(Driver, Name, Params, Ctx, DeadlineMs) ->
+    Ref = make_ref(),
+    {Pid, Mon} = spawn_monitor(Driver, convoy_bench_measure, run_for,
+                               [self(), Ref, Name, {Params, Ctx}]),
+    receive
+        {Ref, {ok, Figures}} ->
+            demonitor(Mon, [flush]),
+            {ok, Figures};
+        {Ref, {error, Class, Reason}} ->
+            demonitor(Mon, [flush]),
+            {error, case Class of
+                        error -> short(Reason);
+                        _ -> short({Class, Reason})
+                    end};
+        {'DOWN', Mon, process, Pid, Why} ->
+            {error, short({measurement_died, Why})}
+    after DeadlineMs ->
+            exit(Pid, kill),
+            receive {'DOWN', Mon, process, Pid, _} -> ok after 10000 -> ok end,
+            %% An answer sent just before the kill is no use any more.
+            receive {Ref, _} -> ok after 0 -> ok end,
+            deadline
     end.
 
 run_record(Scenario, Variant, R, #{label := Label}, Status, Note, Figures, Secs) ->

@@ -1,13 +1,21 @@
 %% What each scenario is: the seed it reproduces, its parameters (per size: `tiny'
 %% for tests and smoke runs, `normal' otherwise), the points it measures, the
 %% figures it reports, which figures are compared with the baseline, and the figure
-%% `tune' optimises. Pure data; the measuring is in `convoy_bench_measure'.
+%% `tune' optimises, and each point's deadline. Pure data; the measuring is in
+%% `convoy_bench_measure'.
+%%
+%% `oneway', `flood' and `pairs' measure two message shapes, named in the point
+%% label: the scenario's small message (`atom' = the atom `message'; `ping' = the
+%% seed's `{ping, Pid}'; `req' = `{req, Pid, Payload}') and `event', a realistic
+%% one: `{event, Id, <<"user-42">>, #{k => Id}}' with Id the message's sequence
+%% number (in `pairs' the request is `{req, Pid, Event}' with the payload in the
+%% map: `#{k => Id, body => Payload}').
 -module(convoy_bench_scenarios).
 
 -export([names/0, default_selection/0, spec/3, param_keys/1]).
 
 -type size() :: tiny | normal.
--type unit() :: rate | us | ms | mbs | count | bytes.
+-type unit() :: rate | us | ms | ns | mbs | count | bytes.
 -type point() :: #{label := binary(), params := map()}.
 -type spec() :: #{name := atom(),
                   title := binary(),
@@ -19,7 +27,8 @@
                   ratio := [atom()],
                   primary := {atom(), higher | lower},
                   convoy := measured | {awaiting, binary()},
-                  timeout := pos_integer()}.
+                  timeout := pos_integer(),
+                  deadline := pos_integer()}.
 -export_type([spec/0, size/0, unit/0, point/0]).
 
 %% @doc Every scenario, in report order.
@@ -32,10 +41,11 @@ names() ->
 default_selection() ->
     [local, flood, oneway, latency].
 
-%% @doc Integer parameters of a scenario that `--param key=value' may override.
+%% @doc Integer parameters of a scenario that `--param key=value' may override
+%% (`deadline_ms' belongs to every scenario).
 -spec param_keys(atom()) -> [atom()].
 param_keys(Name) ->
-    [K || {K, V} <- maps:to_list(params(Name, normal)), is_integer(V)].
+    [K || {K, V} <- maps:to_list(params(Name, normal)), is_integer(V)] ++ [deadline_ms].
 
 %% @doc The scenario `Name' at `Size', with `Overrides' applied to its parameters
 %% (unknown keys are ignored: they may belong to another scenario).
@@ -43,8 +53,26 @@ param_keys(Name) ->
 spec(Name, Size, Overrides) ->
     P0 = params(Name, Size),
     P = maps:merge(P0, maps:with(maps:keys(P0), Overrides)),
+    Deadline = maps:get(deadline_ms, Overrides, deadline(Name, Size)),
     (describe(Name, P))#{name => Name, params => P,
-                         timeout => case Size of tiny -> 30000; normal -> 300000 end}.
+                         timeout => case Size of tiny -> 30000; normal -> 300000 end,
+                         deadline => Deadline}.
+
+%% How long one point may take, set-up and clean-up included, before it is
+%% reported as FAILED (`deadline N ms') and its nodes are replaced: a few times the
+%% point's usual duration at `normal' size on 2 cores (in brackets), generous
+%% enough for a loaded machine; `--param deadline_ms=N' overrides it.
+deadline(_Name, tiny) -> 20000;
+deadline(local, normal) -> 60000;     % 2 M one-way + 300 k ping-pong (~5 s)
+deadline(flood, normal) -> 60000;     % 200 k pingers (~2-10 s)
+deadline(oneway, normal) -> 30000;    % 1 M messages (~0.5-3 s)
+deadline(sizes, normal) -> 30000;     % up to 200 MB or 300 k messages (~0.5-3 s)
+deadline(pairs, normal) -> 20000;     % 1.2 s window, up to 1024 pairs spawned
+deadline(latency, normal) -> 30000;   % 20 k sequential round trips (~1-3 s)
+deadline(bulk, normal) -> 20000;      % 1.8 s window
+deadline(hol, normal) -> 20000;       % 2.3 s window
+deadline(fanout, normal) -> 30000;    % 21 rounds to 10 k processes (~1-3 s)
+deadline(flow, normal) -> 60000.      % 100 k slow items, syncing (~2-10 s)
 
 params(local, normal) -> #{n_oneway => 2000000, n_pingpong => 300000};
 params(local, tiny) -> #{n_oneway => 20000, n_pingpong => 2000};
@@ -56,9 +84,9 @@ params(sizes, normal) -> #{sizes => [16, 128, 1024, 8192, 65536, 1048576],
                            budget => 200000000, min_count => 300, max_count => 300000};
 params(sizes, tiny) -> #{sizes => [16, 1024, 65536, 1048576],
                          budget => 4000000, min_count => 10, max_count => 3000};
-params(pairs, normal) -> #{pairs => [1, 4, 16, 64, 256, 1024], payload => 1024,
-                           duration_ms => 1000, warmup_ms => 200};
-params(pairs, tiny) -> #{pairs => [1, 8], payload => 1024,
+params(pairs, normal) -> #{pairs => [1, 4, 16, 64, 256, 1024], event_pairs => [1, 4, 64, 256],
+                           payload => 1024, duration_ms => 1000, warmup_ms => 200};
+params(pairs, tiny) -> #{pairs => [1, 8], event_pairs => [8], payload => 1024,
                          duration_ms => 100, warmup_ms => 20};
 params(latency, normal) -> #{n => 20000, warmup => 2000, burst => 10000};
 params(latency, tiny) -> #{n => 300, warmup => 30, burst => 300};
@@ -87,16 +115,22 @@ describe(local, P) ->
       primary => {oneway_msg_s, higher}, convoy => measured};
 describe(flood, P = #{pingers := N}) ->
     #{title => fmt("seeds 000/001 (flood1): ~b spawned pingers, one registered pong; "
-                   "pongs received per minute", [N]),
+                   "pongs received per minute; ping: the seed's {ping, Pid}, event: "
+                   "{event, Id, <<\"user-42\">>, #{k => Id}}; ns/msg: wall time per "
+                   "pong, first spawn to last pong", [N]),
       placement => cross, sinks => 1,
-      points => [point(fmt("~b pingers", [N]), P)],
-      figures => [{msg_min, <<"msg/min">>, rate}],
+      points => [point(fmt("~b pingers, ~s", [N, Shape]), P#{shape => Shape})
+                 || Shape <- [ping, event]],
+      figures => [{msg_min, <<"msg/min">>, rate}, {ns_msg, <<"ns/msg">>, ns}],
       ratio => [msg_min], primary => {msg_min, higher}, convoy => measured};
 describe(oneway, P = #{n := N}) ->
-    #{title => fmt("one sender, ~b small messages to one remote process", [N]),
+    #{title => fmt("one sender, ~b messages to one remote process; atom: the atom "
+                   "'message', event: {event, Id, <<\"user-42\">>, #{k => Id}}; "
+                   "ns/msg: the sender's wall time per message", [N]),
       placement => cross, sinks => 1,
-      points => [point(fmt("~b msgs", [N]), P)],
-      figures => [{msg_s, <<"msg/s">>, rate}],
+      points => [point(fmt("~b msgs, ~s", [N, Shape]), P#{shape => Shape})
+                 || Shape <- [atom, event]],
+      figures => [{msg_s, <<"msg/s">>, rate}, {ns_msg, <<"ns/msg">>, ns}],
       ratio => [msg_s], primary => {msg_s, higher}, convoy => measured};
 describe(sizes, #{sizes := Sizes, budget := Budget, min_count := Min,
                       max_count := Max}) ->
@@ -107,15 +141,20 @@ describe(sizes, #{sizes := Sizes, budget := Budget, min_count := Min,
                  || S <- Sizes],
       figures => [{msg_s, <<"msg/s">>, rate}, {mb_s, <<"MB/s">>, mbs}],
       ratio => [mb_s], primary => {mb_s, higher}, convoy => measured};
-describe(pairs, P = #{pairs := Pairs}) ->
-    Base = maps:remove(pairs, P),
-    #{title => fmt("concurrent request/response pairs, ~b B requests, closed loop, ~b ms",
+describe(pairs, P = #{pairs := Pairs, event_pairs := EventPairs}) ->
+    Base = maps:without([pairs, event_pairs], P),
+    #{title => fmt("concurrent request/response pairs, ~b B requests, closed loop, ~b ms; "
+                   "req: {req, Pid, Payload}, event: {req, Pid, {event, Id, "
+                   "<<\"user-42\">>, #{k => Id, body => Payload}}}",
                    [maps:get(payload, P), maps:get(duration_ms, P)]),
       placement => cross, sinks => 1,
-      points => [point(fmt("~b pairs", [C]), Base#{pairs => C}) || C <- Pairs],
+      points => [point(fmt("~b pairs, ~s", [C, Shape]), Base#{pairs => C, shape => Shape})
+                 || C <- lists:usort(Pairs ++ EventPairs),
+                    Shape <- [req || lists:member(C, Pairs)]
+                        ++ [event || lists:member(C, EventPairs)]],
       figures => [{rt_s, <<"rt/s">>, rate}, {p50_us, <<"p50">>, us},
                   {p99_us, <<"p99">>, us}, {p999_us, <<"p99.9">>, us}],
-      ratio => [rt_s, p99_us], primary => {rt_s, higher}, convoy => measured};
+      ratio => [rt_s, p50_us, p99_us], primary => {rt_s, higher}, convoy => measured};
 describe(latency, P = #{n := N, burst := B}) ->
     #{title => fmt("idle round trip, one client, ~b sequential small round trips; "
                    "\"after burst\": the client first sends ~b one-way messages, "
@@ -141,7 +180,7 @@ describe(hol, P = #{bulk_senders := K, size := Size}) ->
       points => [point(fmt("~b bulk", [K]), P)],
       figures => [{p50_us, <<"p50">>, us}, {p99_us, <<"p99">>, us},
                   {max_us, <<"max">>, us}, {bulk_mb_s, <<"bulk MB/s">>, mbs}],
-      ratio => [p99_us, bulk_mb_s], primary => {p99_us, lower}, convoy => measured};
+      ratio => [p50_us, p99_us, bulk_mb_s], primary => {p99_us, lower}, convoy => measured};
 describe(fanout, P = #{receivers := R}) ->
     #{title => fmt("one message to ~b processes on two remote nodes: convoy:multicast "
                    "(convoy variants) vs a loop of sends", [R]),

@@ -8,13 +8,15 @@
 -include_lib("stdlib/include/assert.hrl").
 
 -export([all/0, suite/0, init_per_suite/1, end_per_suite/1]).
--export([every_scenario_tiny/1, tune_tiny/1, given_nodes/1, arguments/1]).
+-export([every_scenario_tiny/1, tune_tiny/1, given_nodes/1, arguments/1,
+         deadline/1, deadline_leaves_clean_peers/1, deadline_leaves_clean_given_nodes/1]).
 
 suite() ->
     [{timetrap, {minutes, 3}}].
 
 all() ->
-    [arguments, every_scenario_tiny, tune_tiny, given_nodes].
+    [arguments, every_scenario_tiny, tune_tiny, given_nodes, deadline,
+     deadline_leaves_clean_peers, deadline_leaves_clean_given_nodes].
 
 init_per_suite(Config) ->
     Config.
@@ -30,7 +32,7 @@ arguments(_Config) ->
      || Opt <- ["--scenario", "--full", "--quick", "--tiny", "--repeat", "--convoy",
                 "--variants", "--param", "--tune", "tune SCENARIO", "--nodes", "--cookie",
                 "--netns", "--rate", "--peer-args", "--out", "--no-plots", "--quiet",
-                "--help"]],
+                "--check", "deadline_ms", "--help"]],
     [?assertMatch({error, <<_/binary>>}, convoy_bench:main(Args), Args)
      || Args <- [["--bogus"], ["--scenario", "nope"], ["--repeat", "0"],
                  ["--convoy", "lane=2"], ["--convoy", "lanes=0"], ["--convoy", "lanes"],
@@ -38,11 +40,17 @@ arguments(_Config) ->
                  ["--nodes", "a@h"], ["--netns"]]],
     {ok, #{convoy := [{<<"max_batch=5000,lanes=2">>, #{max_batch := 5000, lanes := 2}}]}} =
         convoy_bench:parse(["--convoy", "max_batch=5000,lanes=2"]),
+    {ok, #{check := true, params := #{deadline_ms := 5}}} =
+        convoy_bench:parse(["--check", "--param", "deadline_ms=5"]),
+    ?assertEqual(0, convoy_bench:exit_status({ok, #{}})),
+    ?assertEqual(0, convoy_bench:exit_status({ok, #{check => #{within => 3, cells => 3}}})),
+    ?assertEqual(1, convoy_bench:exit_status({ok, #{check => #{within => 2, cells => 3}}})),
+    ?assertEqual(2, convoy_bench:exit_status({error, <<"bad">>})),
     ok.
 
 every_scenario_tiny(Config) ->
     Dir = filename:join(?config(priv_dir, Config), "all"),
-    {ok, R} = convoy_bench:main(["--tiny", "--full", "--repeat", "2", "--quiet",
+    {ok, R} = convoy_bench:main(["--tiny", "--full", "--repeat", "2", "--quiet", "--check",
                                  "--convoy", "max_batch=50", "--out", Dir]),
     Names = convoy_bench_scenarios:names(),
     #{scenarios := Scenarios, config := #{facts := Facts}} = R,
@@ -51,6 +59,24 @@ every_scenario_tiny(Config) ->
                    logical_processors := _, convoy_defaults := #{lanes := _}}, Facts),
     [check_scenario(S) || S <- Scenarios],
     check_files(Dir, R),
+    %% --check: every checked figure of both convoy variants at every point; no
+    %% value asserted (the machine is noisy), only the accounting.
+    #{check := #{cells := M, within := N, failures := Failures}} = R,
+    Checked = fun(#{ratio := Ratio, figures := Figs}) ->
+                      length([F || F <- Ratio, {F1, _, U} <- Figs, F1 =:= F,
+                                   lists:member(U, [rate, mbs])
+                                       orelse F =:= p50_us orelse F =:= p99_us])
+              end,
+    ?assertEqual(2 * lists:sum([length(P) * Checked(Spec)
+                                || #{spec := Spec = #{points := P}} <- Scenarios]), M),
+    ?assertEqual(M - N, length(Failures)),
+    {ok, Table} = file:read_file(filename:join(Dir, "table.txt")),
+    Line = io_lib:format("convoy vs plain: ~b of ~b cells within tolerance", [N, M]),
+    ?assertNotEqual(nomatch, string:find(Table, Line)),
+    {ok, Bin} = file:read_file(filename:join(Dir, "results.json")),
+    {ok, #{<<"check">> := #{<<"cells">> := M, <<"within">> := N,
+                            <<"tolerances">> := #{<<"p50_max">> := _}}}} =
+        convoy_bench_json:decode(Bin),
     ok.
 
 tune_tiny(Config) ->
@@ -95,6 +121,69 @@ given_nodes(Config) ->
         [peer:stop(P) || {P, _} <- Peers]
     end.
 
+%% A flood of a million pingers cannot finish in 1.5 s: every flood point is
+%% reported FAILED with the deadline as note, and the run carries on (oneway
+%% measures on the replaced nodes) and completes.
+deadline(Config) ->
+    Dir = filename:join(?config(priv_dir, Config), "deadline"),
+    {ok, R} = convoy_bench:main(["--tiny", "--scenario", "flood,oneway", "--repeat", "1",
+                                 "--variants", "plain,convoy", "--param", "pingers=1000000",
+                                 "--param", "deadline_ms=1500", "--quiet", "--no-plots",
+                                 "--out", Dir]),
+    [Flood, Oneway] = maps:get(scenarios, R),
+    ?assertEqual(1500, maps:get(deadline, maps:get(spec, Flood))),
+    FloodRuns = maps:get(runs, Flood),
+    ?assertEqual(4, length(FloodRuns)),
+    [?assertMatch(#{status := error, note := <<"deadline 1500 ms">>}, Run) || Run <- FloodRuns],
+    [?assertMatch(#{status := error, note := <<"deadline 1500 ms">>}, S)
+     || S <- maps:get(summary, Flood)],
+    [?assertMatch(#{status := ok}, Run) || Run <- maps:get(runs, Oneway)],
+    {ok, Table} = file:read_file(filename:join(Dir, "table.txt")),
+    ?assertNotEqual(nomatch, binary:match(Table, <<"note (error): deadline 1500 ms">>)),
+    check_files(Dir, R),
+    ok.
+
+%% After a point abandoned at its deadline, the next run measures on clean nodes:
+%% a left-over pong would still hold the registered name the next flood needs.
+deadline_leaves_clean_peers(_Config) ->
+    Nodes0 = convoy_bench_nodes:new(#{given => none, peer_args => []}),
+    Nodes = deadline_then_flood(Nodes0),
+    ok = convoy_bench_nodes:stop(Nodes).
+
+deadline_leaves_clean_given_nodes(_Config) ->
+    Ebin = filename:dirname(code:which(convoy)),
+    Peers = [begin
+                 {ok, P, N} = ?CT_PEER(#{name => ?CT_PEER_NAME(Name),
+                                         args => ["-pa", Ebin, "-connect_all", "false",
+                                                  "+P", "2000000"]}),
+                 {P, N}
+             end || Name <- ["bench_clean_a", "bench_clean_b"]],
+    Given = [N || {_, N} <- Peers],
+    try
+        Nodes0 = convoy_bench_nodes:new(#{given => Given, peer_args => []}),
+        Nodes = deadline_then_flood(Nodes0),
+        [?assertEqual(0, erpc:call(N, convoy_bench_nodes, kill_measurements, [])) || N <- Given],
+        ok = convoy_bench_nodes:stop(Nodes)
+    after
+        [peer:stop(P) || {P, _} <- Peers]
+    end.
+
+deadline_then_flood(Nodes0) ->
+    Opts = #{repeat => 1, progress => false, t0 => erlang:monotonic_time()},
+    Plain = hd([V || V = #{name := <<"plain">>} <- variants()]),
+    Hung = convoy_bench_scenarios:spec(flood, tiny, #{pingers => 1000000, deadline_ms => 1000}),
+    {Runs1, Nodes1} = convoy_bench_runner:run(Hung, [Plain], Opts, Nodes0),
+    [?assertMatch(#{status := error, note := <<"deadline 1000 ms">>}, Run) || Run <- Runs1],
+    Tiny = convoy_bench_scenarios:spec(flood, tiny, #{}),
+    {Runs2, Nodes2} = convoy_bench_runner:run(Tiny, variants(), Opts, Nodes1),
+    [?assertMatch(#{status := ok}, Run) || Run <- Runs2],
+    Nodes2.
+
+variants() ->
+    {ok, O} = convoy_bench:parse(["--variants", "plain,convoy"]),
+    [#{name := <<"plain">>} = Plain, #{name := <<"convoy">>} = Convoy] = convoy_bench:variants(O),
+    [Plain, Convoy].
+
 %%--------------------------------------------------------------------
 %% Checks
 
@@ -103,6 +192,9 @@ check_scenario(#{name := Name, spec := Spec, runs := Runs, summary := Summary,
     #{points := Points, figures := Figs, convoy := ConvoyStatus} = Spec,
     Keys = [K || {K, _, _} <- Figs],
     ?assert(Variants =/= []),
+    %% p50 and p99 are compared with the baseline wherever they are measured.
+    [?assert(lists:member(F, maps:get(ratio, Spec)), {Name, F})
+     || F <- [p50_us, p99_us], lists:member(F, Keys)],
     %% Every variant x point x repeat ran (or says why not).
     ?assertEqual(length(Variants) * length(Points) * 2, length(Runs)),
     [begin
