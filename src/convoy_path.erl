@@ -21,20 +21,33 @@
 %% request/response costs what plain `!' costs. Below that, it goes through the
 %% inbox (no round trip), as senders in a steady exchange would pay the barrier
 %% again and again.
+%%
+%% Batching is adaptive: a busy lane whose recent batches are too small to pay for
+%% its extra hops, for a sender that does not stream (`unpaid', see `streams/2' and `pays/2') is bypassed as a calm one is, and a
+%% marked sender then pays one barrier to go direct again: a few concurrent
+%% request/response pairs travel as plain `!' would.
 -module(convoy_path).
 
--export([calm/2, unadmitted/3, may_bypass/3, bypass/3, multicast/4]).
+-export([calm/2, streams/2, pays/2, unadmitted/3, may_bypass/3, bypass/3, multicast/4]).
 
 -export_type([size/0, calm/0, route/0]).
 
 %% No small message on the lane for this long: a marked sender's barrier (one
 %% round trip, tens of microseconds on a LAN) costs little beside the idle gap.
 -define(SETTLED_US, 1000).
+%% A busy lane is worth its two extra hops (the lane's and the peer inbox's) only if
+%% it ships batches of at least this many messages on average (in sixteenths).
+-define(PAYS_X16, 32).
+%% A lane that has not shipped for this long has no recent batches to judge by:
+%% busy senders try it (so a flood that starts while senders go direct is batched
+%% again within this time).
+-define(PROBE_US, 10000).
 
 -type size() :: small | large.
 %% busy: a small message took the lane within bypass_after (or batching is forced);
+%% unpaid: so did one, but the lane's batches are too small to pay for its hops;
 %% quiet: not within bypass_after; settled: not within SETTLED_US either.
--type calm() :: busy | quiet | settled.
+-type calm() :: busy | unpaid | quiet | settled.
 -type route() :: convoy | plain | none.
 
 %% @doc How calm a lane is, from the microseconds since its previous small send
@@ -44,6 +57,24 @@ calm(_Gap, never) -> busy;
 calm(Gap, Window) when Gap > Window, Gap > ?SETTLED_US -> settled;
 calm(Gap, Window) when Gap > Window -> quiet;
 calm(_Gap, _Window) -> busy.
+
+%% @doc On a busy lane: whether the sender streams (its own previous small send
+%% within the `bypass_after' window). A streaming sender keeps the lane: the lane
+%% makes the distribution sends while the sender goes on, so the two run in
+%% parallel even when batches are small.
+-spec streams(integer(), non_neg_integer() | never) -> boolean().
+streams(_OwnGap, never) -> true;
+streams(OwnGap, Window) -> OwnGap =< Window.
+
+%% @doc On a busy lane, for a sender that does not stream: whether the lane pays,
+%% from its recent batches (messages per distribution send, in sixteenths) and the
+%% microseconds since it last shipped. Under a flood of many senders batches grow;
+%% with a few request/response pairs they stay near one message, and senders go
+%% the way plain `!' goes (`unpaid'). A lane that has not shipped lately is tried.
+-spec pays(non_neg_integer(), integer()) -> busy | unpaid.
+pays(_BatchX16, SinceBatch) when SinceBatch > ?PROBE_US -> busy;
+pays(BatchX16, _SinceBatch) when BatchX16 >= ?PAYS_X16 -> busy;
+pays(_BatchX16, _SinceBatch) -> unpaid.
 
 %% @doc Before any admission: an unmarked sender sends a large message, or a small
 %% one on a calm lane, directly.
@@ -67,6 +98,7 @@ bypass(_Size, _Calm, none) -> lane;          % convoy has not dealt with the nod
 bypass(_Size, _Calm, plain) -> direct;       % no inbox: the lane shipped into the connection
 bypass(large, _Calm, convoy) -> {barrier, lane};
 bypass(small, settled, convoy) -> {barrier, inbox};
+bypass(small, unpaid, convoy) -> {barrier, inbox}; % batching does not pay: back to direct
 bypass(small, _Calm, convoy) -> inbox.
 
 %% @doc A multicast entry (always admitted: it goes through an inbox to be fanned

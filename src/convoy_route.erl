@@ -50,6 +50,8 @@
 -define(STOP_WAIT_MS, 30000).
 
 -define(DIRECT_OPTS, [nosuspend, noconnect]).
+%% "Long ago" for a process's first small send (the clock can be negative).
+-define(LONG_AGO_US, (1 bsl 40)).
 
 %% @doc See `convoy:send/2'.
 -spec send(convoy:dest(), term()) -> ok.
@@ -440,7 +442,29 @@ calm(#runtime{bypass_after = never}, _L) ->
 calm(#runtime{max_delay = D}, _L) when D > 0 ->
     busy;
 calm(RT = #runtime{bypass_after = W}, L) ->
-    convoy_path:calm(convoy_slots:since_last_send(slots(RT, L)), W).
+    Slots = slots(RT, L),
+    Now = erlang:monotonic_time(microsecond),
+    OwnGap = Now - own_last_send(Now),
+    case convoy_path:calm(convoy_slots:since_last_send(Slots, Now), W) of
+        busy ->
+            case convoy_path:streams(OwnGap, W) of
+                true ->
+                    busy;
+                false ->
+                    {Batch, At} = convoy_slots:batching(Slots),
+                    convoy_path:pays(Batch, Now - At)
+            end;
+        Calm ->
+            Calm
+    end.
+
+%% This process's previous small remote send (monotonic microseconds), replaced
+%% by Now: whether the sender itself streams.
+own_last_send(Now) ->
+    case put('$convoy_last_send', Now) of
+        undefined -> Now - ?LONG_AGO_US;
+        Last -> Last
+    end.
 
 %% One multicast entry to a remote node: one copy travels, the inbox fans it out.
 %% A large one (large_threshold) never waits in the lane when the lane is idle: the

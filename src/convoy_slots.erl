@@ -13,14 +13,17 @@
 %%   (`dispose/2'); when it equals the admissions before a sender's own, the lane is
 %%   idle and everything it was given is already in the distribution layer;</li>
 %% <li>last small send: monotonic microseconds of the latest small message on this
-%%   lane (`since_last_send/1'), read by every small send and written only when
+%%   lane (`since_last_send/2'), read by every small send and written only when
 %%   the microsecond has moved on. It starts far in the past, never at 0: the
 %%   monotonic clock can be negative.</li>
+%% <li>batching: a moving average of the messages per distribution send the lane
+%%   achieved lately, and when it last shipped (`record_batch/4', the lane alone;
+%%   `batching/1'): whether going through the lane pays (see `convoy_path').</li>
 %% </ul>
 -module(convoy_slots).
 
--export([new/1, admit/1, is_closed/1, dispose/2, idle/2, since_last_send/1, close/1,
-         admitted/1, disposed/1]).
+-export([new/1, admit/1, is_closed/1, dispose/2, idle/2, since_last_send/2, close/1,
+         admitted/1, disposed/1, record_batch/4, batching/1]).
 
 -export_type([slots/0]).
 
@@ -34,7 +37,12 @@
 -define(ADMITTED, 1).
 -define(DISPOSED, 9).
 -define(LAST_SEND, 17).
--define(SIZE, 24).
+%% Written by the lane alone, read by senders: one line of their own.
+-define(BATCH, 25).
+-define(BATCH_AT, 26).
+-define(SIZE, 32).
+%% Batch sizes are kept in sixteenths of a message; each new batch weighs 1/4.
+-define(BATCH_ONE, 16).
 %% "Long ago" for the last small send: any first send is quiet.
 -define(LONG_AGO_US, (1 bsl 40)).
 
@@ -45,7 +53,9 @@
 new(Behind) ->
     A = atomics:new(?SIZE, [{signed, true}]),
     atomics:put(A, ?DISPOSED, -Behind),
-    atomics:put(A, ?LAST_SEND, erlang:monotonic_time(microsecond) - ?LONG_AGO_US),
+    LongAgo = erlang:monotonic_time(microsecond) - ?LONG_AGO_US,
+    atomics:put(A, ?LAST_SEND, LongAgo),
+    atomics:put(A, ?BATCH_AT, LongAgo),
     A.
 
 %% @doc Take one admission; returns the admission's number (compare with
@@ -66,7 +76,8 @@ dispose(A, K) -> atomics:add(A, ?DISPOSED, K).
 -spec idle(slots(), integer()) -> boolean().
 idle(A, V) -> atomics:get(A, ?DISPOSED) =:= V - 1.
 
-%% @doc Record a small send now; returns the microseconds since the previous one
+%% @doc Record a small send at `Now' (monotonic microseconds); returns the
+%% microseconds since the previous one
 %% (0 or less when another sender already recorded this microsecond or a later one).
 %% A read, and a plain write only when the time moves forward: a flood of senders
 %% mostly reads the line instead of taking it in turn. Two senders racing across a
@@ -74,9 +85,8 @@ idle(A, V) -> atomics:get(A, ?DISPOSED) =:= V - 1.
 %% send), and, as with the `exchange' this replaces, a sender delayed between the
 %% clock and the write may leave a slightly older time: either only makes a gap
 %% look longer by the race's length. The lane's ordering never depends on it.
--spec since_last_send(slots()) -> integer().
-since_last_send(A) ->
-    Now = erlang:monotonic_time(microsecond),
+-spec since_last_send(slots(), integer()) -> integer().
+since_last_send(A, Now) ->
     case atomics:get(A, ?LAST_SEND) of
         Last when Last < Now ->
             atomics:put(A, ?LAST_SEND, Now),
@@ -84,6 +94,21 @@ since_last_send(A) ->
         Last ->
             Now - Last
     end.
+
+%% @doc The lane shipped `Msgs' messages in `Sends' distribution sends at `NowUs'
+%% (monotonic microseconds). Only the lane writes these slots.
+-spec record_batch(slots(), non_neg_integer(), non_neg_integer(), integer()) -> ok.
+record_batch(_A, _Msgs, 0, _NowUs) ->
+    ok;
+record_batch(A, Msgs, Sends, NowUs) ->
+    Old = atomics:get(A, ?BATCH),
+    atomics:put(A, ?BATCH, Old + (Msgs * ?BATCH_ONE div Sends - Old) div 4),
+    atomics:put(A, ?BATCH_AT, NowUs).
+
+%% @doc Messages per distribution send the lane achieved lately (in sixteenths of a
+%% message), and when it last shipped (monotonic microseconds).
+-spec batching(slots()) -> {non_neg_integer(), integer()}.
+batching(A) -> {atomics:get(A, ?BATCH), atomics:get(A, ?BATCH_AT)}.
 
 %% @doc Close the lane to new admissions; returns how many it granted. Closing a
 %% closed lane changes nothing.
@@ -135,25 +160,39 @@ held_lane_is_never_idle_test() ->
 
 first_send_is_long_after_test() ->
     A = new(0),
-    ?assert(since_last_send(A) > 1000000),
-    G = since_last_send(A),
+    ?assert(since_last_send(A, erlang:monotonic_time(microsecond)) > 1000000),
+    G = since_last_send(A, erlang:monotonic_time(microsecond)),
     ?assert(G >= 0 andalso G < 1000000).
 
 %% The gap is measured from the previous send, written only as time moves on.
 gap_since_previous_send_test() ->
     A = new(0),
-    _ = since_last_send(A),
+    _ = since_last_send(A, erlang:monotonic_time(microsecond)),
     T0 = erlang:monotonic_time(microsecond),
     Last = atomics:get(A, ?LAST_SEND),
     ?assert(Last =< T0),
     wait_until(T0 + 3),
-    ?assert(since_last_send(A) >= 3),
+    ?assert(since_last_send(A, erlang:monotonic_time(microsecond)) >= 3),
     ?assert(atomics:get(A, ?LAST_SEND) >= T0 + 3),
     %% A later time already recorded (another sender's) is not overwritten.
     Later = erlang:monotonic_time(microsecond) + 1000000,
     atomics:put(A, ?LAST_SEND, Later),
-    ?assert(since_last_send(A) < 0),
+    ?assert(since_last_send(A, erlang:monotonic_time(microsecond)) < 0),
     ?assertEqual(Later, atomics:get(A, ?LAST_SEND)).
+
+%% Batches are averaged (each new one weighs a quarter), in sixteenths of a
+%% message; a new lane has no recent batch.
+batching_average_test() ->
+    A = new(0),
+    {0, At0} = batching(A),
+    ?assert(erlang:monotonic_time(microsecond) - At0 > 1000000),
+    ok = record_batch(A, 8, 1, -5),
+    ?assertEqual({32, -5}, batching(A)),
+    [ok = record_batch(A, 1, 1, T) || T <- lists:seq(1, 20)],
+    {B, 20} = batching(A),
+    ?assert(B >= 16 andalso B < 20),
+    ok = record_batch(A, 0, 0, 21), % nothing sent: nothing learnt
+    ?assertEqual({B, 20}, batching(A)).
 
 wait_until(T) ->
     case erlang:monotonic_time(microsecond) >= T of

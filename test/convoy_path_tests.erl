@@ -5,7 +5,7 @@
 -include_lib("eunit/include/eunit.hrl").
 
 -define(SIZES, [small, large]).
--define(CALMS, [busy, quiet, settled]).
+-define(CALMS, [busy, unpaid, quiet, settled]).
 -define(ROUTES, [convoy, plain, none]).
 
 calm_test() ->
@@ -59,18 +59,27 @@ bypass_test() ->
          Size =:= large andalso ?assertNotEqual(inbox, P),
          Size =:= large andalso Route =:= convoy andalso ?assertEqual({barrier, lane}, P),
          %% the barrier is paid only when the lane has been calm for a while
-         Size =:= small andalso Route =:= convoy andalso Calm =/= settled
+         Size =:= small andalso Route =:= convoy andalso Calm =:= quiet
              andalso ?assertEqual(inbox, P),
-         Size =:= small andalso Route =:= convoy andalso Calm =:= settled
+         %% ... or when batching does not pay: back to what plain `!' costs
+         Size =:= small andalso Route =:= convoy andalso Calm =/= quiet
              andalso ?assertEqual({barrier, inbox}, P)
-     end || Size <- ?SIZES, Calm <- [quiet, settled], Route <- ?ROUTES].
+     end || Size <- ?SIZES, Calm <- [unpaid, quiet, settled], Route <- ?ROUTES].
 
-%% A multicast goes through an inbox (fanned out there) only past an idle lane,
-%% to a convoy peer, and for a small one on a calm lane; otherwise the lane.
-multicast_test() ->
-    [begin
-         P = convoy_path:multicast(Size, Calm, Idle, Route),
-         Inbox = Idle andalso Route =:= convoy andalso (Size =:= large orelse Calm =/= busy),
-         ?assertEqual(Inbox, P =:= inbox),
-         Inbox orelse ?assertEqual(lane, P)
-     end || Size <- ?SIZES, Calm <- ?CALMS, Idle <- [true, false], Route <- ?ROUTES].
+%% On a busy lane a sender that streams (its own sends within the window) keeps
+%% the lane; another keeps it when its batches pay (two messages or more per
+%% distribution send, in sixteenths) or when it has not shipped for 10 ms (no
+%% recent batches to judge by).
+streams_test() ->
+    ?assert(convoy_path:streams(20, 20)),
+    ?assert(convoy_path:streams(-3, 20)),
+    ?assertNot(convoy_path:streams(21, 20)),
+    ?assert(convoy_path:streams(1 bsl 40, never)).
+
+pays_test() ->
+    ?assertEqual(busy, convoy_path:pays(32, 0)),
+    ?assertEqual(busy, convoy_path:pays(16000, 9999)),
+    ?assertEqual(unpaid, convoy_path:pays(31, 0)),
+    ?assertEqual(unpaid, convoy_path:pays(16, 10000)),
+    ?assertEqual(busy, convoy_path:pays(16, 10001)),
+    ?assertEqual(busy, convoy_path:pays(0, 1 bsl 40)).
