@@ -15,7 +15,9 @@
 %%   For a small message the lane must also have been quiet: no small message took
 %%   it in the last `bypass_after' microseconds. An idle lane under a steady flood
 %%   is not quiet, so a flood is batched instead of leaking out one message at a
-%%   time, while a lone request/response pays no extra hop.</li>
+%%   time, while a lone request/response pays no extra hop. A busy lane counts as
+%%   quiet when batching does not pay there (`convoy_path:streams/2' and
+%%   `pays/2'): that changes which of these safe paths is taken, never the rules.</li>
 %% <li>Bypassing the inbox too (sending straight to the destination process) is
 %%   allowed only when none of the sender's earlier messages to that node can still
 %%   be waiting in an inbox: the process dictionary key `{'$convoy_inbox', Node}'
