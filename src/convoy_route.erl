@@ -57,6 +57,12 @@
 
 %% @doc See `convoy:send/2'.
 -spec send(convoy:dest(), term()) -> ok.
+send(Pid, Msg) when is_pid(Pid), node(Pid) =:= node() ->
+    Pid ! Msg, % local: exactly `!', nothing else to decide
+    ok;
+send(Name, Msg) when is_atom(Name) ->
+    Name ! Msg,
+    ok;
 send(Dest, Msg) ->
     ok = send(Dest, Msg, #{}).
 
