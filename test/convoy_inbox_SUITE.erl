@@ -114,6 +114,20 @@ long_batch_yields(_Config) ->
 %% per message; the inbox now counts them as undeliverable and sends nothing,
 %% single and multicast destinations alike.
 old_incarnation_not_logged(_Config) ->
+    #{peer := Peer2, node := Node, old_pid := OldPid, old_alias := OldAlias, live := Live,
+      log := Log} = restarted_peer(),
+    Before = peer:call(Peer2, convoy_metrics, rejected, []),
+    Entries = [{OldPid, m1}, {[Live, OldPid, OldAlias, Live], m2}, {OldAlias, m3}, {Live, m4}],
+    ok = send_with_barrier({?INBOX, Node}, node(), Entries),
+    nothing_logged_about_old_incarnation(Peer2, Log),
+    After = peer:call(Peer2, convoy_metrics, rejected, []),
+    ?assertEqual(4, maps:get(undeliverable, After) - maps:get(undeliverable, Before)),
+    ?assertEqual([m2, m2, m4], ask(Live, received)).
+
+%% A peer started again under the same name (a new incarnation, checked), running
+%% convoy, with a logger handler reporting to a recorder there (`log') and a live
+%% recorder (`live'); `old_pid' and `old_alias' were made by its first incarnation.
+restarted_peer() ->
     Name = ?CT_PEER_NAME(),
     {Peer1, Node} = peer(Name),
     {OldPid, OldAlias, Creation1} = peer:call(Peer1, ?MODULE, make_ids, []),
@@ -124,21 +138,18 @@ old_incarnation_not_logged(_Config) ->
     ?assertNotEqual(Creation1, peer:call(Peer2, erlang, system_info, [creation])),
     Log = spawn(Node, ?MODULE, recorder, []),
     ok = peer:call(Peer2, logger, add_handler, [convoy_inbox_suite, ?MODULE, #{config => #{to => Log}}]),
-    Live = spawn(Node, ?MODULE, recorder, []),
-    Before = peer:call(Peer2, convoy_metrics, rejected, []),
-    Entries = [{OldPid, m1}, {[Live, OldPid, OldAlias, Live], m2}, {OldAlias, m3}, {Live, m4}],
-    ok = send_with_barrier({?INBOX, Node}, node(), Entries),
-    %% The runtime's error reports go through the logger process: once it has
-    %% handled what was sent before, the handler has seen them.
-    _ = peer:call(Peer2, sys, get_state, [logger]),
-    ok = peer:call(Peer2, logger, error, ["convoy_inbox_SUITE control event"]),
+    #{peer => Peer2, node => Node, old_pid => OldPid, old_alias => OldAlias, log => Log,
+      live => spawn(Node, ?MODULE, recorder, [])}.
+
+%% The runtime's error reports go through the logger process: once it has handled
+%% what was sent before (and a control event after), the handler has seen them.
+nothing_logged_about_old_incarnation(Peer, Log) ->
+    _ = peer:call(Peer, sys, get_state, [logger]),
+    ok = peer:call(Peer, logger, error, ["convoy_inbox_SUITE control event"]),
     Events = [format_event(E) || E <- ask(Log, received)],
     ct:pal("logged on the new incarnation: ~p", [Events]),
     ?assert(lists:any(fun(E) -> string:find(E, "control event") =/= nomatch end, Events)),
-    ?assertEqual([], [E || E <- Events, string:find(E, "old incarnation") =/= nomatch]),
-    After = peer:call(Peer2, convoy_metrics, rejected, []),
-    ?assertEqual(4, maps:get(undeliverable, After) - maps:get(undeliverable, Before)),
-    ?assertEqual([m2, m2, m4], ask(Live, received)).
+    ?assertEqual([], [E || E <- Events, string:find(E, "old incarnation") =/= nomatch]).
 
 %% The same through convoy's own path, as the issue found it: this node's
 %% convoy:send/2 and multicast/2 to pids of the peer's old incarnation, every
@@ -146,17 +157,9 @@ old_incarnation_not_logged(_Config) ->
 %% undeliverable and logs nothing; a live process's messages around them arrive.
 old_incarnation_through_convoy(_Config) ->
     ok = convoy:set_config(#{bypass_after => never}),
-    Name = ?CT_PEER_NAME(),
-    {Peer1, Node} = peer(Name),
-    {OldPid, OldAlias, _} = peer:call(Peer1, ?MODULE, make_ids, []),
-    peer:stop(Peer1),
-    await(fun() -> lists:member(Node, nodes()) end, fun(Up) -> not Up end, 10000),
-    {Peer2, Node} = peer(Name),
-    ok = convoy_ct_peers:start_convoy(Peer2, #{}),
+    #{peer := Peer2, node := Node, old_pid := OldPid, old_alias := OldAlias, live := Live,
+      log := Log} = restarted_peer(),
     convoy_ct_peers:await_route(Node, convoy),
-    Log = spawn(Node, ?MODULE, recorder, []),
-    ok = peer:call(Peer2, logger, add_handler, [convoy_inbox_suite, ?MODULE, #{config => #{to => Log}}]),
-    Live = spawn(Node, ?MODULE, recorder, []),
     Before = peer:call(Peer2, convoy_metrics, rejected, []),
     ok = convoy:send(Live, m1),
     ok = convoy:send(OldPid, m2),
@@ -166,12 +169,7 @@ old_incarnation_through_convoy(_Config) ->
     ok = convoy:flush(Node),
     ?assertEqual([m1, m3, m5], await_received(Live, 3)),
     %% Everything before m5 was handled by the inbox (one lane, one inbox, in order).
-    _ = peer:call(Peer2, sys, get_state, [logger]),
-    ok = peer:call(Peer2, logger, error, ["convoy_inbox_SUITE control event"]),
-    Events = [format_event(E) || E <- ask(Log, received)],
-    ct:pal("logged on the new incarnation: ~p", [Events]),
-    ?assert(lists:any(fun(E) -> string:find(E, "control event") =/= nomatch end, Events)),
-    ?assertEqual([], [E || E <- Events, string:find(E, "old incarnation") =/= nomatch]),
+    nothing_logged_about_old_incarnation(Peer2, Log),
     After = peer:call(Peer2, convoy_metrics, rejected, []),
     ?assertEqual(4, maps:get(undeliverable, After) - maps:get(undeliverable, Before)).
 
