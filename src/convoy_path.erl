@@ -22,10 +22,11 @@
 %% inbox (no round trip), as senders in a steady exchange would pay the barrier
 %% again and again.
 %%
-%% Batching is adaptive: a busy lane whose recent batches are too small to pay for
-%% its extra hops, for a sender that does not stream (`unpaid', see `streams/2' and `pays/2') is bypassed as a calm one is, and a
-%% marked sender then pays one barrier to go direct again: a few concurrent
-%% request/response pairs travel as plain `!' would.
+%% Batching is adaptive: for a sender that does not stream, a busy lane whose
+%% recent batches are too small to pay for its extra hops (`unpaid', see
+%% `streams/2' and `pays/2') is bypassed as a calm one is, and a marked sender
+%% then pays one barrier to go direct again: a few concurrent request/response
+%% pairs travel as plain `!' would.
 -module(convoy_path).
 
 -export([calm/2, streams/2, pays/2, unadmitted/3, may_bypass/3, bypass/3, multicast/4]).

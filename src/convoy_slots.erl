@@ -102,7 +102,8 @@ record_batch(_A, _Msgs, 0, _NowUs) ->
     ok;
 record_batch(A, Msgs, Sends, NowUs) ->
     Old = atomics:get(A, ?BATCH),
-    atomics:put(A, ?BATCH, Old + (Msgs * ?BATCH_ONE div Sends - Old) div 4),
+    %% bsr floors: the average settles on, or just under, what batches achieve
+    atomics:put(A, ?BATCH, Old + ((Msgs * ?BATCH_ONE div Sends - Old) bsr 2)),
     atomics:put(A, ?BATCH_AT, NowUs).
 
 %% @doc Messages per distribution send the lane achieved lately (in sixteenths of a
