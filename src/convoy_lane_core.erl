@@ -98,7 +98,7 @@
 new(Held, {MaxBatch, MaxDelay}, AutoConnect) ->
     #core{max_batch = MaxBatch, max_delay = MaxDelay, auto_connect = AutoConnect,
           held = case Held of
-                     L when is_list(L) -> maps:from_list([{N, true} || N <- L]);
+                     L when is_list(L) -> node_set(L);
                      _ -> Held
                  end}.
 
@@ -152,7 +152,7 @@ event({connected, Node, false}, _Now, {C, A}) ->
     {Entries, Q} = convoy_batch:drop(Node, C#core.queues),
     prune(Node, dropped(Node, Entries, noconnect, {ready(Node, C#core{queues = Q}), A}));
 event({hold, Nodes}, _Now, {C = #core{held = all}, A}) ->
-    released({C#core{held = maps:from_list([{N, true} || N <- Nodes])}, A});
+    released({C#core{held = node_set(Nodes)}, A});
 event({release, Node}, _Now, {C = #core{held = Held}, A}) when is_map(Held) ->
     released({C#core{held = maps:remove(Node, Held)}, A});
 event({retire, K}, _Now, {C = #core{retiring = false}, A}) ->
@@ -163,7 +163,7 @@ event({admissions_disposed, N}, _Now, {C = #core{retiring = {draining, K}}, A}) 
         false -> {C, A}
     end;
 event({barriers, Nodes}, _Now, {C = #core{retiring = barriers}, A}) ->
-    barriers_left({C#core{retiring = {barriers, maps:from_list([{N, true} || N <- Nodes])}}, A});
+    barriers_left({C#core{retiring = {barriers, node_set(Nodes)}}, A});
 event({barrier_done, Node}, _Now, {C = #core{retiring = {barriers, Left}}, A}) ->
     barriers_left({C#core{retiring = {barriers, maps:remove(Node, Left)}}, A});
 event(shutdown_ship, _Now, {C, A}) ->
@@ -186,6 +186,8 @@ event(Event, _Now, {C, A}) ->
     {C, [{stray, Event} | A]}.
 
 queued_nodes(#core{queues = Q}) -> convoy_batch:nodes(Q).
+
+node_set(Nodes) -> maps:from_list([{N, true} || N <- Nodes]).
 
 ready(Node, C = #core{connecting = Cn, queues = Q}) ->
     C#core{connecting = maps:remove(Node, Cn), queues = convoy_batch:set_status(Node, ready, Q)}.
