@@ -48,7 +48,11 @@
 %%   only prompts the receiver to ask that node itself.</li>
 %% </ul>
 %% A receiver accepts every version in `versions/0'; a sender uses the highest
-%% version both sides accept, learnt from the hello exchange.
+%% version both sides accept, learnt from the hello exchange. Version 2 keeps
+%% version 1's messages as they are (a batch's envelope still says 1, so a
+%% version-1 peer reads every batch it is sent) and adds entry kinds, listed with
+%% the entries above, that a sender puts only in batches for a peer whose
+%% negotiated version is 2 or more (`supports/2').
 %%
 %% The limits on a multicast entry, measured on the 2-core machine convoy is
 %% developed on: a local send copies a large term at about 25 ns a word (a 4 MB
@@ -62,12 +66,15 @@
 -module(convoy_wire).
 
 -export([version/0, versions/0, max_inboxes/0, max_dests/0, max_entry_words/0,
-         batch/2, barrier/2, hello/2, decode/1, entry/3, cost/1, multicast_entries/2,
+         batch/2, barrier/2, hello/2, supports/2, decode/1, entry/3, cost/1, multicast_entries/2,
          creation/1, negotiate/1, inbox_name/1, inbox_names/1, lane_inbox/2]).
 
--export_type([entry/0, dest/0, decoded/0, hello_info/0, checked/0]).
+-export_type([entry_kind/0, entry/0, dest/0, decoded/0, hello_info/0, checked/0]).
 
--define(VSN, 1).
+%% The newest version this release speaks, and the one a batch's envelope carries
+%% (unchanged since version 1).
+-define(VSN, 2).
+-define(BATCH_VSN, 1).
 -define(MAX_INBOXES, 1024).
 -define(MAX_ENTRY_WORDS, (1 bsl 18)).
 %% What one local send costs beyond the words it copies, in word copies (a send
@@ -76,6 +83,8 @@
 -define(MAX_DESTS, (?MAX_ENTRY_WORDS div ?SEND_WORDS)).
 
 -type dest() :: pid() | atom() | reference().
+-type entry_kind() :: atom().
+%% An entry kind added after version 1 (see `supports/2').
 -type entry() :: {dest() | [dest()], term()} | {'$convoy_barrier', pid() | reference(), term()}.
 -type hello_info() :: #{versions := [pos_integer()], node := node(), peers := pid(),
                         inboxes := pos_integer(), request => reference()}.
@@ -92,7 +101,14 @@ version() -> ?VSN.
 
 %% @doc Versions this release accepts.
 -spec versions() -> [pos_integer()].
-versions() -> [?VSN].
+versions() -> [1, ?VSN].
+
+%% @doc Whether a peer that negotiated version `Vsn' reads entries of `Kind'.
+-spec supports(pos_integer(), entry_kind()) -> boolean().
+supports(Vsn, Kind) -> Vsn >= since(Kind).
+
+%% Entry kinds added after version 1 and the version that added them (none yet).
+since(_Kind) -> 2.
 
 -spec max_inboxes() -> pos_integer().
 max_inboxes() -> ?MAX_INBOXES.
@@ -106,13 +122,13 @@ max_dests() -> ?MAX_DESTS.
 max_entry_words() -> ?MAX_ENTRY_WORDS.
 
 -spec batch(node(), [entry()]) -> tuple().
-batch(FromNode, Entries) -> {'$convoy', ?VSN, batch, FromNode, Entries}.
+batch(FromNode, Entries) -> {'$convoy', ?BATCH_VSN, batch, FromNode, Entries}.
 
 -spec barrier(pid() | reference(), term()) -> entry().
 barrier(ReplyTo, Tag) -> {'$convoy_barrier', ReplyTo, Tag}.
 
 -spec hello(hello | welcome, hello_info()) -> tuple().
-hello(Kind, Info) -> {'$convoy', ?VSN, Kind, Info}.
+hello(Kind, Info) -> {'$convoy', ?BATCH_VSN, Kind, Info}.
 
 %% @doc Classify anything that arrived at a convoy process from outside.
 -spec decode(term()) -> decoded().
@@ -389,6 +405,7 @@ creation_test() ->
     ?assertEqual(C + 7, creation(OldRef)).
 
 negotiate_test() ->
-    ?assertEqual(1, negotiate([1, 2])),
+    ?assertEqual(2, negotiate([1, 2])),
+    ?assertEqual(1, negotiate([1])),
     ?assertEqual(none, negotiate([7])).
 -endif.
