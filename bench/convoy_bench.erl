@@ -53,6 +53,7 @@ main(Args) ->
         {ok, Opts0} ->
             Opts = Opts0#{argv => Args},
             case prepare_node(Opts) of
+                ok when map_get(command, Opts) =:= cost -> convoy_bench_cost:run(Opts);
                 ok -> run(Opts);
                 {error, _} = E -> E
             end
@@ -64,6 +65,7 @@ usage() ->
     Names = lists:join(",", [atom_to_list(N) || N <- convoy_bench_scenarios:names()]),
     Quick = lists:join(",", [atom_to_list(N) || N <- convoy_bench_scenarios:default_selection()]),
     ["usage: bin/convoy-bench [tune SCENARIO] [options]      (or: make bench ARGS=\"...\")\n"
+     "       bin/convoy-bench cost [--tiny]   what one convoy:send/2 costs, step by step\n"
      "\n"
      "Compares convoy with plain distribution on nodes the harness starts itself (OTP\n"
      "peer nodes, connected over distribution; the harness node only coordinates).\n"
@@ -78,6 +80,7 @@ usage() ->
      "           the seed's {ping, Pid} and the event shape\n"
      "  oneway   one sender, 1 M messages to a remote process, msg/s and ns/msg\n"
      "           (the sender's time per message); an atom and the event shape\n"
+     "  oneway8  8 senders at once, 125 k messages each to their own remote process\n"
      "  sizes    one-way msg/s and MB/s, 16 B .. 1 MB\n"
      "  pairs    1..1024 request/response pairs: rt/s and p50/p99/p99.9; the event\n"
      "           shape at 1, 4, 64 and 256 pairs\n"
@@ -92,7 +95,9 @@ usage() ->
      "  (Id: the message's sequence number; pairs: #{k => Id, body => Payload}); the\n"
      "  point label names the shape, e.g. \"1000000 msgs, atom\" / \"1000000 msgs, event\".\n"
      "\n"
-     "Variants: local (same node: the ceiling), plain (`!`), nodelay_false (`!`, both\n"
+     "Variants: local (`!` on one node), plain (`!`), ceiling (oneway, oneway8, sizes,\n"
+     "flood: a batching router with no bookkeeping; senders of many messages batch\n"
+     "them themselves, lists of max_batch entries), nodelay_false (`!`, both\n"
      "nodes with -kernel dist_nodelay false), delay_send (`!`, both nodes with\n"
      "{delay_send,true} in inet_dist_connect/listen_options), convoy (defaults), and\n"
      "one per --convoy option. Each flag family has its own pair of peer nodes.\n"
@@ -167,6 +172,7 @@ parse(Args) ->
     end.
 
 parse([], O) -> O;
+parse(["cost" | R], O) -> parse(R, O#{command => cost});
 parse(["tune", S | R], O) -> parse(R, O#{command => tune, tune => scenario(S)});
 parse(["--tune", S | R], O) -> parse(R, O#{command => tune, tune => scenario(S)});
 parse(["--help" | _], O) -> O#{command => help};
@@ -442,6 +448,8 @@ variants(#{convoy := Extra, only := Only}) ->
     All = [#{name => <<"local">>, kind => local, family => default, mode => plain,
              convoy => off},
            plain_variant(),
+           #{name => <<"ceiling">>, kind => ceiling, family => default, mode => ceiling,
+             convoy => off},
            #{name => <<"nodelay_false">>, kind => nodelay_false, family => nodelay_false,
              mode => plain, convoy => off},
            #{name => <<"delay_send">>, kind => delay_send, family => delay_send,

@@ -1,7 +1,9 @@
 %% The measurements themselves. `run/3' executes on the driver node (peer A); the
 %% processes it talks to are spawned on the sink nodes named in the context. Every
 %% send in a measurement goes through `snd/3': `erlang:send/2' for the plain
-%% variants, `convoy:send/2' for the convoy ones, on both sides of a round trip.
+%% variants, `convoy:send/2' for the convoy ones, on both sides of a round trip,
+%% and for the `ceiling' variant a batching router without bookkeeping
+%% (`convoy_bench_ceiling'; a sender of many messages batches them itself).
 %%
 %% Durations come from `erlang:monotonic_time/0'. Nothing here knows about
 %% variants, repeats or reports: it returns the figures of one run as a map.
@@ -13,7 +15,7 @@
          bulk_sink/1, bulk_sender/4, fan_group/2, fan_counter/3, fan_receiver/1,
          slow_consumer/4]).
 
--type mode() :: plain | convoy.
+-type mode() :: plain | convoy | ceiling.
 -type ctx() :: #{mode := mode(), sinks := [node(), ...], timeout := pos_integer()}.
 -type figures() :: #{atom() => number()}.
 -export_type([ctx/0, figures/0]).
@@ -26,7 +28,19 @@
 run(Scenario, Params, Ctx) ->
     process_flag(message_queue_data, off_heap),
     process_flag(priority, high),
-    measure(Scenario, Params, Ctx).
+    with_router(Ctx, fun() -> measure(Scenario, Params, Ctx) end).
+
+%% The ceiling's batchers and deliverers live as long as one measurement.
+with_router(#{mode := ceiling, sinks := Sinks}, Measure) ->
+    Nodes = [node() | Sinks],
+    ok = convoy_bench_ceiling:start(Nodes),
+    try
+        Measure()
+    after
+        convoy_bench_ceiling:stop(Nodes)
+    end;
+with_router(_Ctx, Measure) ->
+    Measure().
 
 %% @doc `run/3' in a process of its own on the driver node, spawned by the harness
 %% (which kills it at the point's deadline): sends `{Ref, {ok, Figures}}' or
@@ -71,6 +85,25 @@ measure(flood, #{pingers := N, shape := Shape}, Ctx = #{mode := M}) ->
 measure(oneway, #{n := N, shape := Shape}, Ctx) ->
     {Rate, SenderNative} = oneway(Ctx, N, Shape),
     #{msg_s => Rate, ns_msg => nanos(SenderNative) / N};
+%% K senders at once, each N div K messages to its own consumer on the sink node.
+measure(oneway8, #{n := N, senders := K, shape := Shape}, Ctx = #{mode := M}) ->
+    Per = N div K,
+    Self = self(),
+    Consumers = [spawn_opt(sink(Ctx), ?MODULE, consumer, [M, 0], ?SINK_OPTS)
+                 || _ <- lists:seq(1, K)],
+    Senders = [spawn_link(fun() ->
+                                  receive go -> ok end,
+                                  send_all(M, C, Shape, Per),
+                                  finish(M, C, {done, Self})
+                          end) || C <- Consumers],
+    T0 = erlang:monotonic_time(),
+    [S ! go || S <- Senders],
+    Counts = [receive {done, C, Cnt} -> Cnt
+              after timeout(Ctx) -> exit({timeout, oneway8_consumer})
+              end || C <- Consumers],
+    T1 = erlang:monotonic_time(),
+    lists:sum(Counts) =:= Per * K orelse exit({lost, Per * K - lists:sum(Counts)}),
+    #{msg_s => Per * K / secs(T1 - T0), ns_msg => nanos(T1 - T0) / (Per * K)};
 measure(sizes, #{size := Size, count := N}, Ctx) ->
     {Rate, _} = oneway(Ctx, N, {data, binary:copy(<<"x">>, Size)}),
     #{msg_s => Rate, mb_s => Rate * Size / 1.0e6};
@@ -156,7 +189,8 @@ measure(flow, #{mode := FlowMode, where := Where, n := N, work := Work, every :=
 
 -compile({inline, [snd/3]}).
 snd(plain, Dest, Msg) -> erlang:send(Dest, Msg);
-snd(convoy, Dest, Msg) -> convoy:send(Dest, Msg).
+snd(convoy, Dest, Msg) -> convoy:send(Dest, Msg);
+snd(ceiling, Dest, Msg) -> convoy_bench_ceiling:send(Dest, Msg).
 
 sink(#{sinks := [Node | _]}) -> Node.
 
@@ -175,9 +209,9 @@ us(Native) -> erlang:convert_time_unit(Native, native, nanosecond) / 1000.
 oneway(Ctx = #{mode := M}, N, What) ->
     C = spawn_opt(sink(Ctx), ?MODULE, consumer, [M, 0], ?SINK_OPTS),
     T0 = erlang:monotonic_time(),
-    send_n(M, C, What, 1, N),
+    send_all(M, C, What, N),
     Ts = erlang:monotonic_time(),
-    snd(M, C, {done, self()}),
+    finish(M, C, {done, self()}),
     Count = receive
                 {done, C, Cnt} -> Cnt
             after timeout(Ctx) -> exit({timeout, oneway_consumer})
@@ -185,6 +219,42 @@ oneway(Ctx = #{mode := M}, N, What) ->
     T1 = erlang:monotonic_time(),
     Count =:= N orelse exit({lost, N - Count}),
     {N / secs(T1 - T0), Ts - T0}.
+
+%% N messages to Dest. The ceiling's sender batches them itself: lists of
+%% `max_batch' entries, or of as many as fit in convoy's `large_threshold' (64 KiB)
+%% of payload, a message alone going as a plain send (batching large messages buys
+%% nothing, see `convoy_bench_ceiling').
+send_all(ceiling, Dest, What, N) ->
+    PerList = case What of
+                  {data, Bin} when is_binary(Bin) ->
+                      max(1, min(convoy_bench_ceiling:batch_size(), 65536 div byte_size(Bin)));
+                  _ ->
+                      convoy_bench_ceiling:batch_size()
+              end,
+    ceiling_n(Dest, What, 1, N, PerList, 0, []);
+send_all(M, Dest, What, N) ->
+    send_n(M, Dest, What, 1, N).
+
+%% The last message of a sender: behind everything it sent.
+finish(ceiling, Dest, Msg) -> convoy_bench_ceiling:ship(node(Dest), [{Dest, Msg}]);
+finish(M, Dest, Msg) -> snd(M, Dest, Msg).
+
+ceiling_n(Dest, _What, I, N, _PerList, _K, Acc) when I > N ->
+    ceiling_ship(Dest, lists:reverse(Acc));
+ceiling_n(Dest, What, I, N, PerList, PerList, Acc) ->
+    ceiling_ship(Dest, lists:reverse(Acc)),
+    ceiling_n(Dest, What, I, N, PerList, 0, []);
+ceiling_n(Dest, What, I, N, PerList, K, Acc) ->
+    ceiling_n(Dest, What, I + 1, N, PerList, K + 1, [{Dest, shaped(What, I)} | Acc]).
+
+ceiling_ship(_Dest, []) -> ok;
+ceiling_ship(Dest, [{Dest, Msg}]) -> Dest ! Msg, ok;
+ceiling_ship(Dest, Entries) -> convoy_bench_ceiling:ship(node(Dest), Entries).
+
+-compile({inline, [shaped/2]}).
+shaped(atom, _I) -> message;
+shaped(event, I) -> message(event, I);
+shaped({data, Term}, _I) -> Term.
 
 %% Messages I..N. The event shape is built per message (its Id is I), as a real
 %% sender would; the others are the same term every time.

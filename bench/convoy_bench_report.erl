@@ -50,7 +50,10 @@ cores(F) ->
 variant_text(#{name := N, kind := convoy, settings := S}) ->
     io_lib:format("~s = convoy:send/2 with ~s", [N, settings_text(S)]);
 variant_text(#{name := N, kind := local}) ->
-    io_lib:format("~s = `!` on one node (the ceiling)", [N]);
+    io_lib:format("~s = `!` on one node", [N]);
+variant_text(#{name := N, kind := ceiling}) ->
+    io_lib:format("~s = a batching router with no bookkeeping (convoy_bench_ceiling), "
+                  "where a scenario has one", [N]);
 variant_text(#{name := N, flags := []}) ->
     io_lib:format("~s = `!` between two nodes", [N]);
 variant_text(#{name := N, flags := Flags}) ->
@@ -63,10 +66,15 @@ scenario_table(#{name := Name, title := Title, spec := Spec, summary := Summary,
                  baseline := Base, seconds := Secs}) ->
     #{figures := Figs, ratio := RatioFigs, points := Points} = Spec,
     MultiPoint = length(Points) > 1,
+    CeilingFigs = case Spec of
+                      #{ceiling := true} -> RatioFigs;
+                      _ -> []
+                  end,
     Header = [<<"point">> || MultiPoint] ++ [<<"variant">>]
         ++ [Label || {_, Label, _} <- Figs]
-        ++ [iolist_to_binary(["x ", Base, " ", label_of(F, Figs)]) || F <- RatioFigs],
-    Rows = [row(S, MultiPoint, Figs, RatioFigs) || S <- Summary],
+        ++ [iolist_to_binary(["x ", Base, " ", label_of(F, Figs)]) || F <- RatioFigs]
+        ++ [iolist_to_binary(["x ceiling ", label_of(F, Figs)]) || F <- CeilingFigs],
+    Rows = [row(S, MultiPoint, Figs, RatioFigs, CeilingFigs) || S <- Summary],
     [io_lib:format("== ~s: ~s (~.1f s)~n", [Name, Title, Secs]),
      format_rows([Header | Rows]),
      notes(Summary)].
@@ -75,19 +83,23 @@ label_of(F, Figs) ->
     {F, L, _} = lists:keyfind(F, 1, Figs),
     L.
 
-row(#{variant := V, point := P, status := ok, figures := FS, ratios := RS},
-    MultiPoint, Figs, RatioFigs) ->
+row(#{variant := V, point := P, status := ok, figures := FS, ratios := RS} = S,
+    MultiPoint, Figs, RatioFigs, CeilingFigs) ->
     [P || MultiPoint] ++ [V]
         ++ [case FS of
                 #{F := Spread} -> spread_text(Spread, Unit);
                 _ -> <<"-">>
             end || {F, _, Unit} <- Figs]
-        ++ [case RS of
-                #{F := #{median := R}} -> io_lib:format("~.2f", [R]);
-                _ -> <<"-">>
-            end || F <- RatioFigs];
-row(#{variant := V, point := P, status := Status}, MultiPoint, _Figs, _RatioFigs) ->
+        ++ ratio_cells(RS, RatioFigs)
+        ++ ratio_cells(maps:get(ceiling_ratios, S, #{}), CeilingFigs);
+row(#{variant := V, point := P, status := Status}, MultiPoint, _Figs, _RatioFigs, _) ->
     [P || MultiPoint] ++ [V, status_text(Status)].
+
+ratio_cells(Ratios, Figs) ->
+    [case Ratios of
+         #{F := #{median := R}} -> io_lib:format("~.2f", [R]);
+         _ -> <<"-">>
+     end || F <- Figs].
 
 status_text(awaiting) -> <<"awaits flow control (issue 4): not measured">>;
 status_text(unavailable) -> <<"not available here (see note)">>;

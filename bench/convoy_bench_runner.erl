@@ -19,9 +19,9 @@
          deadline_note/1]).
 
 -type variant() :: #{name := binary(),
-                     kind := local | plain | nodelay_false | delay_send | convoy,
+                     kind := local | plain | ceiling | nodelay_false | delay_send | convoy,
                      family := convoy_bench_nodes:family(),
-                     mode := plain | convoy,
+                     mode := plain | convoy | ceiling,
                      convoy := convoy_bench_nodes:convoy_setting()}.
 -type status() :: ok | error | awaiting | unavailable.
 -type run() :: #{scenario := atom(), variant := binary(), repeat := pos_integer(),
@@ -30,13 +30,14 @@
 -type opts() :: #{repeat := pos_integer(), progress := boolean(), t0 := integer()}.
 -export_type([variant/0, run/0, opts/0]).
 
-%% @doc The variants that make sense for a scenario: all of them across nodes; on
-%% one node (`local' scenario) the `local' variant and the convoy ones.
+%% @doc The variants that make sense for a scenario: all of them across nodes
+%% (`ceiling' only where the scenario has one); on one node (`local' scenario) the
+%% `local' variant and the convoy ones.
 -spec variants_for(convoy_bench_scenarios:spec(), [variant()]) -> [variant()].
 variants_for(#{placement := same_node}, Variants) ->
     [V || V = #{kind := K} <- Variants, K =:= local orelse K =:= convoy];
-variants_for(#{placement := cross}, Variants) ->
-    Variants.
+variants_for(#{placement := cross, ceiling := Ceiling}, Variants) ->
+    [V || V = #{kind := K} <- Variants, K =/= ceiling orelse Ceiling].
 
 %% @doc The variant the others are compared with.
 -spec baseline(convoy_bench_scenarios:spec()) -> binary().
@@ -210,17 +211,21 @@ progress(#{t0 := T0}, F, A) ->
     Elapsed = erlang:convert_time_unit(erlang:monotonic_time() - T0, native, millisecond),
     io:format(standard_error, "[~7.1f s] " ++ F ++ "~n", [Elapsed / 1000 | A]).
 
-%% @doc Per point and variant (in the given order): status, figures' spread, and
-%% the compared figures' ratios to the baseline.
+%% @doc Per point and variant (in the given order): status, figures' spread, the
+%% compared figures' ratios to the baseline and, for the convoy variants of a
+%% scenario with a ceiling, to the `ceiling' variant (`ceiling_ratios').
 -spec summarise(convoy_bench_scenarios:spec(), [variant()], [run()]) -> [map()].
 summarise(Spec = #{points := Points, figures := Figs, ratio := RatioFigs}, Variants, Runs) ->
     Base = baseline(Spec),
     [begin
          Mine = [Run || Run = #{variant := VN, point := PL} <- Runs, VN =:= VName, PL =:= Label],
          Ok = [Run || Run = #{status := ok} <- Mine],
-         BaseRuns = [Run || Run = #{variant := VN, point := PL, status := ok} <- Runs,
-                            VN =:= Base, PL =:= Label],
+         BaseRuns = ok_runs(Runs, Base, Label),
          #{variant => VName, point => Label,
+           ceiling_ratios => case Kind =:= convoy andalso maps:get(ceiling, Spec, false) of
+                                 true -> ratios(RatioFigs, Ok, ok_runs(Runs, <<"ceiling">>, Label));
+                                 false -> #{}
+                             end,
            status => summary_status(Mine, Ok),
            note => case Mine of [#{note := N} | _] when Ok =:= [] -> N; _ -> <<>> end,
            figures => maps:from_list(
@@ -229,14 +234,19 @@ summarise(Spec = #{points := Points, figures := Figs, ratio := RatioFigs}, Varia
                                    S =/= none]),
            ratios => case VName =:= Base of
                          true -> #{};
-                         false ->
-                             maps:from_list(
-                               [{F, S} || F <- RatioFigs,
-                                          S <- [convoy_bench_stats:ratios(by_repeat(F, Ok),
-                                                                          by_repeat(F, BaseRuns))],
-                                          S =/= none])
+                         false -> ratios(RatioFigs, Ok, BaseRuns)
                      end}
-     end || #{label := Label} <- Points, #{name := VName} <- Variants].
+     end || #{label := Label} <- Points, #{name := VName, kind := Kind} <- Variants].
+
+ok_runs(Runs, VName, Label) ->
+    [Run || Run = #{variant := VN, point := PL, status := ok} <- Runs, VN =:= VName,
+            PL =:= Label].
+
+ratios(RatioFigs, Runs, BaseRuns) ->
+    maps:from_list([{F, S} || F <- RatioFigs,
+                              S <- [convoy_bench_stats:ratios(by_repeat(F, Runs),
+                                                              by_repeat(F, BaseRuns))],
+                              S =/= none]).
 
 summary_status([], _) -> unavailable;
 summary_status(_, [_ | _]) -> ok;

@@ -4,7 +4,10 @@
 %% `tune' optimises, and each point's deadline. Pure data; the measuring is in
 %% `convoy_bench_measure'.
 %%
-%% `oneway', `flood' and `pairs' measure two message shapes, named in the point
+%% `ceiling' (default false): the scenario also runs the `ceiling' variant
+%% (`convoy_bench_ceiling') and its table shows convoy as a fraction of it.
+%%
+%% `oneway', `oneway8', `flood' and `pairs' measure two message shapes, named in the point
 %% label: the scenario's small message (`atom' = the atom `message'; `ping' = the
 %% seed's `{ping, Pid}'; `req' = `{req, Pid, Payload}') and `event', a realistic
 %% one: `{event, Id, <<"user-42">>, #{k => Id}}' with Id the message's sequence
@@ -27,6 +30,7 @@
                   ratio := [atom()],
                   primary := {atom(), higher | lower},
                   convoy := measured | {awaiting, binary()},
+                  ceiling := boolean(),
                   timeout := pos_integer(),
                   deadline := pos_integer()}.
 -export_type([spec/0, size/0, unit/0, point/0]).
@@ -34,7 +38,7 @@
 %% @doc Every scenario, in report order.
 -spec names() -> [atom()].
 names() ->
-    [local, flood, oneway, sizes, pairs, latency, bulk, hol, fanout, flow].
+    [local, flood, oneway, oneway8, sizes, pairs, latency, bulk, hol, fanout, flow].
 
 %% @doc What `make bench' runs without arguments.
 -spec default_selection() -> [atom()].
@@ -54,7 +58,7 @@ spec(Name, Size, Overrides) ->
     P0 = params(Name, Size),
     P = maps:merge(P0, maps:with(maps:keys(P0), Overrides)),
     Deadline = maps:get(deadline_ms, Overrides, deadline(Name, Size)),
-    (describe(Name, P))#{name => Name, params => P,
+    (maps:merge(#{ceiling => false}, describe(Name, P)))#{name => Name, params => P,
                          timeout => case Size of tiny -> 30000; normal -> 300000 end,
                          deadline => Deadline}.
 
@@ -66,6 +70,7 @@ deadline(_Name, tiny) -> 20000;
 deadline(local, normal) -> 60000;     % 2 M one-way + 300 k ping-pong (~5 s)
 deadline(flood, normal) -> 60000;     % 200 k pingers (~2-10 s)
 deadline(oneway, normal) -> 30000;    % 1 M messages (~0.5-3 s)
+deadline(oneway8, normal) -> 30000;   % 1 M messages (~0.5-3 s)
 deadline(sizes, normal) -> 30000;     % up to 200 MB or 300 k messages (~0.5-3 s)
 deadline(pairs, normal) -> 20000;     % 1.2 s window, up to 1024 pairs spawned
 deadline(latency, normal) -> 30000;   % 20 k sequential round trips (~1-3 s)
@@ -80,6 +85,8 @@ params(flood, normal) -> #{pingers => 200000};
 params(flood, tiny) -> #{pingers => 2000};
 params(oneway, normal) -> #{n => 1000000};
 params(oneway, tiny) -> #{n => 10000};
+params(oneway8, normal) -> #{n => 1000000, senders => 8};
+params(oneway8, tiny) -> #{n => 10000, senders => 8};
 params(sizes, normal) -> #{sizes => [16, 128, 1024, 8192, 65536, 1048576],
                            budget => 200000000, min_count => 300, max_count => 300000};
 params(sizes, tiny) -> #{sizes => [16, 1024, 65536, 1048576],
@@ -122,7 +129,7 @@ describe(flood, P = #{pingers := N}) ->
       points => [point(fmt("~b pingers, ~s", [N, Shape]), P#{shape => Shape})
                  || Shape <- [ping, event]],
       figures => [{msg_min, <<"msg/min">>, rate}, {ns_msg, <<"ns/msg">>, ns}],
-      ratio => [msg_min], primary => {msg_min, higher}, convoy => measured};
+      ratio => [msg_min], primary => {msg_min, higher}, convoy => measured, ceiling => true};
 describe(oneway, P = #{n := N}) ->
     #{title => fmt("one sender, ~b messages to one remote process; atom: the atom "
                    "'message', event: {event, Id, <<\"user-42\">>, #{k => Id}}; "
@@ -131,7 +138,16 @@ describe(oneway, P = #{n := N}) ->
       points => [point(fmt("~b msgs, ~s", [N, Shape]), P#{shape => Shape})
                  || Shape <- [atom, event]],
       figures => [{msg_s, <<"msg/s">>, rate}, {ns_msg, <<"ns/msg">>, ns}],
-      ratio => [msg_s], primary => {msg_s, higher}, convoy => measured};
+      ratio => [msg_s], primary => {msg_s, higher}, convoy => measured, ceiling => true};
+describe(oneway8, P = #{n := N, senders := K}) ->
+    #{title => fmt("~b senders at once, each ~b messages to its own process on the other "
+                   "node; atom and event as in oneway; ns/msg: wall time per message, all "
+                   "senders together", [K, N div K]),
+      placement => cross, sinks => 1,
+      points => [point(fmt("~b x ~b msgs, ~s", [K, N div K, Shape]), P#{shape => Shape})
+                 || Shape <- [atom, event]],
+      figures => [{msg_s, <<"msg/s">>, rate}, {ns_msg, <<"ns/msg">>, ns}],
+      ratio => [msg_s], primary => {msg_s, higher}, convoy => measured, ceiling => true};
 describe(sizes, #{sizes := Sizes, budget := Budget, min_count := Min,
                       max_count := Max}) ->
     #{title => <<"one sender, one-way, binary payloads of each size (MB = 10^6 bytes)">>,
@@ -140,7 +156,7 @@ describe(sizes, #{sizes := Sizes, budget := Budget, min_count := Min,
                                         count => max(Min, min(Max, Budget div S))})
                  || S <- Sizes],
       figures => [{msg_s, <<"msg/s">>, rate}, {mb_s, <<"MB/s">>, mbs}],
-      ratio => [mb_s], primary => {mb_s, higher}, convoy => measured};
+      ratio => [mb_s], primary => {mb_s, higher}, convoy => measured, ceiling => true};
 describe(pairs, P = #{pairs := Pairs, event_pairs := EventPairs}) ->
     Base = maps:without([pairs, event_pairs], P),
     #{title => fmt("concurrent request/response pairs, ~b B requests, closed loop, ~b ms; "

@@ -225,6 +225,15 @@ check_scenario(#{name := Name, spec := Spec, runs := Runs, summary := Summary,
          unavailable ->
              ?assertEqual(<<"local">>, V)
      end || #{variant := V, status := S, figures := FS, ratios := RS} <- Summary],
+    %% The ceiling runs exactly where the scenario has one, and every convoy row
+    %% there is also given as a fraction of it.
+    Ceiling = maps:get(ceiling, Spec),
+    ?assertEqual(Ceiling, lists:member(<<"ceiling">>, Variants), Name),
+    [?assertEqual(case Ceiling andalso is_convoy(V) of
+                      true -> lists:sort(maps:get(ratio, Spec));
+                      false -> []
+                  end, lists:sort(maps:keys(CR)), {Name, V})
+     || #{variant := V, status := ok, ceiling_ratios := CR} <- Summary],
     ok.
 
 is_convoy(<<"convoy", _/binary>>) -> true;

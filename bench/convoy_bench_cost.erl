@@ -1,0 +1,190 @@
+%% `bin/convoy-bench cost': what one `convoy:send/2' on the batched path costs, step
+%% by step, on nodes the harness starts (A sends, B receives, convoy running on
+%% both with its defaults).
+%%
+%% Each sender step is timed in a loop of `n' iterations on node A, in the sending
+%% process, with the loop's own cost (an empty iteration) subtracted; the figure
+%% is the fastest of `repeat' loops, ns per iteration (wall time: the fastest loop
+%% is the one another OS process did not interrupt). The whole send, the lane and
+%% the encoding are timed in CPU time of node A (`statistics(runtime)', the only
+%% busy process of node A then, whose schedulers do not spin when idle), median of
+%% `repeat': the machine is shared, and CPU time does not count the time other
+%% programs take. The steps are the calls
+%% convoy_route makes for a small message to a busy lane (admission, batching
+%% average, size, held bound, the hand-over to the lane), called directly with
+%% convoy's own state; the held bound's step is timed on a private word (taking
+%% room on the node's real one would fill it).
+%%
+%% The lane's and the receiver's share come from whole runs: `n' messages sent
+%% while the sender's lane is suspended, then the lane resumed and timed until
+%% `convoy:flush/0' returns (the lane handles the messages back to back, batches
+%% of `max_batch', shipping included); the same messages shipped by the sender
+%% itself as lists of `max_batch' `{To, Msg}' entries (the encoding the lane's
+%% ships also pay); and the receiving inbox's check of one entry.
+-module(convoy_bench_cost).
+
+-export([run/1, text/1]).
+%% Called on node A.
+-export([measure/2, sink/0]).
+
+-include("../src/convoy_runtime.hrl").
+
+-type row() :: #{step := binary(), shape := atom | event, ns := float()}.
+-export_type([row/0]).
+
+%% @doc Measure on fresh peer nodes; `Opts' as parsed by `convoy_bench' (`size'
+%% tiny gives a quick smoke run).
+-spec run(map()) -> {ok, #{cost := [row()], text := binary()}}.
+run(Opts) ->
+    {N, Repeat} = case maps:get(size, Opts, normal) of
+                      tiny -> {2000, 3};
+                      normal -> {200000, 7}
+                  end,
+    %% Schedulers that do not spin when idle: CPU time is then work done.
+    NoSpin = ["+sbwt", "none", "+sbwtdcpu", "none", "+sbwtdio", "none"],
+    Nodes0 = convoy_bench_nodes:new(#{given => none,
+                                      peer_args => NoSpin ++ maps:get(peer_args, Opts, [])}),
+    {[A, B], Nodes1} = convoy_bench_nodes:prepare(default, 2, #{}, Nodes0),
+    try
+        Sink = erpc:call(B, erlang, spawn, [?MODULE, sink, []]),
+        Rows = erpc:call(A, ?MODULE, measure, [Sink, #{n => N, repeat => Repeat}], infinity),
+        Text = iolist_to_binary(text(Rows)),
+        io:put_chars(Text),
+        {ok, #{cost => Rows, text => Text}}
+    after
+        convoy_bench_nodes:stop(Nodes1)
+    end.
+
+%% @doc The breakdown as a table.
+-spec text([row()]) -> iodata().
+text(Rows) ->
+    Ordered = [S || #{step := S, shape := atom} <- Rows],
+    ["cost of one convoy:send/2 on the batched path, ns per message; [cpu]: median of "
+     "repeats, CPU time of node A; others: fastest of repeats, wall time\n",
+     io_lib:format("  ~-58s ~9s ~9s~n", ["step", "atom", "event"]),
+     [io_lib:format("  ~-58s ~9.1f ~9.1f~n", [S, ns(Rows, S, atom), ns(Rows, S, event)])
+      || S <- Ordered]].
+
+ns(Rows, Step, Shape) ->
+    hd([Ns || #{step := S, shape := Sh, ns := Ns} <- Rows, S =:= Step, Sh =:= Shape]).
+
+%% @doc Discards everything (on node B).
+-spec sink() -> no_return().
+sink() ->
+    receive _ -> sink() end.
+
+%% @doc Runs on node A: every step for both message shapes.
+-spec measure(pid(), #{n := pos_integer(), repeat := pos_integer()}) -> [row()].
+measure(Sink, Params) ->
+    process_flag(priority, high),
+    lists:append([shape_rows(Shape, Sink, Params) || Shape <- [atom, event]]).
+
+shape_rows(Shape, Sink, P) ->
+    Msg = message(Shape),
+    RT = #runtime{} = persistent_term:get(?RUNTIME_KEY),
+    L = convoy_route:lane_of(RT),
+    Slots = element(L, RT#runtime.slots),
+    Lane = element(L, RT#runtime.lanes),
+    Node = node(Sink),
+    {small, Bytes} = convoy_size:measure(Msg, RT#runtime.large_threshold),
+    Word = atomics:new(1, []),
+    Discard = spawn(fun Loop() -> receive _ -> Loop() end end),
+    Steps =
+        [{<<"runtime from persistent_term">>,
+          fun() -> persistent_term:get(?RUNTIME_KEY) end},
+         {<<"lane of the sender (phash2)">>,
+          fun() -> convoy_route:lane_of(RT) end},
+         {<<"size estimate (convoy_size:measure/2)">>,
+          fun() -> convoy_size:measure(Msg, 65536) end},
+         {<<"calm: clock + lane's last send + own last send (pdict)">>,
+          fun() ->
+                  Now = erlang:monotonic_time(microsecond),
+                  _ = put('$convoy_cost_last', Now),
+                  convoy_slots:since_last_send(Slots, Now)
+          end},
+         {<<"batching average read (convoy_slots:batching/1)">>,
+          fun() -> convoy_slots:batching(Slots) end},
+         {<<"admission add_get + idle read + dispose (convoy_slots)">>,
+          fun() ->
+                  V = convoy_slots:admit(Slots),
+                  _ = convoy_slots:idle(Slots, V),
+                  convoy_slots:dispose(Slots, 1)
+          end},
+         {<<"node refs + inbox marker (pdict)">>,
+          fun() -> {get({'$convoy_refs', Node}), get({'$convoy_inbox', Node})} end},
+         {<<"held bound: read + compare_exchange (private word)">>,
+          fun() ->
+                  Old = atomics:get(Word, 1),
+                  atomics:compare_exchange(Word, 1, Old, Old + Bytes + 1)
+          end},
+         {<<"hand-over: local send of the lane's 5-tuple">>,
+          fun() -> Discard ! {'$convoy_send', Node, Sink, Msg, Bytes} end},
+         {<<"[cpu] whole convoy:send/2, sender (lane busy: suspended)">>,
+          whole_send(Lane, Sink, Msg)},
+         {<<"[cpu] plain erlang:send/2 to the remote process">>,
+          {cpu, fun() -> Sink ! Msg end}}],
+    Rows = [#{step => Name, shape => Shape, ns => loop_ns(Fun, P)} || {Name, Fun} <- Steps],
+    exit(Discard, kill),
+    Rows ++ [#{step => <<"[cpu] lane: handling + shipping">>, shape => Shape,
+               ns => lane_ns(Lane, Sink, Msg, P)},
+             #{step => <<"[cpu] sender shipping lists of max_batch {To, Msg}">>,
+               shape => Shape, ns => ship_ns(Sink, Msg, RT#runtime.max_batch, P)},
+             #{step => <<"receiving inbox: entry check (convoy_wire:entry/3)">>,
+               shape => Shape,
+               ns => loop_ns(fun() -> convoy_wire:entry({Sink, Msg}, node(), Node) end, P)}].
+
+%% convoy:send/2 with the lane suspended, so every send takes the batched path;
+%% the lane is resumed and drained between loops.
+whole_send(Lane, Sink, Msg) ->
+    {suspend, Lane, fun() -> convoy:send(Sink, Msg) end}.
+
+loop_ns({suspend, Lane, Fun}, #{n := N, repeat := R}) ->
+    median([begin
+                true = erlang:suspend_process(Lane),
+                Ns = cpu_ns(fun() -> repeat(Fun, N) end) / N,
+                true = erlang:resume_process(Lane),
+                ok = convoy:flush(),
+                Ns
+            end || _ <- lists:seq(1, R)]);
+loop_ns({cpu, Fun}, #{n := N, repeat := R}) ->
+    median([cpu_ns(fun() -> repeat(Fun, N) end) / N || _ <- lists:seq(1, R)]);
+loop_ns(Fun, #{n := N, repeat := R}) ->
+    Fastest = fun(F) -> lists:min([timed(F, N) || _ <- lists:seq(1, R)]) end,
+    max(0.0, Fastest(Fun) - Fastest(fun() -> ok end)).
+
+timed(Fun, N) ->
+    T0 = erlang:monotonic_time(),
+    repeat(Fun, N),
+    erlang:convert_time_unit(erlang:monotonic_time() - T0, native, nanosecond) / N.
+
+%% CPU time of this node's schedulers while Fun runs, ns.
+cpu_ns(Fun) ->
+    {T0, _} = statistics(runtime),
+    Fun(),
+    {T1, _} = statistics(runtime),
+    (T1 - T0) * 1.0e6.
+
+repeat(_Fun, 0) -> ok;
+repeat(Fun, N) -> _ = Fun(), repeat(Fun, N - 1).
+
+%% N messages wait in the suspended lane; then the lane's time to ship them all.
+lane_ns(Lane, Sink, Msg, #{n := N, repeat := R}) ->
+    median([begin
+                true = erlang:suspend_process(Lane),
+                repeat(fun() -> convoy:send(Sink, Msg) end, N),
+                cpu_ns(fun() ->
+                               true = erlang:resume_process(Lane),
+                               ok = convoy:flush()
+                       end) / N
+            end || _ <- lists:seq(1, R)]).
+
+%% The same messages in lists of Max entries sent by this process to the sink.
+ship_ns(Sink, Msg, Max, #{n := N, repeat := R}) ->
+    Lists = lists:duplicate(max(1, N div Max), [{Sink, Msg} || _ <- lists:seq(1, Max)]),
+    median([cpu_ns(fun() -> [Sink ! List || List <- Lists] end) / (length(Lists) * Max)
+            || _ <- lists:seq(1, R)]).
+
+message(atom) -> message;
+message(event) -> {event, 42, <<"user-42">>, #{k => 42}}.
+
+median(L) -> lists:nth((length(L) + 1) div 2, lists:sort(L)).
