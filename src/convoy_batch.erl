@@ -98,8 +98,11 @@ split_large(N, Q, Acc, Seen) ->
             split_large(N - count(E), Q1, [E | Acc], Seen orelse is_message(E))
     end.
 
-count_large(Entries) ->
-    length([E || {'$convoy_large', _, _} = E <- Entries]).
+count_large(Entries) -> count_large(Entries, 0).
+
+count_large([{'$convoy_large', _, _} | Rest], N) -> count_large(Rest, N + 1);
+count_large([_ | Rest], N) -> count_large(Rest, N);
+count_large([], N) -> N.
 
 split(0, Q, Acc) ->
     {lists:reverse(Acc), Q};

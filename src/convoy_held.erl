@@ -8,7 +8,7 @@
 %%   sign (0)    closed    messages (26 bits)     bytes (36 bits)
 %% </pre>
 %% messages handed to a lane for that node and not yet shipped or dropped, and
-%% their estimated bytes. Senders take room (`hold/4') before handing a message
+%% their encoded bytes (`convoy_size`). Senders take room (`hold/4') before handing a message
 %% to a lane, within the node's bounds (`max_buffered', `max_buffered_bytes');
 %% the lane gives it back as messages leave (`release/3'). Lane mailboxes are
 %% included, so the bounds hold whatever the lane is doing.
@@ -23,10 +23,10 @@
 %%
 %% Ceiling: each field has a fixed width, so whatever the configured bounds
 %% (`infinity' included) at most 67,108,863 messages (2^26 - 1) and
-%% 68,719,476,735 estimated bytes (2^36 - 1, 64 GiB - 1) are held for one node at
+%% 68,719,476,735 bytes (2^36 - 1, 64 GiB - 1) are held for one node at
 %% a time; a hold past either answers `full', and the overload policy applies as
 %% for the configured bounds. The rule that a message alone may exceed the byte
-%% bound does not extend past the field: one message estimated at 64 GiB or more
+%% bound does not extend past the field: one message of 64 GiB or more
 %% never fits.
 %%
 %% Forgetting a row (`convoy_peers', only for a node that is not connected and

@@ -146,8 +146,13 @@ collect(S) ->
 
 %% Hand an event to the core and carry out its actions, in order.
 core(Event, Now, S) ->
-    {Core, Actions} = convoy_lane_core:handle(Event, Now, S#s.core),
-    lists:foldl(fun(A, Acc) -> act(A, Now, Acc) end, S#s{core = Core}, Actions).
+    case convoy_lane_core:handle(Event, Now, S#s.core) of
+        {Core, []} -> S#s{core = Core}; % most sends: queued, nothing to do yet
+        {Core, Actions} -> acts(Actions, Now, S#s{core = Core})
+    end.
+
+acts([], _Now, S) -> S;
+acts([A | Rest], Now, S) -> acts(Rest, Now, act(A, Now, S)).
 
 %%--------------------------------------------------------------------
 %% Messages
@@ -319,18 +324,22 @@ ship_route(_Node, unknown, _Wire, S) ->
     {unroutable, S};
 ship_route(Node, {convoy, _Vsn, Inboxes}, Wire, S = #s{index = I}) ->
     Target = {convoy_wire:lane_inbox(I, Inboxes), Node},
-    Batch = convoy_wire:batch(node(), [wire_entry(E) || E <- Wire]),
+    Batch = convoy_wire:batch(node(), wire_entries(Wire)),
     case erlang:send(Target, Batch, ?SEND_OPTS) of
         ok ->
             {{sent, 1, convoy}, S};
         nosuspend ->
-            Msgs = convoy_batch:count_messages(Wire),
+            Msgs = length(Wire),
             {{courier, 0, 0, convoy}, courier(Node, [{Target, Batch, Msgs}], S)};
         noconnect ->
             {{unconnected, 0, 0, Wire, convoy}, S}
     end;
 ship_route(Node, plain, Wire, S) ->
     plain(Node, Wire, 0, 0, S).
+
+%% A large message ships alone, so only a chunk of one can hold one.
+wire_entries([E]) -> [wire_entry(E)];
+wire_entries(Wire) -> Wire.
 
 wire_entry({'$convoy_large', To, Msg}) -> {To, Msg};
 wire_entry(E) -> E.

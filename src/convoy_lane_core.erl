@@ -255,19 +255,27 @@ ship(Node, Reason, {C = #core{queues = Q, max_batch = MB}, A}) ->
         {[], Q1} ->
             prune(Node, {C#core{queues = Q1}, A});
         {Chunk, Q1} ->
-            {Marks, Wire} = lists:partition(fun is_mark/1, Chunk),
+            {Marks, Wire} = marks(Chunk),
             C1 = C#core{queues = Q1},
             case Wire of
                 [] ->
                     ship(Node, Reason, answer_marks(Marks, {C1, A}));
                 _ ->
-                    Out = {convoy_batch:count_messages(Wire), Marks, Reason},
+                    Out = {length(Wire), Marks, Reason},
                     {C1#core{shipping = (C1#core.shipping)#{Node => Out}},
                      [{ship, Node, Wire, Reason} | A]}
             end
     end.
 
 is_mark(E) -> element(1, E) =:= '$convoy_mark'.
+
+%% A chunk's marks and its messages (wire entries). Marks are rare: one scan in C
+%% tells whether the chunk has any before it is split.
+marks(Chunk) ->
+    case lists:keymember('$convoy_mark', 1, Chunk) of
+        false -> {[], Chunk};
+        true -> lists:partition(fun is_mark/1, Chunk)
+    end.
 
 shipped(Node, Outcome, _Now, C = #core{shipping = Sh}, A) when is_map_key(Node, Sh) ->
     #{Node := {Msgs, Marks, Reason}} = Sh,

@@ -52,6 +52,11 @@
 -define(STOP_WAIT_MS, 30000).
 
 -define(DIRECT_OPTS, [nosuspend, noconnect]).
+
+%% The small steps of every remote send (measured: `bin/convoy-bench cost').
+-compile({inline, [resolve/1, local_or_remote/2, with_opts/2, slots/2, mark_key/1,
+                   is_marked/1, size_kind/1, idle/3, hold/3, mark/1, own_last_send/1,
+                   kind/2, hand_over/7]}).
 %% "Long ago" for a process's first small send (the clock can be negative).
 -define(LONG_AGO_US, (1 bsl 40)).
 
@@ -169,7 +174,7 @@ unmark(Node) ->
     ok.
 
 %% One message to a remote node; convoy_path decides the path from the facts.
-%% Size is {small, EstimatedBytes} or large (measured once, here).
+%% Size is {small | large, EstimatedBytes} (measured once, here).
 remote(undefined, Node, To, Msg) ->
     plain_send(Node, [To], Msg);
 remote(RT = #runtime{stopping = true}, Node, To, Msg) ->
@@ -178,7 +183,7 @@ remote(RT = #runtime{large_threshold = T}, Node, To, Msg) ->
     L = lane_of(RT),
     Size = convoy_size:measure(Msg, T),
     Calm = case Size of
-               large -> busy; % not a small send: the lane's calm is not touched
+               {large, _} -> busy; % not a small send: the lane's calm is not touched
                _ -> calm(RT, L)
            end,
     case convoy_path:unadmitted(size_kind(Size), Calm, is_marked(Node)) of
@@ -225,7 +230,7 @@ bypass(RT, L, Node, To, Msg, Size, Calm) ->
             end
     end.
 
-size_kind(large) -> large;
+size_kind({large, _}) -> large;
 size_kind(_) -> small.
 
 %% Plain send straight to the destination, never suspending or connecting; if
@@ -323,7 +328,7 @@ reheld(RT, L, Node, To, Msg, Size) ->
 
 kind(_Msg, {small, B}) -> {'$convoy_send', B};
 kind(_Msg, {multicast, B}) -> {'$convoy_multicast', B};
-kind(Msg, large) -> {'$convoy_large', convoy_size:estimate(Msg)}.
+kind(_Msg, {large, B}) -> {'$convoy_large', B}.
 
 hand_over(#runtime{lanes = Lanes}, L, Node, To, Msg, Kind, Bytes) ->
     mark(Node),
@@ -490,7 +495,7 @@ remote_multi(RT = #runtime{large_threshold = T}, Node, Tos, Msg) ->
             remote_multi(refreshed(RT), Node, Tos, Msg);
         false ->
             {Kind, Size} = case convoy_size:measure(Msg, T) of
-                               large -> {large, large};
+                               {large, _} = Large -> {large, Large};
                                {small, B} -> {small, {multicast, B}}
                            end,
             Calm = case Kind of
