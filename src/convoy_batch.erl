@@ -17,7 +17,7 @@
 %% and a chunk always comes from the head, so entries leave in the order they came.
 -module(convoy_batch).
 
--export([new/0, push/4, push_many/5, take/3, requeue/3, drop/2, forget/2, status/2, set_status/3,
+-export([new/0, push/4, push_many/5, push_many/6, take/3, requeue/3, drop/2, forget/2, status/2, set_status/3,
          due/4, next_timeout/3, buffered/1, buffered/2, nodes/1, is_message/1,
          count_messages/1]).
 
@@ -44,6 +44,13 @@ push(Node, Entry, Now, Core) ->
 %% @doc Append entries, in order, `K' of them messages.
 -spec push_many(node(), [term()], non_neg_integer(), integer(), core()) -> core().
 push_many(Node, Entries, K, Now, Core) ->
+    push_many(Node, Entries, K, count_large(Entries), Now, Core).
+
+%% @doc `push_many/5' when the caller has counted the large messages among the
+%% entries (`Large').
+-spec push_many(node(), [term()], non_neg_integer(), non_neg_integer(), integer(), core()) ->
+          core().
+push_many(Node, Entries, K, Large, Now, Core) ->
     NQ = case Core of
              #{Node := Q} -> Q;
              _ -> #nq{}
@@ -52,10 +59,18 @@ push_many(Node, Entries, K, Now, Core) ->
                 0 -> Now;
                 _ -> NQ#nq.since
             end,
-    %% queue:join/2 would copy the whole existing queue: in/2 costs per new entry.
-    Core#{Node => NQ#nq{q = lists:foldl(fun queue:in/2, NQ#nq.q, Entries),
-                        msgs = NQ#nq.msgs + K, large = NQ#nq.large + count_large(Entries),
+    Core#{Node => NQ#nq{q = append(Entries, NQ#nq.q),
+                        msgs = NQ#nq.msgs + K, large = NQ#nq.large + Large,
                         since = Since}}.
+
+%% An empty queue (the usual case: a node's queue ships at each drain's end) is
+%% built from the list at once; queue:join/2 would copy the whole existing queue,
+%% so a non-empty one takes the entries one by one.
+append(Entries, Q) ->
+    case queue:is_empty(Q) of
+        true -> queue:from_list(Entries);
+        false -> lists:foldl(fun queue:in/2, Q, Entries)
+    end.
 
 %% @doc Take the next chunk of `Node''s queue: at most `Max' messages, with the
 %% control entries among them, from the head; a large message makes a chunk of its

@@ -109,14 +109,30 @@ refresh(S = #s{rt = Own}) ->
             core({settings, MB, MD}, now_us(), S#s{rt = RT})
     end.
 
-drain(S, _Now, 0) ->
-    loop(cycle(S));
 drain(S, Now, N) ->
+    drain(S, Now, N, [], 0).
+
+%% Sends read back to back go to the core together, newest first (one event for
+%% up to max_batch of them rather than one each); anything else is handed in after
+%% them, so the core sees everything in the order it was read.
+drain(S, Now, 0, Sends, K) ->
+    loop(cycle(pend(Sends, K, Now, S)));
+drain(S = #s{rt = #runtime{max_batch = MB}}, Now, N, Sends, K) when K >= MB ->
+    drain(pend(Sends, K, Now, S), Now, N, [], 0);
+drain(S, Now, N, Sends, K) ->
     receive
-        Msg -> drain(handle(Msg, Now, S), Now, N - 1)
+        {'$convoy_send', Node, To, _Msg, Bytes} = M
+          when is_atom(Node), is_integer(Bytes), Bytes >= 0,
+               (is_pid(To) orelse is_atom(To) orelse is_reference(To)) ->
+            drain(S, Now, N - 1, [M | Sends], K + 1);
+        Msg ->
+            drain(handle(Msg, Now, pend(Sends, K, Now, S)), Now, N - 1, [], 0)
     after 0 ->
-        loop(cycle(S))
+        loop(cycle(pend(Sends, K, Now, S)))
     end.
+
+pend(_Sends, 0, _Now, S) -> S;
+pend(Sends, K, Now, S) -> core({sends, Sends, K}, Now, S).
 
 %% Always the real time: the monotonic clock can be negative, so no constant can
 %% stand for "no time".

@@ -66,6 +66,7 @@
                     Rest :: [term()], route()}
                  | unroutable.
 -type event() :: {send, send()}
+               | {sends, NewestFirst :: [send(), ...], Count :: pos_integer()}
                | {settings, MaxBatch :: pos_integer(), MaxDelay :: non_neg_integer()}
                | cycle
                | {shipped, node(), outcome()}
@@ -109,6 +110,13 @@ new(Held, {MaxBatch, MaxDelay}, AutoConnect) ->
 handle({send, M}, Now, C = #core{pending = P, npending = K, max_batch = MB}) ->
     C1 = C#core{pending = [M | P], npending = K + 1},
     case K + 1 >= MB of
+        false -> {C1, []};
+        true -> done(full_queues(spill(Now, C1, [])))
+    end;
+handle({sends, Ms, N}, Now, C = #core{pending = P, npending = K, max_batch = MB}) ->
+    %% Sends the lane read back to back, as if handed in one at a time.
+    C1 = C#core{pending = Ms ++ P, npending = K + N},
+    case K + N >= MB of
         false -> {C1, []};
         true -> done(full_queues(spill(Now, C1, [])))
     end;
@@ -224,18 +232,18 @@ spill(Now, C = #core{pending = P}, A) ->
 runs([], _Now, C, A) ->
     {C, A};
 runs([{_, Node, _, _, _} | _] = Pending, Now, C, A) ->
-    {Entries, K, Bytes, Rest} = run(Node, Pending, [], 0, 0),
+    {Entries, K, Large, Bytes, Rest} = run(Node, Pending, [], 0, 0, 0),
     Segs = queue:in({K, Bytes}, maps:get(Node, C#core.segments, queue:new())),
     runs(Rest, Now,
-         C#core{queues = convoy_batch:push_many(Node, Entries, K, Now, C#core.queues),
+         C#core{queues = convoy_batch:push_many(Node, Entries, K, Large, Now, C#core.queues),
                 segments = (C#core.segments)#{Node => Segs}},
          [{accepted, Node, K} | A]).
 
-run(Node, [{'$convoy_large', Node, To, Msg, B} | Rest], Acc, K, Bytes) ->
-    run(Node, Rest, [{'$convoy_large', To, Msg} | Acc], K + 1, Bytes + B);
-run(Node, [{_, Node, To, Msg, B} | Rest], Acc, K, Bytes) ->
-    run(Node, Rest, [{To, Msg} | Acc], K + 1, Bytes + B);
-run(_Node, Rest, Acc, K, Bytes) -> {lists:reverse(Acc), K, Bytes, Rest}.
+run(Node, [{'$convoy_large', Node, To, Msg, B} | Rest], Acc, K, L, Bytes) ->
+    run(Node, Rest, [{'$convoy_large', To, Msg} | Acc], K + 1, L + 1, Bytes + B);
+run(Node, [{_, Node, To, Msg, B} | Rest], Acc, K, L, Bytes) ->
+    run(Node, Rest, [{To, Msg} | Acc], K + 1, L, Bytes + B);
+run(_Node, Rest, Acc, K, L, Bytes) -> {lists:reverse(Acc), K, L, Bytes, Rest}.
 
 %% max_batch messages read: full queues ship without waiting for the drain's end.
 full_queues({C = #core{max_batch = MB, queues = Q}, A}) ->

@@ -30,7 +30,8 @@ lane_core_test_() ->
 node_gen() -> oneof(?NODES).
 
 cmd() ->
-    frequency([{30, {send, oneof(?SENDERS), node_gen(), kind(), frequency([{1, 0}, {2, choose(0, 100)}])}},
+    frequency([{30, {send, oneof(?SENDERS), node_gen(), kind(), bytes_gen()}},
+               {6, {sends, non_empty(list({oneof(?SENDERS), node_gen(), kind(), bytes_gen()}))}},
                {12, {cycle, frequency([{3, 0}, {1, choose(1, 3000)}])}},
                {6, {mode, node_gen(), mode()}},
                {4, {courier_done, node_gen(), oneof([all, lose, failed])}},
@@ -40,6 +41,8 @@ cmd() ->
                {2, {hold, list(node_gen())}},
                {2, {release, node_gen()}},
                {1, retire}]).
+
+bytes_gen() -> frequency([{1, 0}, {2, choose(0, 100)}]).
 
 kind() -> frequency([{8, small}, {1, large}, {2, multicast}]).
 
@@ -88,19 +91,20 @@ run([Cmd | Rest], St, Shutdown) ->
     ok = check(St1, Cmd),
     run(Rest, St1, Shutdown).
 
-cmd({send, Sender, Node, Kind, Bytes}, St = #{seq := Seq, handed := H, handed_by := HB,
-                                               bytes_by := BB, retire := none}) ->
-    Id = {Sender, Seq},
-    M = case Kind of
-            small -> {'$convoy_send', Node, {s, Sender}, Id, Bytes};
-            large -> {'$convoy_large', Node, {s, Sender}, Id, Bytes};
-            multicast -> {'$convoy_multicast', Node, [{s, Sender}, {t, Sender}], Id, Bytes}
-        end,
-    event({send, M}, St#{seq := Seq + 1, handed := H + 1,
-                         handed_by := maps:update_with(Node, fun(N) -> N + 1 end, 1, HB),
-                         bytes_by := maps:update_with(Node, fun(N) -> N + Bytes end, Bytes, BB)});
+cmd({send, Sender, Node, Kind, Bytes}, St = #{retire := none}) ->
+    {M, St1} = handed(Sender, Node, Kind, Bytes, St),
+    event({send, M}, St1);
 cmd({send, _, _, _, _}, St) ->
     St; % the lane is closed: senders go to its successor
+cmd({sends, Specs}, St = #{retire := none}) ->
+    %% Sends the lane read back to back, handed to the core in one event.
+    {Ms, St1} = lists:foldl(fun({Sender, Node, Kind, Bytes}, {Acc, S0}) ->
+                                    {M, S1} = handed(Sender, Node, Kind, Bytes, S0),
+                                    {[M | Acc], S1}
+                            end, {[], St}, Specs),
+    event({sends, Ms, length(Ms)}, St1);
+cmd({sends, _}, St) ->
+    St;
 cmd({cycle, Dt}, St = #{now := Now}) ->
     cycle(St#{now := Now + Dt});
 cmd({mode, Node, Mode}, St = #{modes := M}) ->
@@ -138,6 +142,18 @@ cmd(retire, St = #{retire := none, handed := H}) ->
     event({retire, H}, St#{retire := requested});
 cmd(retire, St) ->
     St.
+
+handed(Sender, Node, Kind, Bytes, St = #{seq := Seq, handed := H, handed_by := HB,
+                                         bytes_by := BB}) ->
+    Id = {Sender, Seq},
+    M = case Kind of
+            small -> {'$convoy_send', Node, {s, Sender}, Id, Bytes};
+            large -> {'$convoy_large', Node, {s, Sender}, Id, Bytes};
+            multicast -> {'$convoy_multicast', Node, [{s, Sender}, {t, Sender}], Id, Bytes}
+        end,
+    {M, St#{seq := Seq + 1, handed := H + 1,
+            handed_by := maps:update_with(Node, fun(N) -> N + 1 end, 1, HB),
+            bytes_by := maps:update_with(Node, fun(N) -> N + Bytes end, Bytes, BB)}}.
 
 %% The lane's end of a drain: a cycle, then a retiring lane reports its disposals.
 cycle(St) ->
