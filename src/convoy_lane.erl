@@ -300,10 +300,8 @@ node_refs(Node) ->
         Refs -> Refs
     end.
 
-event(#runtime{telemetry = true}, Name, Measurements, Meta) ->
-    convoy_metrics:emit(Name, Measurements, Meta);
-event(_RT, _Name, _Measurements, _Meta) ->
-    ok.
+event(#runtime{telemetry = On}, Name, Measurements, Meta) ->
+    convoy_metrics:emit(On, Name, Measurements, Meta).
 
 %%--------------------------------------------------------------------
 %% Shipping a chunk: returns its outcome (convoy_lane_core:outcome()).
@@ -376,7 +374,7 @@ plain(Node, [E | Rest], Msgs, Sends, S) ->
                     {{unconnected, Msgs, Sends + K, [{Left, Msg} | Rest], plain}, S}
             end;
         {To, Msg} ->
-            case erlang:send(full_dest(To, Node), Msg, ?SEND_OPTS) of
+            case erlang:send(convoy_wire:address(To, Node), Msg, ?SEND_OPTS) of
                 ok -> plain(Node, Rest, Msgs + 1, Sends + 1, S);
                 nosuspend -> {{courier, Msgs, Sends, plain}, plain_courier(Node, [E | Rest], S)};
                 noconnect -> {{unconnected, Msgs, Sends, [E | Rest], plain}, S}
@@ -386,7 +384,7 @@ plain(Node, [E | Rest], Msgs, Sends, S) ->
 plain_multi(_Node, [], _Msg, K) ->
     {ok, K};
 plain_multi(Node, [To | Rest] = Tos, Msg, K) ->
-    case erlang:send(full_dest(To, Node), Msg, ?SEND_OPTS) of
+    case erlang:send(convoy_wire:address(To, Node), Msg, ?SEND_OPTS) of
         ok -> plain_multi(Node, Rest, Msg, K + 1);
         Other -> {Other, K, Tos}
     end.
@@ -399,12 +397,10 @@ plain_ops(Node, {'$convoy_large', To, Msg}) ->
     plain_ops(Node, {To, Msg});
 plain_ops(Node, {Tos, Msg}) when is_list(Tos) ->
     {Init, [Last]} = lists:split(length(Tos) - 1, Tos),
-    [{full_dest(T, Node), Msg, 0} || T <- Init] ++ [{full_dest(Last, Node), Msg, 1}];
+    [{convoy_wire:address(T, Node), Msg, 0} || T <- Init] ++ [{convoy_wire:address(Last, Node), Msg, 1}];
 plain_ops(Node, {To, Msg}) ->
-    [{full_dest(To, Node), Msg, 1}].
+    [{convoy_wire:address(To, Node), Msg, 1}].
 
-full_dest(Name, Node) when is_atom(Name) -> {Name, Node};
-full_dest(PidOrRef, _Node) -> PidOrRef.
 
 %%--------------------------------------------------------------------
 %% Couriers, connectors, barrier senders

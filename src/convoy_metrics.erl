@@ -12,7 +12,7 @@
 -module(convoy_metrics).
 
 -export([init/0, lost/1, lost/0, new_refs/0, add/3,
-         node_info/1, node_counts/1, node_report/3, held/1, rejected/1, rejected/0, emit/3]).
+         node_info/1, node_counts/1, node_report/3, held/1, rejected/1, rejected/0, emit/3, emit/4]).
 
 -export_type([counter/0, rejection/0]).
 
@@ -128,6 +128,11 @@ rejected() ->
     Ref = persistent_term:get(?REJECTED),
     maps:from_list(lists:zip(?REJECTIONS,
                              [atomics:get(Ref, I) || I <- lists:seq(1, length(?REJECTIONS))])).
+
+%% @doc `emit/3' when the `telemetry' setting (`On') is true.
+-spec emit(boolean(), [atom()], map(), map()) -> ok.
+emit(true, Event, Measurements, Meta) -> emit(Event, Measurements, Meta);
+emit(false, _Event, _Measurements, _Meta) -> ok.
 
 %% @doc Emit a telemetry event if `telemetry' is loaded.
 -spec emit([atom()], map(), map()) -> ok.

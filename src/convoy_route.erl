@@ -57,8 +57,6 @@
 -compile({inline, [resolve/1, local_or_remote/2, with_opts/2, slots/2, mark_key/1,
                    is_marked/1, size_kind/1, idle/3, hold/3, mark/1, own_last_send/1,
                    kind/2, hand_over/7]}).
-%% "Long ago" for a process's first small send (the clock can be negative).
--define(LONG_AGO_US, (1 bsl 40)).
 
 %% @doc See `convoy:send/2'.
 -spec send(convoy:dest(), term()) -> ok.
@@ -153,8 +151,6 @@ local_or_remote(Node, Dest) ->
         false -> {remote, Node, Dest}
     end.
 
-full_dest(Name, Node) when is_atom(Name) -> {Name, Node};
-full_dest(PidOrRef, _Node) -> PidOrRef.
 
 %% @doc The lane index of the calling process.
 -spec lane_of(#runtime{}) -> pos_integer().
@@ -236,7 +232,7 @@ size_kind(_) -> small.
 %% Plain send straight to the destination, never suspending or connecting; if
 %% that is not possible now, the lane takes the message.
 direct(RT, L, Node, To, Msg, Size) ->
-    case erlang:send(full_dest(To, Node), Msg, ?DIRECT_OPTS) of
+    case erlang:send(convoy_wire:address(To, Node), Msg, ?DIRECT_OPTS) of
         ok -> count_direct(element(1, refs(RT, Node)));
         _NoSuspendOrNoConnect -> admit_to_lane(RT, L, Node, To, Msg, Size)
     end.
@@ -285,7 +281,7 @@ node_row(Node) ->
     end.
 
 admitted_direct(RT, L, Node, C, To, Msg, Size) ->
-    case erlang:send(full_dest(To, Node), Msg, ?DIRECT_OPTS) of
+    case erlang:send(convoy_wire:address(To, Node), Msg, ?DIRECT_OPTS) of
         ok -> disposed(RT, L, C);
         _NoSuspendOrNoConnect -> to_lane(RT, L, Node, To, Msg, Size)
     end.
@@ -411,10 +407,8 @@ refuse(RT = #runtime{refuse = Refuse}, L, C) ->
             {error, overload}
     end.
 
-event(#runtime{telemetry = true}, Name, Measurements, Meta) ->
-    convoy_metrics:emit(Name, Measurements, Meta);
-event(_RT, _Name, _Measurements, _Meta) ->
-    ok.
+event(#runtime{telemetry = On}, Name, Measurements, Meta) ->
+    convoy_metrics:emit(On, Name, Measurements, Meta).
 
 mark(Node) ->
     Key = mark_key(Node),
@@ -475,7 +469,7 @@ calm(RT = #runtime{bypass_after = W}, L) ->
 %% by Now: whether the sender itself streams.
 own_last_send(Now) ->
     case put('$convoy_last_send', Now) of
-        undefined -> Now - ?LONG_AGO_US;
+        undefined -> convoy_slots:long_ago(Now);
         Last -> Last
     end.
 
@@ -518,7 +512,7 @@ remote_multi(RT = #runtime{large_threshold = T}, Node, Tos, Msg) ->
 
 %% Plain sends, as when convoy is not running.
 plain_send(Node, Tos, Msg) ->
-    lists:foreach(fun(To) -> erlang:send(full_dest(To, Node), Msg) end, Tos),
+    lists:foreach(fun(To) -> erlang:send(convoy_wire:address(To, Node), Msg) end, Tos),
     ok.
 
 %% convoy is stopping: its lanes are closed and drain. A sender whose earlier

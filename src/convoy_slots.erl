@@ -23,7 +23,7 @@
 -module(convoy_slots).
 
 -export([new/1, admit/1, is_closed/1, dispose/2, idle/2, since_last_send/2, close/1,
-         admitted/1, disposed/1, record_batch/4, batching/1]).
+         admitted/1, disposed/1, record_batch/4, batching/1, long_ago/1]).
 
 -export_type([slots/0]).
 
@@ -53,13 +53,18 @@
 new(Behind) ->
     A = atomics:new(?SIZE, [{signed, true}]),
     atomics:put(A, ?DISPOSED, -Behind),
-    LongAgo = erlang:monotonic_time(microsecond) - ?LONG_AGO_US,
+    LongAgo = long_ago(erlang:monotonic_time(microsecond)),
     atomics:put(A, ?LAST_SEND, LongAgo),
     atomics:put(A, ?BATCH_AT, LongAgo),
     A.
 
 %% @doc Take one admission; returns the admission's number (compare with
 %% `is_closed/1' and `idle/2').
+%% @doc A time (monotonic microseconds) far enough before `Now' to stand for "no
+%% send yet": the clock can be negative, so no constant can.
+-spec long_ago(integer()) -> integer().
+long_ago(Now) -> Now - ?LONG_AGO_US.
+
 -spec admit(slots()) -> integer().
 admit(A) -> atomics:add_get(A, ?ADMITTED, 1).
 

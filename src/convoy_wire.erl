@@ -66,7 +66,7 @@
 -module(convoy_wire).
 
 -export([version/0, versions/0, max_inboxes/0, max_dests/0, max_entry_words/0,
-         batch/2, barrier/2, hello/2, supports/2, decode/1, entry/3, cost/1, multicast_entries/2,
+         batch/2, barrier/2, hello/2, supports/2, address/2, decode/1, entry/3, cost/1, multicast_entries/2,
          creation/1, negotiate/1, inbox_name/1, inbox_names/1, lane_inbox/2]).
 
 -export_type([entry_kind/0, entry/0, dest/0, decoded/0, hello_info/0, checked/0]).
@@ -120,6 +120,12 @@ max_dests() -> ?MAX_DESTS.
 %% @doc Most a multicast entry with two or more destinations may cost (see `cost/1').
 -spec max_entry_words() -> pos_integer().
 max_entry_words() -> ?MAX_ENTRY_WORDS.
+
+%% @doc What `erlang:send/2' takes for destination `To' (of an entry) on `Node':
+%% a name goes with its node, a pid or alias alone.
+-spec address(dest(), node()) -> pid() | reference() | {atom(), node()}.
+address(Name, Node) when is_atom(Name) -> {Name, Node};
+address(PidOrRef, _Node) -> PidOrRef.
 
 -spec batch(node(), [entry()]) -> tuple().
 batch(FromNode, Entries) -> {'$convoy', ?BATCH_VSN, batch, FromNode, Entries}.
