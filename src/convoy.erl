@@ -10,7 +10,7 @@
 %% convoy runs as an OTP application (`application:ensure_all_started(convoy)',
 %% settings from its environment) or inside your own supervision tree
 %% (`convoy:child_spec/1'). When it is not running, `send/2' and `multicast/2' fall
-%% back to plain sends.
+%% back to plain sends, and `cast/2' and `call/2,3' to gen_server's.
 -module(convoy).
 
 -export([send/2, send/3, multicast/2, flush/0, flush/1, flush/2, info/0, set_config/1,
