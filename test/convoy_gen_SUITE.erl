@@ -324,14 +324,17 @@ order_send_cast_call(Config) ->
     went_through(S, B, 4 * N).
 
 %% N requests {seq, {K, I}} to Srv, each a send, a cast or (1 in 20) a call;
-%% returns the kinds in order, as the server logs them.
+%% returns the kinds in order, as the server logs them, once the server has
+%% them all (a last call, behind them).
 mixed(Srv, K, N) ->
     rand:seed(exsss, {K, 3, 5}),
-    [case rand:uniform(20) of
-         1 -> ok = convoy:call(Srv, {seq, {K, I}}), call;
-         X when X =< 10 -> ok = convoy:send(Srv, {seq, {K, I}}), info;
-         _ -> ok = convoy:cast(Srv, {seq, {K, I}}), cast
-     end || I <- lists:seq(1, N)].
+    Kinds = [case rand:uniform(20) of
+                 1 -> ok = convoy:call(Srv, {seq, {K, I}}), call;
+                 X when X =< 10 -> ok = convoy:send(Srv, {seq, {K, I}}), info;
+                 _ -> ok = convoy:cast(Srv, {seq, {K, I}}), cast
+             end || I <- lists:seq(1, N)],
+    done = convoy:call(Srv, {echo, done}),
+    Kinds.
 
 %% 200 callers at once, 20 calls each: every caller gets its own answers and
 %% nothing else.
