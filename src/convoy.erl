@@ -112,7 +112,7 @@ multicast(Dests, Msg) ->
     convoy_route:multicast(Dests, Msg).
 
 %% @doc `gen_server:cast/2' through convoy: the server gets
-%% `{'$gen_cast', Request}', sent as `send/2' sends it, so it keeps its order with
+%% ``{'$gen_cast', Request}'', sent as `send/2' sends it, so it keeps its order with
 %% the caller's other convoy traffic to that server. Global and via names are
 %% looked up (`whereis_name/1') and the process found gets the cast. Returns `ok'
 %% for a server or node that is gone, as gen_server does; a malformed

@@ -3,8 +3,8 @@
 %% `gen_server:call/2,3' whose request travels through convoy (`convoy_route', the
 %% same path as the caller's `convoy:send/2' to that node). Runs in the caller.
 %%
-%% What the server sees is what gen_server sends: `{'$gen_cast', Request}' and
-%% `{'$gen_call', {Caller, Tag}, Request}', so any gen_server (or GenServer)
+%% What the server sees is what gen_server sends: ``{'$gen_cast', Request}'' and
+%% ``{'$gen_call', {Caller, Tag}, Request}'', so any gen_server (or GenServer)
 %% handles them unchanged and answers a call as usual (`{reply, ...}' or
 %% `gen_server:reply/2'); the answer comes back to the caller as the server sends
 %% it, not through convoy.
