@@ -233,10 +233,7 @@ timeout_leaves_no_late_reply(Config) ->
     #{server := Srv} = setup(Config),
     Req = {late, 300},
     same_exit({timeout, {gen_server, call, [Srv, Req, 50]}},
-              fun(M) ->
-                      R = M:call(Srv, Req, 50),
-                      R
-              end),
+              fun(M) -> M:call(Srv, Req, 50) end),
     %% The server replied to both calls (each reply before its `replied', from
     %% the same process): whatever would be left is here now.
     [receive {replied, Srv} -> ok after 10000 -> ct:fail(no_late_reply) end
