@@ -14,6 +14,7 @@
 -export([consumer/2, pong/3, pinger/4, server/1, spawn_servers/2, client/4,
          bulk_sink/1, bulk_sender/4, fan_group/2, fan_counter/3, fan_receiver/1,
          slow_consumer/4]).
+-export([gen_host/2, caster/5, caller/3]).
 
 -type mode() :: plain | convoy | ceiling.
 -type ctx() :: #{mode := mode(), sinks := [node(), ...], timeout := pos_integer()}.
@@ -126,6 +127,25 @@ measure(latency, #{n := N, warmup := W, burst := B}, Ctx = #{mode := M}) ->
     T1 = erlang:monotonic_time(),
     stop_all([S]),
     (latency_figures(Samples))#{rt_s => N / secs(T1 - T0)};
+%% K senders casting to one gen_server on the sink node, which counts them.
+measure(cast, #{senders := K, per_sender := N}, Ctx = #{mode := M}) ->
+    {Host, Server} = gen_on(sink(Ctx), K * N, Ctx),
+    Senders = [spawn_link(?MODULE, caster, [M, Server, (I - 1) * N + 1, I * N, self()])
+               || I <- lists:seq(1, K)],
+    [await({caster_ready, S}, Ctx) || S <- Senders],
+    T0 = erlang:monotonic_time(),
+    [S ! go || S <- Senders],
+    await({casts_done, Server}, Ctx),
+    T1 = erlang:monotonic_time(),
+    stop_all([Host]),
+    #{msg_s => K * N / secs(T1 - T0)};
+%% C closed-loop callers of one gen_server on the sink node.
+measure(call, #{callers := C} = P, Ctx = #{mode := M}) ->
+    {Host, Server} = gen_on(sink(Ctx), 0, Ctx),
+    Callers = [spawn_link(?MODULE, caller, [M, Server, self()]) || _ <- lists:seq(1, C)],
+    {Dur, Samples} = window(Callers, P, Ctx),
+    stop_all([Host]),
+    (latency_figures(Samples))#{calls_s => length(Samples) / Dur};
 %% seed 003: 10 MB binaries, each sender waits for the sink's answer.
 measure(bulk, #{senders := K, size := Size} = P, Ctx) ->
     {Sinks, Senders} = bulk_pairs(K, Size, Ctx),
@@ -352,6 +372,51 @@ server(M) ->
     end.
 
 stop_all(Pids) -> [P ! stop || P <- Pids], ok.
+
+%% A gen_server (convoy_bench_gen) on Node, under a host process running this
+%% module's code (so that a reset kills it with the measurement); it tells the
+%% driver `{casts_done, Server}' when it has counted Expected casts.
+gen_on(Node, Expected, Ctx) ->
+    Host = spawn_opt(Node, ?MODULE, gen_host, [Expected, self()], ?SINK_OPTS),
+    receive {gen_ready, Host, Server} -> {Host, Server}
+    after timeout(Ctx) -> exit({timeout, gen_server_start})
+    end.
+
+%% @doc Starts and links the measured gen_server, then stops it on `stop'.
+-spec gen_host(non_neg_integer(), pid()) -> ok.
+gen_host(Expected, Driver) ->
+    {ok, Server} = gen_server:start_link(convoy_bench_gen, {Expected, Driver},
+                                         [{spawn_opt, ?SINK_OPTS}]),
+    Driver ! {gen_ready, self(), Server},
+    receive stop -> gen_server:stop(Server) end.
+
+-compile({inline, [cast/3, call/3]}).
+cast(plain, Server, Req) -> gen_server:cast(Server, Req);
+cast(convoy, Server, Req) -> convoy:cast(Server, Req).
+
+call(plain, Server, Req) -> gen_server:call(Server, Req, infinity);
+call(convoy, Server, Req) -> convoy:call(Server, Req, infinity).
+
+%% @doc Casts the events numbered From..To once told `go'.
+-spec caster(mode(), pid(), pos_integer(), pos_integer(), pid()) -> ok.
+caster(M, Server, From, To, Driver) ->
+    Driver ! {caster_ready, self()},
+    receive go -> cast_n(M, Server, From, To) end.
+
+cast_n(_M, _Server, I, To) when I > To -> ok;
+cast_n(M, Server, I, To) ->
+    ok = cast(M, Server, message(event, I)),
+    cast_n(M, Server, I + 1, To).
+
+%% @doc A closed-loop caller (see `window_loop/7'): one call with the event
+%% numbered Id per exchange.
+-spec caller(mode(), pid(), pid()) -> ok.
+caller(M, Server, Driver) ->
+    receive
+        {go, Warm, Deadline} ->
+            Exchange = fun(Id) -> ok = call(M, Server, message(event, Id)) end,
+            window_loop(Exchange, fun(T0, T1) -> T1 - T0 end, Driver, Warm, Deadline, 1, [])
+    end.
 
 after_burst(_M, _S, _Req, 0) ->
     ok;

@@ -38,7 +38,7 @@
 %% @doc Every scenario, in report order.
 -spec names() -> [atom()].
 names() ->
-    [local, flood, oneway, oneway8, sizes, pairs, latency, bulk, hol, fanout, flow].
+    [local, flood, oneway, oneway8, sizes, pairs, latency, cast, call, bulk, hol, fanout, flow].
 
 %% @doc What `make bench' runs without arguments.
 -spec default_selection() -> [atom()].
@@ -74,6 +74,8 @@ deadline(oneway8, normal) -> 30000;   % 1 M messages (~0.5-3 s)
 deadline(sizes, normal) -> 30000;     % up to 200 MB or 300 k messages (~0.5-3 s)
 deadline(pairs, normal) -> 20000;     % 1.2 s window, up to 1024 pairs spawned
 deadline(latency, normal) -> 30000;   % 20 k sequential round trips (~1-3 s)
+deadline(cast, normal) -> 30000;      % 320 k casts (~1-5 s)
+deadline(call, normal) -> 20000;      % 1.2 s window, up to 256 callers spawned
 deadline(bulk, normal) -> 20000;      % 1.8 s window
 deadline(hol, normal) -> 20000;       % 2.3 s window
 deadline(fanout, normal) -> 30000;    % 21 rounds to 10 k processes (~1-3 s)
@@ -97,6 +99,10 @@ params(pairs, tiny) -> #{pairs => [1, 8], event_pairs => [8], payload => 1024,
                          duration_ms => 100, warmup_ms => 20};
 params(latency, normal) -> #{n => 20000, warmup => 2000, burst => 10000};
 params(latency, tiny) -> #{n => 300, warmup => 30, burst => 300};
+params(cast, normal) -> #{senders => 64, per_sender => 5000};
+params(cast, tiny) -> #{senders => 64, per_sender => 20};
+params(call, normal) -> #{callers => [1, 16, 256], duration_ms => 1000, warmup_ms => 200};
+params(call, tiny) -> #{callers => [1, 16], duration_ms => 100, warmup_ms => 20};
 params(bulk, normal) -> #{senders => [1, 16], size => 10000000,
                           duration_ms => 1500, warmup_ms => 300};
 params(bulk, tiny) -> #{senders => [1, 4], size => 200000,
@@ -180,6 +186,27 @@ describe(latency, P = #{n := N, burst := B}) ->
       figures => [{p50_us, <<"p50">>, us}, {p99_us, <<"p99">>, us},
                   {p999_us, <<"p99.9">>, us}, {max_us, <<"max">>, us}],
       ratio => [p50_us, p99_us], primary => {p50_us, lower}, convoy => measured};
+describe(cast, P = #{senders := K, per_sender := N}) ->
+    #{title => fmt("~b senders, ~b casts each to one gen_server on another node: "
+                   "gen_server:cast (convoy variants: convoy:cast); the request is "
+                   "{event, Id, <<\"user-42\">>, #{k => Id}}; msg/s from the first cast "
+                   "to the server's count of all of them", [K, N]),
+      placement => cross, sinks => 1,
+      points => [point(fmt("~b senders, event", [K]), P)],
+      figures => [{msg_s, <<"msg/s">>, rate}],
+      ratio => [msg_s], primary => {msg_s, higher}, convoy => measured};
+describe(call, P = #{callers := Callers}) ->
+    Base = maps:remove(callers, P),
+    #{title => fmt("concurrent callers of one gen_server on another node, closed loop, "
+                   "~b ms: gen_server:call (convoy variants: convoy:call); the request is "
+                   "{event, Id, <<\"user-42\">>, #{k => Id}}, the reply ok",
+                   [maps:get(duration_ms, P)]),
+      placement => cross, sinks => 1,
+      points => [point(fmt("~b caller~s, event", [C, plural(C)]), Base#{callers => C})
+                 || C <- Callers],
+      figures => [{calls_s, <<"calls/s">>, rate}, {p50_us, <<"p50">>, us},
+                  {p99_us, <<"p99">>, us}, {p999_us, <<"p99.9">>, us}],
+      ratio => [calls_s, p50_us, p99_us], primary => {calls_s, higher}, convoy => measured};
 describe(bulk, P = #{senders := Senders, size := Size}) ->
     Base = maps:remove(senders, P),
     #{title => fmt("seed 003: ~s binaries, each sender waits for its sink's answer",

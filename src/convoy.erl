@@ -10,19 +10,24 @@
 %% convoy runs as an OTP application (`application:ensure_all_started(convoy)',
 %% settings from its environment) or inside your own supervision tree
 %% (`convoy:child_spec/1'). When it is not running, `send/2' and `multicast/2' fall
-%% back to plain sends.
+%% back to plain sends, and `cast/2' and `call/2,3' to gen_server's.
 -module(convoy).
 
 -export([send/2, send/3, multicast/2, flush/0, flush/1, flush/2, info/0, set_config/1,
          child_spec/1, start_link/1]).
+-export([cast/2, call/2, call/3]).
 
 -export_type([dest/0, options/0, send_options/0, info/0, node_info/0, forgotten/0]).
+-export_type([server_ref/0]).
 
 -include("convoy_runtime.hrl").
 
 -type dest() :: pid() | atom() | {atom(), node()} | reference().
 %% A process (pid), a locally registered name, a name registered on a node, or an
 %% alias.
+-type server_ref() :: gen_server:server_ref().
+%% A gen_server as `gen_server:call/2' and `gen_server:cast/2' take it: a pid, a
+%% local name, `{Name, Node}', `{global, Name}' or `{via, Module, Name}'.
 -type options() :: #{lanes => pos_integer(),
                       max_batch => pos_integer(),
                       max_delay => non_neg_integer(),
@@ -105,6 +110,36 @@ send(Dest, Msg, Opts) ->
 -spec multicast([dest()], term()) -> ok.
 multicast(Dests, Msg) ->
     convoy_route:multicast(Dests, Msg).
+
+%% @doc `gen_server:cast/2' through convoy: the server gets
+%% ``{'$gen_cast', Request}'', sent as `send/2' sends it, so it keeps its order with
+%% the caller's other convoy traffic to that server. Global and via names are
+%% looked up (`whereis_name/1') and the process found gets the cast. Returns `ok'
+%% for a server or node that is gone, as gen_server does; a malformed
+%% `ServerRef' raises what `gen_server:cast/2' raises.
+-spec cast(server_ref(), term()) -> ok.
+cast(ServerRef, Request) ->
+    convoy_gen:cast(ServerRef, Request).
+
+%% @doc `gen_server:call/2' (5 s timeout) with the request travelling through
+%% convoy; see `call/3'.
+-spec call(server_ref(), term()) -> term().
+call(ServerRef, Request) ->
+    convoy_gen:call(ServerRef, Request).
+
+%% @doc `gen_server:call/3' with the request travelling through convoy, in order
+%% with the caller's other convoy traffic to that node; the server sees an
+%% ordinary call and answers as usual, and its answer comes back directly. Exits
+%% as gen_server does: `{Reason, {gen_server, call, [ServerRef, Request,
+%% Timeout]}}' with `Reason' `timeout', `noproc', `{nodedown, Node}' or the
+%% server's exit reason. A reply that comes after the timeout is dropped (the
+%% call's alias is gone), never left in the mailbox. Timeout counts from the
+%% call, including any wait for room in convoy when the node's bound is reached
+%% (a call waits for room whatever the `overload' setting). A server on this
+%% node, or any call while convoy is not running, is `gen_server:call/3' itself.
+-spec call(server_ref(), term(), timeout()) -> term().
+call(ServerRef, Request, Timeout) ->
+    convoy_gen:call(ServerRef, Request, Timeout).
 
 %% @doc Wait until everything the caller handed to convoy before the call has left
 %% this node (been handed to the distribution layer) or been counted as dropped.

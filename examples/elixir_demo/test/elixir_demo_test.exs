@@ -64,6 +64,41 @@ defmodule ElixirDemoTest do
     end
   end
 
+  describe "a GenServer on the other node, through convoy" do
+    # A Tally registered on the peer, stopped after each test.
+    setup %{node: node} do
+      {:ok, tally} = :erpc.call(node, ElixirDemo.Tally, :start, [[name: ElixirDemo.Tally]])
+      on_exit(fn -> :erpc.call(node, GenServer, :stop, [tally]) end)
+      %{tally: tally}
+    end
+
+    test "cast/2 and call/2 reach it, in order", %{tally: tally, node: node} do
+      by_name = {ElixirDemo.Tally, node}
+      for i <- 1..@count, do: :ok = :convoy.cast(by_name, {:add, i})
+
+      # The call travels behind the casts: it sees all of them, in order.
+      assert :convoy.call(tally, :all) == Enum.to_list(1..@count)
+      assert :convoy.call(by_name, :all, 5_000) == Enum.to_list(1..@count)
+
+      # They went through convoy (batched by its lane, or sent directly).
+      assert %{route: :convoy, accepted: accepted, direct: direct} = :convoy.info().nodes[node]
+      assert accepted + direct >= @count + 2
+    end
+
+    test "call/2,3 exits as :gen_server.call does; no late reply is left", %{tally: tally, node: node} do
+      missing = {:no_such_tally, node}
+      assert {:noproc, {:gen_server, :call, [^missing, :all]}} = catch_exit(:convoy.call(missing, :all))
+      assert catch_exit(:convoy.call(missing, :all)) == catch_exit(:gen_server.call(missing, :all))
+
+      # Answered after 200 ms, with GenServer.reply/2: too late for a 50 ms call.
+      late = {:late, 200, self()}
+      assert {:timeout, {:gen_server, :call, [^tally, ^late, 50]}} = catch_exit(:convoy.call(tally, late, 50))
+      assert_receive :replied, 5_000
+      refute_received {[:alias | _], _}
+      assert :convoy.call(tally, :all) == []
+    end
+  end
+
   # How convoy on `at` sends to `node`: :convoy, or :plain until it knows that
   # convoy runs there.
   defp route(at \\ node(), node),

@@ -1,0 +1,201 @@
+%% @private
+%% `convoy:cast/2' and `convoy:call/2,3': `gen_server:cast/2' and
+%% `gen_server:call/2,3' whose request travels through convoy (`convoy_route', the
+%% same path as the caller's `convoy:send/2' to that node). Runs in the caller.
+%%
+%% What the server sees is what gen_server sends: ``{'$gen_cast', Request}'' and
+%% ``{'$gen_call', {Caller, Tag}, Request}'', so any gen_server (or GenServer)
+%% handles them unchanged and answers a call as usual (`{reply, ...}' or
+%% `gen_server:reply/2'); the answer comes back to the caller as the server sends
+%% it, not through convoy.
+%%
+%% A call keeps OTP 25's `gen' protocol for a server on another node: the caller
+%% monitors the server (a pid or `{Name, Node}') with `[{alias, demonitor}]' and
+%% tags the request `[alias | Mref]', so the server's answer goes to that alias.
+%% The alias dies with the monitor, when the call returns or times out, so an
+%% answer that comes late is dropped by the runtime instead of landing in the
+%% caller's mailbox. The monitor gives the exits: `noproc' (no such process or
+%% name), `{nodedown, Node}' (connection lost: a `noconnection' DOWN), the
+%% server's exit reason, and `timeout'; global and via names whose process is on
+%% a node that went down give `noproc', as `gen' does. Exits are
+%% `{Reason, {gen_server, call, Args}}' with gen_server's own `Args'. Everything
+%% that does not go to another node through a running convoy (a server on this
+%% node, convoy not running here, a name that resolves to no remote process, a
+%% malformed reference or timeout) is handed to `gen_server:call' itself, so its
+%% replies and exits are gen_server's by construction.
+%%
+%% Why routing the request through convoy is safe: a call is one message to the
+%% server plus a monitor, and the message is an ordinary convoy send (order kept
+%% with the caller's other convoy traffic to that node, nothing lost without a
+%% count). The monitor does not depend on the route: if the request is still
+%% held by convoy when the node goes, the monitor still fires. One difference is
+%% deliberate: where `!' would suspend the caller on a full distribution buffer,
+%% convoy's bound for the node (`max_buffered') applies; a call waits for room
+%% within its own Timeout whatever the `overload' policy (the caller waits for an
+%% answer anyway), so convoy's bound never holds a call past its Timeout, and a
+%% request that finds no room in time ends in `timeout' (counted in `refused').
+%% (The monitor, as in gen_server:call, is a distribution signal: it waits while
+%% the node's distribution buffer is full.) A cast is a `convoy:send/2' and
+%% follows the `overload' setting.
+-module(convoy_gen).
+
+-export([cast/2, call/2, call/3]).
+
+-include("convoy_runtime.hrl").
+
+%% gen_server:call/2's timeout (gen's ?default_timeout).
+-define(DEFAULT_TIMEOUT, 5000).
+%% The largest receive timeout (a larger integer is gen_server's error to give).
+-define(MAX_TIMEOUT, 16#FFFFFFFF).
+%% The longest wait for room in one send (convoy_config's block_timeout bound);
+%% a call that may wait longer tries again.
+-define(MAX_BLOCK_MS, 3600000).
+
+-dialyzer({no_improper_lists, [do_call/3, await/3]}).
+
+%% @doc See `convoy:cast/2'.
+-spec cast(convoy:server_ref(), term()) -> ok.
+cast({global, Name} = Ref, Request) ->
+    cast_registered(Ref, fun() -> global:whereis_name(Name) end, Request);
+cast({via, Mod, Name} = Ref, Request) ->
+    cast_registered(Ref, fun() -> Mod:whereis_name(Name) end, Request);
+cast({Name, Node} = Dest, Request) when is_atom(Name), is_atom(Node) ->
+    send(Dest, {'$gen_cast', Request});
+cast(Dest, Request) when is_atom(Dest); is_pid(Dest) ->
+    send(Dest, {'$gen_cast', Request});
+cast(Ref, Request) ->
+    %% Malformed: gen_server:cast raises its function_clause.
+    gen_server:cast(Ref, Request).
+
+%% A registered process gets the cast through convoy; a name nobody holds (or a
+%% registry that fails) is gen_server:cast's to deal with (it ignores the
+%% failure, or lets the via module's own send/2 do what it does).
+cast_registered(Ref, Where, Request) ->
+    case where(Where) of
+        Pid when is_pid(Pid) -> send(Pid, {'$gen_cast', Request});
+        _ -> gen_server:cast(Ref, Request)
+    end.
+
+%% As gen_server's do_send/2: a local name nobody holds is not an error.
+send(Dest, Msg) ->
+    try convoy_route:send(Dest, Msg)
+    catch
+        error:badarg -> ok
+    end.
+
+%% @doc See `convoy:call/2'.
+-spec call(convoy:server_ref(), term()) -> term().
+call(ServerRef, Request) ->
+    case target(ServerRef, ?DEFAULT_TIMEOUT) of
+        gen -> gen_server:call(ServerRef, Request);
+        Target -> result(do_call(Target, Request, ?DEFAULT_TIMEOUT), [ServerRef, Request])
+    end.
+
+%% @doc See `convoy:call/3'.
+-spec call(convoy:server_ref(), term(), timeout()) -> term().
+call(ServerRef, Request, Timeout) ->
+    case target(ServerRef, Timeout) of
+        gen -> gen_server:call(ServerRef, Request, Timeout);
+        Target -> result(do_call(Target, Request, Timeout), [ServerRef, Request, Timeout])
+    end.
+
+result({ok, Reply}, _Args) -> Reply;
+result({exit, Reason}, Args) -> exit({Reason, {gen_server, call, Args}}).
+
+%% Where a call goes through convoy: `{Process, How}', Process a pid or
+%% `{Name, Node}' on another node, How `registered' for global and via names (a
+%% lost node is then `noproc', as in gen's do_for_proc); `gen' when
+%% gen_server:call does it all (see the module header).
+target(Ref, Timeout) when Timeout =:= infinity;
+                          is_integer(Timeout), Timeout >= 0, Timeout =< ?MAX_TIMEOUT ->
+    case persistent_term:get(?RUNTIME_KEY, undefined) of
+        undefined -> gen;
+        _ -> target(Ref)
+    end;
+target(_Ref, _Timeout) ->
+    gen.
+
+target(Pid) when is_pid(Pid) ->
+    remote(Pid, direct);
+target({global, Name}) ->
+    remote(where(fun() -> global:whereis_name(Name) end), registered);
+target({via, Mod, Name}) ->
+    remote(where(fun() -> Mod:whereis_name(Name) end), registered);
+target({Name, Node} = Process) when is_atom(Name), is_atom(Node), Node =/= node(),
+                                    node() =/= nonode@nohost ->
+    {Process, direct};
+target(_) ->
+    gen.
+
+remote(Pid, How) when is_pid(Pid), node(Pid) =/= node() -> {Pid, How};
+remote(_, _How) -> gen.
+
+%% A registry's answer; a registry that fails is left to gen_server to fail
+%% in (it calls the same function again and exits as it does).
+where(Fun) ->
+    try Fun()
+    catch
+        _:_ -> undefined
+    end.
+
+%% gen's do_call for a remote process, the request sent through convoy.
+do_call({Process, How}, Request, Timeout) ->
+    Deadline = deadline(Timeout),
+    Mref = erlang:monitor(process, Process, [{alias, demonitor}]),
+    Msg = {'$gen_call', {self(), [alias | Mref]}, Request},
+    Outcome = request(Process, Msg, Mref, Deadline),
+    case {How, Outcome} of
+        {registered, {exit, {nodedown, _}}} -> {exit, noproc};
+        _ -> Outcome
+    end.
+
+%% Hand the request to convoy. If the node's bound is reached, wait for room no
+%% longer than the call may last (the caller waits for the answer anyway); a
+%% request refused with time left is tried again unless the server is gone.
+request(Process, Msg, Mref, Deadline) ->
+    Wait = min(left(Deadline), ?MAX_BLOCK_MS),
+    case convoy_route:send(Process, Msg, #{overload => block, block_timeout => Wait}) of
+        ok ->
+            await(Mref, Process, Deadline);
+        {error, overload} ->
+            receive
+                {'DOWN', Mref, _, _, Reason} -> {exit, down(Reason, Process)}
+            after 0 ->
+                case left(Deadline) of
+                    0 -> await(Mref, Process, Deadline);
+                    _ -> request(Process, Msg, Mref, Deadline)
+                end
+            end
+    end.
+
+await(Mref, Process, Deadline) ->
+    receive
+        {[alias | Mref], Reply} ->
+            erlang:demonitor(Mref, [flush]),
+            {ok, Reply};
+        {'DOWN', Mref, _, _, Reason} ->
+            {exit, down(Reason, Process)}
+    after left(Deadline) ->
+        %% Demonitoring deactivates the alias: nothing can arrive after this
+        %% but an answer already here.
+        erlang:demonitor(Mref, [flush]),
+        receive
+            {[alias | Mref], Reply} -> {ok, Reply}
+        after 0 ->
+            {exit, timeout}
+        end
+    end.
+
+down(noconnection, Process) -> {nodedown, node_of(Process)};
+down(Reason, _Process) -> Reason.
+
+node_of({_Name, Node}) -> Node;
+node_of(Pid) -> node(Pid).
+
+%% Timeout counts from the start of the call, time spent waiting for room in
+%% convoy included.
+deadline(infinity) -> infinity;
+deadline(Timeout) -> erlang:monotonic_time(millisecond) + Timeout.
+
+left(infinity) -> infinity;
+left(Deadline) -> max(0, Deadline - erlang:monotonic_time(millisecond)).

@@ -1,0 +1,466 @@
+%% convoy:cast/2 and convoy:call/2,3 against gen_servers on peer nodes: every
+%% ServerRef form, every exit of call compared with what gen_server:call gives in
+%% the same situation, no late reply left behind, order with convoy:send/2, many
+%% concurrent callers, and a call that waits for room at a full node.
+%%
+%% The shared cases run in three situations (groups): the peer runs convoy
+%% (`convoy_peer'), it does not (`plain_peer': convoy here sends plainly), and
+%% convoy is not running here (`not_running').
+-module(convoy_gen_SUITE).
+
+-include_lib("common_test/include/ct.hrl").
+-include_lib("stdlib/include/assert.hrl").
+
+-export([all/0, groups/0, init_per_group/2, end_per_group/2,
+         init_per_testcase/2, end_per_testcase/2]).
+-export([cast_each_form/1, call_each_form/1, server_sees_gen_messages/1,
+         noproc_each_form/1, nodedown/1, timeout_leaves_no_late_reply/1,
+         default_timeout/1, server_stops_during_call/1, server_killed_mid_call/1,
+         node_killed_mid_call/1, order_send_cast_call/1, concurrent_callers/1,
+         malformed_like_gen_server/1, call_waits_for_room/1, local_forms/1]).
+
+-define(SHARED, [cast_each_form, call_each_form, server_sees_gen_messages,
+                 noproc_each_form, nodedown, timeout_leaves_no_late_reply,
+                 server_stops_during_call, server_killed_mid_call,
+                 node_killed_mid_call, order_send_cast_call, concurrent_callers]).
+
+all() ->
+    [{group, convoy_peer}, {group, plain_peer}, {group, not_running}, {group, local}].
+
+groups() ->
+    [{convoy_peer, [], ?SHARED ++ [default_timeout, malformed_like_gen_server,
+                                   call_waits_for_room]},
+     {plain_peer, [], ?SHARED},
+     {not_running, [], ?SHARED},
+     {local, [], [local_forms, malformed_like_gen_server]}].
+
+init_per_group(Group, Config) ->
+    [{situation, Group} | Config].
+
+end_per_group(_Group, _Config) ->
+    ok.
+
+init_per_testcase(_TC, Config) ->
+    _ = application:stop(convoy),
+    Config.
+
+end_per_testcase(_TC, _Config) ->
+    _ = application:stop(convoy),
+    [application:unset_env(convoy, K) || K <- convoy_config:keys()],
+    ok.
+
+%%--------------------------------------------------------------------
+%% Set-up
+
+%% convoy here (unless not_running), a peer (running convoy unless plain_peer),
+%% and a server there reachable by every ServerRef form.
+setup(Config) ->
+    setup(Config, #{}).
+
+setup(Config, Settings) ->
+    Situation = ?config(situation, Config),
+    Situation =:= not_running orelse start_convoy(Settings),
+    {Peer, Node} = convoy_ct_peers:start(?MODULE, ?CT_PEER_NAME(), #{}),
+    case Situation of
+        plain_peer ->
+            convoy_ct_peers:await_route(Node, plain);
+        convoy_peer ->
+            ok = convoy_ct_peers:start_convoy(Peer, #{}),
+            convoy_ct_peers:await_route(Node, convoy);
+        _ ->
+            ok = convoy_ct_peers:start_convoy(Peer, #{})
+    end,
+    Tag = erlang:unique_integer([positive]),
+    Global = {gen_global, Tag},
+    Via = {gen_via, Tag},
+    {ok, Srv} = peer:call(Peer, convoy_ct_server, start, [{local, gen_srv}, self()]),
+    yes = peer:call(Peer, global, register_name, [Global, Srv]),
+    ok = global:sync(),
+    yes = convoy_ct_server:register_name(Via, Srv),
+    #{situation => Situation, peer => Peer, node => Node, server => Srv,
+      forms => [Srv, {gen_srv, Node}, {global, Global}, {via, convoy_ct_server, Via}]}.
+
+start_convoy(Settings) ->
+    [ok = application:set_env(convoy, K, V) || {K, V} <- maps:to_list(Settings)],
+    {ok, _} = application:ensure_all_started(convoy),
+    ok.
+
+%% Messages convoy took for Node (by its lane, or sent by the sender itself).
+handled(Node) ->
+    case maps:get(Node, maps:get(nodes, convoy:info()), none) of
+        none -> 0;
+        #{accepted := A, direct := D} -> A + D
+    end.
+
+%% The requests went through convoy (at least N more handled for the node, on
+%% the route the situation gives), or convoy is not running here.
+went_through(#{situation := not_running}, _Before, _N) ->
+    ?assertMatch(#{running := false}, convoy:info());
+went_through(#{situation := S, node := Node}, Before, N) ->
+    ?assert(handled(Node) - Before >= N, {handled, handled(Node), Before, N}),
+    Route = maps:get(route, maps:get(Node, maps:get(nodes, convoy:info()))),
+    ?assertEqual(case S of convoy_peer -> convoy; plain_peer -> plain end, Route).
+
+before(#{situation := not_running}) -> 0;
+before(#{node := Node}) -> handled(Node).
+
+%% The exit reason of Fun, or what it returned.
+exit_of(Fun) ->
+    try Fun() of
+        V -> {returned, V}
+    catch
+        exit:R -> R
+    end.
+
+%% The call both ways; asserts that convoy exits as gen_server does, and as
+%% Expected; returns the reason.
+same_exit(Expected, Call) ->
+    Gen = exit_of(fun() -> Call(gen_server) end),
+    Convoy = exit_of(fun() -> Call(convoy) end),
+    ?assertEqual(Gen, Convoy),
+    ?assertEqual(Expected, Convoy),
+    Convoy.
+
+%% A process on Node that is already dead.
+dead_pid(Node) ->
+    P = spawn(Node, fun() -> ok end),
+    Mon = monitor(process, P),
+    receive {'DOWN', Mon, process, P, _} -> P end.
+
+%% Replies to the alias of a call, or DOWNs, that nobody waited for.
+strays() ->
+    {messages, Ms} = process_info(self(), messages),
+    [M || M <- Ms, is_stray(M)].
+
+is_stray({[alias | Ref], _}) when is_reference(Ref) -> true;
+is_stray({'DOWN', _, process, _, _}) -> true;
+is_stray({Ref, _}) when is_reference(Ref) -> true;
+is_stray(_) -> false.
+
+%% Run Fun in a new process; returns its exit reason (or what it returned).
+in_process(Fun) ->
+    Self = self(),
+    {Pid, Mon} = spawn_monitor(fun() -> Self ! {result, self(), exit_of(Fun)} end),
+    {Pid, Mon}.
+
+result_of({Pid, Mon}) ->
+    receive {result, Pid, R} -> demonitor(Mon, [flush]), R
+    after 30000 -> ct:fail({no_result, Pid})
+    end.
+
+%%--------------------------------------------------------------------
+%% Shared cases
+
+%% One cast per form; all arrive, as `{'$gen_cast', Req}' handled by handle_cast,
+%% in order, through convoy.
+cast_each_form(Config) ->
+    S = #{server := Srv, forms := Forms} = setup(Config),
+    B = before(S),
+    Casts = [{hello, I} || I <- lists:seq(1, length(Forms))],
+    [ok = convoy:cast(F, C) || {F, C} <- lists:zip(Forms, Casts)],
+    ?assertEqual([{cast, C} || C <- Casts], convoy:call(Srv, log)),
+    went_through(S, B, length(Casts) + 1).
+
+call_each_form(Config) ->
+    S = #{forms := Forms} = setup(Config),
+    B = before(S),
+    [begin
+         ?assertEqual({F, 2}, convoy:call(F, {echo, {F, 2}})),
+         ?assertEqual({F, 3}, convoy:call(F, {echo, {F, 3}}, 5000)),
+         ?assertEqual({F, inf}, convoy:call(F, {echo, {F, inf}}, infinity)),
+         ?assertEqual(gen_server:call(F, {echo, x}), convoy:call(F, {echo, x}))
+     end || F <- Forms],
+    ?assertEqual([], strays()),
+    went_through(S, B, 4 * length(Forms)).
+
+%% A bare process sees exactly what gen_server:cast and gen_server:call send, and
+%% gen_server:reply/2 answers the call.
+server_sees_gen_messages(Config) ->
+    #{node := Node} = setup(Config),
+    Self = self(),
+    P = spawn(Node, fun Loop() ->
+                            receive
+                                {'$gen_call', From, R} = M ->
+                                    Self ! {got, M},
+                                    gen_server:reply(From, {re, R});
+                                M ->
+                                    Self ! {got, M}
+                            end,
+                            Loop()
+                    end),
+    ok = convoy:cast(P, c1),
+    receive {got, M1} -> ?assertEqual({'$gen_cast', c1}, M1) after 5000 -> ct:fail(no_cast) end,
+    ?assertEqual({re, r1}, convoy:call(P, r1)),
+    receive
+        {got, M2} ->
+            ?assertMatch({'$gen_call', {Self, [alias | Ref]}, r1} when is_reference(Ref), M2)
+    after 5000 -> ct:fail(no_call)
+    end,
+    exit(P, kill),
+    ?assertEqual([], strays()).
+
+%% noproc for each form, call/2 and call/3; casts to nobody are ok.
+noproc_each_form(Config) ->
+    #{node := Node} = setup(Config),
+    Refs = [dead_pid(Node), {nosuch, Node}, {global, nosuch_global},
+            {via, convoy_ct_server, nosuch_via}, nosuch_local],
+    [begin
+         same_exit({noproc, {gen_server, call, [R, x]}}, fun(M) -> M:call(R, x) end),
+         same_exit({noproc, {gen_server, call, [R, x, 2000]}}, fun(M) -> M:call(R, x, 2000) end),
+         ?assertEqual(ok, convoy:cast(R, x))
+     end || R <- Refs],
+    ?assertEqual([], strays()).
+
+%% A node that does not exist, and a pid of a node that stopped.
+nodedown(Config) ->
+    #{peer := Peer, node := Node, server := Srv} = setup(Config),
+    [_, Host] = string:split(atom_to_list(node()), "@"),
+    Nowhere = list_to_atom("convoy_gen_nowhere@" ++ Host),
+    R = {srv, Nowhere},
+    same_exit({{nodedown, Nowhere}, {gen_server, call, [R, x, 3000]}},
+              fun(M) -> M:call(R, x, 3000) end),
+    ?assertEqual(ok, convoy:cast(R, x)),
+    peer:stop(Peer),
+    convoy_ct_peers:await(fun() -> lists:member(Node, nodes()) end, fun(Up) -> not Up end,
+                          10000),
+    same_exit({{nodedown, Node}, {gen_server, call, [Srv, x, 3000]}},
+              fun(M) -> M:call(Srv, x, 3000) end),
+    ?assertEqual(ok, convoy:cast(Srv, x)),
+    ?assertEqual([], strays()).
+
+%% A reply that comes after the timeout is dropped, not left in the mailbox.
+timeout_leaves_no_late_reply(Config) ->
+    #{server := Srv} = setup(Config),
+    Req = {late, 300},
+    same_exit({timeout, {gen_server, call, [Srv, Req, 50]}},
+              fun(M) -> M:call(Srv, Req, 50) end),
+    %% The server replied to both calls (each reply before its `replied', from
+    %% the same process): whatever would be left is here now.
+    [receive {replied, Srv} -> ok after 10000 -> ct:fail(no_late_reply) end
+     || _ <- [gen, convoy]],
+    ?assertEqual([], strays()),
+    %% The server is fine and the next call gets its own answer.
+    ?assertEqual(after_timeout, convoy:call(Srv, {echo, after_timeout})).
+
+%% call/2's 5 s, with call/2's Args.
+default_timeout(Config) ->
+    #{server := Srv} = setup(Config),
+    Req = {late, 6000},
+    Callers = [in_process(fun() -> M:call(Srv, Req) end) || M <- [gen_server, convoy]],
+    [Gen, Convoy] = [result_of(C) || C <- Callers],
+    ?assertEqual({timeout, {gen_server, call, [Srv, Req]}}, Gen),
+    ?assertEqual(Gen, Convoy).
+
+%% The server stops while handling the call: the caller exits with its reason.
+server_stops_during_call(Config) ->
+    #{peer := Peer} = setup(Config),
+    [begin
+         [{ok, S1}, {ok, S2}] = [peer:call(Peer, convoy_ct_server, start, [self()])
+                                 || _ <- [1, 2]],
+         Req = {stop, Reason},
+         ?assertEqual({Reason, {gen_server, call, [S1, Req, 5000]}},
+                      exit_of(fun() -> gen_server:call(S1, Req, 5000) end)),
+         ?assertEqual({Reason, {gen_server, call, [S2, Req, 5000]}},
+                      exit_of(fun() -> convoy:call(S2, Req, 5000) end))
+     end || Reason <- [normal, shutdown, {shutdown, why}, boom]],
+    ?assertEqual([], strays()).
+
+%% The server is killed while it holds the call.
+server_killed_mid_call(Config) ->
+    #{peer := Peer} = setup(Config),
+    [{ok, S1}, {ok, S2}] = [peer:call(Peer, convoy_ct_server, start, [self()]) || _ <- [1, 2]],
+    Callers = [in_process(fun() -> M:call(S, hold, infinity) end)
+               || {M, S} <- [{gen_server, S1}, {convoy, S2}]],
+    [receive {holding, S} -> exit(S, kill) after 10000 -> ct:fail({not_held, S}) end
+     || S <- [S1, S2]],
+    [Gen, Convoy] = [result_of(C) || C <- Callers],
+    ?assertEqual({killed, {gen_server, call, [S1, hold, infinity]}}, Gen),
+    ?assertEqual({killed, {gen_server, call, [S2, hold, infinity]}}, Convoy).
+
+%% The server's node is killed (SIGKILL) while it holds calls made by every form:
+%% nodedown by pid and `{Name, Node}', noproc by global and via names (as gen
+%% does); gen_server:call and convoy:call exit alike.
+node_killed_mid_call(Config) ->
+    #{peer := Peer, node := Node, forms := Forms} = setup(Config),
+    Callers = [{F, [in_process(fun() -> M:call(F, hold, 20000) end)
+                    || M <- [gen_server, convoy]]} || F <- Forms],
+    [receive {holding, _} -> ok after 10000 -> ct:fail(not_held) end || _ <- lists:seq(1, 8)],
+    os:cmd("kill -KILL " ++ peer:call(Peer, os, getpid, [])),
+    catch peer:stop(Peer),
+    [begin
+         [Gen, Convoy] = [result_of(C) || C <- Cs],
+         Reason = case F of
+                      {global, _} -> noproc;
+                      {via, _, _} -> noproc;
+                      _ -> {nodedown, Node}
+                  end,
+         ?assertEqual({Reason, {gen_server, call, [F, hold, 20000]}}, Gen),
+         ?assertEqual(Gen, Convoy)
+     end || {F, Cs} <- Callers],
+    %% A via name still naming a process of the dead node: noproc, as gen does.
+    Via = lists:last(Forms),
+    same_exit({noproc, {gen_server, call, [Via, x, 3000]}},
+              fun(M) -> M:call(Via, x, 3000) end).
+
+%% send/2, cast/2 and call/2 from one process to one server arrive in the order
+%% made (four such processes at once, so that convoy batches).
+order_send_cast_call(Config) ->
+    S = #{server := Srv} = setup(Config),
+    B = before(S),
+    N = 2000,
+    Self = self(),
+    Senders = [spawn_link(fun() -> Self ! {sent, self(), mixed(Srv, K, N)} end)
+               || K <- lists:seq(1, 4)],
+    Sent = [receive {sent, P, Kinds} -> {K, Kinds} after 120000 -> ct:fail(stuck) end
+            || {K, P} <- lists:zip(lists:seq(1, 4), Senders)],
+    Log = convoy:call(Srv, log),
+    [begin
+         Mine = [{Kind, I} || {Kind, {seq, {K1, I}}} <- Log, K1 =:= K],
+         ?assertEqual(lists:zip(Kinds, lists:seq(1, N)), Mine)
+     end || {K, Kinds} <- Sent],
+    went_through(S, B, 4 * N).
+
+%% N requests {seq, {K, I}} to Srv, each a send, a cast or (1 in 20) a call;
+%% returns the kinds in order, as the server logs them, once the server has
+%% them all (a last call, behind them).
+mixed(Srv, K, N) ->
+    rand:seed(exsss, {K, 3, 5}),
+    Kinds = [case rand:uniform(20) of
+                 1 -> ok = convoy:call(Srv, {seq, {K, I}}), call;
+                 X when X =< 10 -> ok = convoy:send(Srv, {seq, {K, I}}), info;
+                 _ -> ok = convoy:cast(Srv, {seq, {K, I}}), cast
+             end || I <- lists:seq(1, N)],
+    done = convoy:call(Srv, {echo, done}),
+    Kinds.
+
+%% 200 callers at once, 20 calls each: every caller gets its own answers and
+%% nothing else.
+concurrent_callers(Config) ->
+    S = #{server := Srv} = setup(Config),
+    B = before(S),
+    Self = self(),
+    Callers = [spawn_link(fun() ->
+                                  Ok = [convoy:call(Srv, {echo, {self(), J}}) =:= {self(), J}
+                                        || J <- lists:seq(1, 20)],
+                                  Self ! {done, self(), lists:all(fun(X) -> X end, Ok),
+                                          strays()}
+                          end) || _ <- lists:seq(1, 200)],
+    [receive {done, C, AllOk, Strays} ->
+             ?assert(AllOk),
+             ?assertEqual([], Strays)
+     after 120000 -> ct:fail({caller_stuck, C})
+     end || C <- Callers],
+    went_through(S, B, 200 * 20).
+
+%%--------------------------------------------------------------------
+%% convoy_peer only
+
+%% Malformed references and timeouts raise or exit as gen_server does (stack
+%% traces aside); casts to a malformed reference raise the same error.
+malformed_like_gen_server(Config) ->
+    Srv = case ?config(situation, Config) of
+              local -> start_convoy(#{}),
+                       {ok, P} = convoy_ct_server:start(self()),
+                       P;
+              _ -> maps:get(server, setup(Config))
+          end,
+    Refs = ["bad", 42, {1, 2}, {a, b, c}, {via, nosuch_module_xyz, n}, {global}],
+    [begin
+         ?assertEqual(raised(fun() -> gen_server:cast(R, x) end),
+                      raised(fun() -> convoy:cast(R, x) end)),
+         ?assertEqual(no_stack(exit_of(fun() -> gen_server:call(R, x) end)),
+                      no_stack(exit_of(fun() -> convoy:call(R, x) end))),
+         ?assertEqual(no_stack(exit_of(fun() -> gen_server:call(R, x, 100) end)),
+                      no_stack(exit_of(fun() -> convoy:call(R, x, 100) end)))
+     end || R <- Refs],
+    [?assertEqual(no_stack(exit_of(fun() -> gen_server:call(Srv, x, T) end)),
+                  no_stack(exit_of(fun() -> convoy:call(Srv, x, T) end)))
+     || T <- [-1, foo, 1.5]],
+    ?assertEqual([], strays()).
+
+raised(Fun) ->
+    try Fun() of
+        V -> {returned, V}
+    catch
+        C:E -> {C, E}
+    end.
+
+no_stack({{Error, Stack}, {gen_server, call, Args}}) when is_list(Stack) ->
+    {{Error, stack}, {gen_server, call, Args}};
+no_stack(Other) ->
+    Other.
+
+%% A call to a node whose bound is reached waits for room within its timeout,
+%% whatever the overload policy (here `error', which refuses a send at once).
+%% The bound is reached without stalling the node (whose distribution buffer
+%% would hold the caller in erlang:monitor/3, as it holds gen_server:call):
+%% `max_delay' keeps messages in the lane for 10 s unless a flush ships them.
+call_waits_for_room(Config) ->
+    #{node := Node, server := Srv} =
+        setup(Config, #{overload => error, max_delay => 10000000, max_buffered => 5}),
+    Sink = spawn(Node, fun S() -> receive _ -> S() end end),
+    [ok = convoy:send(Sink, fill) || _ <- lists:seq(1, 5)],
+    ?assertEqual({error, overload}, convoy:send(Sink, x, #{overload => error})),
+    #{refused := R0} = maps:get(Node, maps:get(nodes, convoy:info())),
+    %% No room within 200 ms: timeout (the request never left), counted as refused.
+    T0 = erlang:monotonic_time(millisecond),
+    ?assertEqual({timeout, {gen_server, call, [Srv, {echo, x}, 200]}},
+                 exit_of(fun() -> convoy:call(Srv, {echo, x}, 200) end)),
+    ?assert(erlang:monotonic_time(millisecond) - T0 >= 200),
+    ?assertEqual([], strays()),
+    #{refused := R1} = maps:get(Node, maps:get(nodes, convoy:info())),
+    ?assertEqual(R0 + 1, R1),
+    %% A call with time to spare waits for room (not refused at once as `error'
+    %% would) and gets its answer once flushes ship the queue and its request.
+    Caller = {Pid, _} = in_process(fun() -> convoy:call(Srv, {echo, made_it}, 60000) end),
+    convoy_ct_peers:await(fun() -> waits_for_room(Pid) end, fun(W) -> W end, 10000),
+    ?assertEqual({returned, made_it}, flush_until(Node, Caller)),
+    #{refused := R1} = maps:get(Node, maps:get(nodes, convoy:info())).
+
+%% The process is blocked in convoy_route waiting for room.
+waits_for_room(Pid) ->
+    {current_stacktrace, Stack} = process_info(Pid, current_stacktrace),
+    lists:keymember(convoy_route, 1, Stack)
+        andalso lists:any(fun({convoy_route, F, _, _}) -> F =:= wait_loop;
+                             (_) -> false
+                          end, Stack).
+
+flush_until(Node, Caller = {Pid, Mon}) ->
+    ok = convoy:flush(Node),
+    receive
+        {result, Pid, R} -> demonitor(Mon, [flush]), R
+    after 50 ->
+        flush_until(Node, Caller)
+    end.
+
+%%--------------------------------------------------------------------
+%% local
+
+%% A server on this node: every form works, and exits are gen_server's.
+local_forms(_Config) ->
+    start_convoy(#{}),
+    {ok, Srv} = convoy_ct_server:start({local, gen_local}, self()),
+    Global = {gen_local_global, erlang:unique_integer()},
+    yes = global:register_name(Global, Srv),
+    yes = convoy_ct_server:register_name(local_via, Srv),
+    Forms = [Srv, gen_local, {gen_local, node()}, {global, Global},
+             {via, convoy_ct_server, local_via}],
+    [begin
+         ok = convoy:cast(F, {hello, F}),
+         ?assertEqual(F, convoy:call(F, {echo, F})),
+         ?assertEqual(F, convoy:call(F, {echo, F}, 1000))
+     end || F <- Forms],
+    ?assertEqual([{cast, {hello, F}} || F <- Forms], convoy:call(Srv, log)),
+    Self = self(),
+    same_exit({calling_self, {gen_server, call, [Self, x, 100]}},
+              fun(M) -> M:call(Self, x, 100) end),
+    same_exit({noproc, {gen_server, call, [nosuch_local, x]}},
+              fun(M) -> M:call(nosuch_local, x) end),
+    same_exit({noproc, {gen_server, call, [{nosuch_local, node()}, x]}},
+              fun(M) -> M:call({nosuch_local, node()}, x) end),
+    same_exit({timeout, {gen_server, call, [Srv, {late, 200}, 20]}},
+              fun(M) -> M:call(Srv, {late, 200}, 20) end),
+    [receive {replied, Srv} -> ok after 5000 -> ct:fail(no_reply) end || _ <- [1, 2]],
+    ?assertEqual([], strays()),
+    ok = convoy_ct_server:unregister_name(local_via),
+    gen_server:stop(Srv).
