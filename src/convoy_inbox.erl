@@ -23,6 +23,13 @@
 %% can be unfinished, `sys:get_state/1' returning does not mean that all batches
 %% received so far were delivered.
 %%
+%% A publish entry (`convoy_wire') is delivered to the scope's local members as
+%% `pg' has them when the inbox reaches the entry (one ETS read), in slices of
+%% members like any other work: each send costs the words of the message + 32
+%% (`convoy_wire:send_words/1'), a slice sends to as many members as its budget
+%% allows (at least one), and the entries after it wait, so order holds for
+%% everything the same node sent after it.
+%%
 %% A pid or alias of an old incarnation of this node (same name, another
 %% `creation': one from before this node restarted) is counted as `undeliverable'
 %% and not sent to, as `!' drops it silently on the sending node; a local send
@@ -37,7 +44,9 @@
 
 %% The rest of a batch: its node's counters and entries, the first of them perhaps
 %% already checked.
--type job() :: {counters:counters_ref(), convoy_wire:checked() | none, maybe_improper_list()}.
+-type job() :: {counters:counters_ref(), checked() | none, maybe_improper_list()}.
+%% An entry checked, or what is left of a publish entry's members to send to.
+-type checked() :: convoy_wire:checked() | {members, list(), term(), pos_integer()}.
 
 -record(s, {parent :: pid(),
             name :: atom(),
@@ -186,6 +195,17 @@ deliver(_ImproperTail, _D, _Left, _Budget, N) ->
     convoy_metrics:rejected(malformed_batch),
     {N, done}.
 
+step({members, Members, Msg, Each}, Rest, D, Left, Budget, N) ->
+    %% A publish entry's sends, as many as this slice has room for (at least one
+    %% in a whole slice); the rest wait for the next slices, ahead of Rest.
+    case convoy_wire:take_members(Members, Each, Left) of
+        {Now, []} ->
+            publish(Now, Msg, D#d.local),
+            deliver(Rest, D, Left - length(Now) * Each, Budget, N);
+        {Now, Later} ->
+            publish(Now, Msg, D#d.local),
+            {N, {{members, Later, Msg, Each}, Rest}}
+    end;
 step(Checked, Rest, D, Left, Budget, N) ->
     Cost = convoy_wire:cost(Checked),
     case Cost > Left andalso Left < Budget of
@@ -197,6 +217,16 @@ step(Checked, Rest, D, Left, Budget, N) ->
                     deliver(Rest, local_send(To, Msg, D), Left - Cost, Budget, N + 1);
                 {multicast, Tos, Msg, _} ->
                     deliver(Rest, multicast(Tos, Msg, D), Left - Cost, Budget, N + 1);
+                {publish, Scope, Group, Msg} ->
+                    case convoy_pg:local_members(Scope, Group) of
+                        {ok, Members} ->
+                            Each = convoy_wire:send_words(Msg),
+                            step({members, Members, Msg, Each}, Rest, D, Left - Cost, Budget,
+                                 N + 1);
+                        no_scope ->
+                            convoy_metrics:rejected(undeliverable),
+                            deliver(Rest, D, Left - Cost, Budget, N)
+                    end;
                 {barrier, ReplyTo, Tag} ->
                     _ = erlang:send(ReplyTo, {Tag, convoy_barrier}, [noconnect]),
                     deliver(Rest, D, Left - Cost, Budget, N);
@@ -205,6 +235,12 @@ step(Checked, Rest, D, Left, Budget, N) ->
                     deliver(Rest, D, Left - Cost, Budget, N)
             end
     end.
+
+%% pg's local members are pids of this node's incarnation; anything else (a table
+%% that is not pg's after all) is skipped.
+publish([], _Msg, _Local) -> ok;
+publish([P | Ps], Msg, Local) when is_pid(P), node(P) =:= Local -> P ! Msg, publish(Ps, Msg, Local);
+publish([_ | Ps], Msg, Local) -> publish(Ps, Msg, Local).
 
 multicast([], _Msg, D) -> D;
 multicast([To | Tos], Msg, D) -> multicast(Tos, Msg, local_send(To, Msg, D)).

@@ -1,0 +1,48 @@
+%% @private
+%% What convoy reads of OTP's `pg': a group's members on one node as this node
+%% sees them, and a scope's local members where a publish entry is delivered.
+%% Reads ETS only (as `pg:get_members/2' does), never calls the scope process.
+%%
+%% A scope is a process registered under the scope's name that owns the ETS table
+%% of that name (`pg' creates it so). A name that is not such a scope here is
+%% `no_scope': a publish entry that names it is counted as `undeliverable' by the
+%% inbox, as a send to a registered name nobody holds is.
+-module(convoy_pg).
+
+-export([by_node/1, members_on/3, local_members/2]).
+
+%% @doc Members split into this node's (in `pg''s order) and, per remote node,
+%% the others (in `pg''s order).
+-spec by_node([pid()]) -> {[pid()], #{node() => [pid()]}}.
+by_node(Members) ->
+    Local = node(),
+    {Here, There} = lists:partition(fun(P) -> node(P) =:= Local end, Members),
+    {Here, maps:map(fun(_, Ps) -> lists:reverse(Ps) end,
+                    lists:foldl(fun(P, Acc) ->
+                                        maps:update_with(node(P), fun(L) -> [P | L] end, [P], Acc)
+                                end, #{}, There))}.
+
+%% @doc The members of `Group' in `Scope' that run on `Node', as this node sees
+%% them now (`[]' when the scope does not run here).
+-spec members_on(atom(), term(), node()) -> [pid()].
+members_on(Scope, Group, Node) ->
+    [P || P <- pg:get_members(Scope, Group), node(P) =:= Node].
+
+%% @doc This node's members of `Group' in `Scope' now, or `no_scope'.
+-spec local_members(atom(), term()) -> {ok, list()} | no_scope.
+local_members(Scope, Group) ->
+    case is_scope(Scope) of
+        true ->
+            case pg:get_local_members(Scope, Group) of
+                L when is_list(L) -> {ok, L};
+                _ -> no_scope % not pg's table after all
+            end;
+        false ->
+            no_scope
+    end.
+
+is_scope(Scope) ->
+    case whereis(Scope) of
+        undefined -> false;
+        Pid -> ets:info(Scope, owner) =:= Pid
+    end.
