@@ -451,6 +451,34 @@ creation_test() ->
                               1:32, 2:32, 3:32>>),
     ?assertEqual(C + 7, creation(OldRef)).
 
+publish_entry_test() ->
+    L = node(),
+    ?assertEqual({publish, pg, g, m}, entry(publish(pg, g, m), a@h, L)),
+    ?assertEqual({publish, pg, {any, "group"}, m}, entry(publish(pg, {any, "group"}, m), a@h, L)),
+    ?assertEqual({error, bad_entry}, entry({'$convoy_publish', "pg", g, m}, a@h, L)),
+    ?assertEqual({error, bad_entry}, entry({'$convoy_publish', pg, g}, a@h, L)),
+    %% a batch as the message would make the inbox feed itself
+    ?assertEqual({error, bad_entry}, entry(publish(pg, g, batch(a@h, [{self(), x}])), a@h, L)),
+    ?assert(supports(2, publish)),
+    ?assertNot(supports(1, publish)),
+    ?assertEqual(?SEND_WORDS, cost({publish, pg, g, m})).
+
+take_members_test() ->
+    Each = 1000,
+    Budget = ?MAX_ENTRY_WORDS,
+    Ms = lists:seq(1, 1000),
+    {A, RestA} = take_members(Ms, Each, Budget),
+    ?assertEqual(Budget div Each, length(A)),
+    ?assertEqual(Ms, A ++ RestA),
+    %% nothing fits in a slice's last words: the next slice takes them
+    ?assertEqual({[], Ms}, take_members(Ms, Each, Each - 1)),
+    %% a whole slice always takes one, however costly
+    ?assertEqual({[1], [2]}, take_members([1, 2], Budget, Budget)),
+    ?assertEqual({[], []}, take_members([], Each, Budget)),
+    ?assertEqual({[1, 2], []}, take_members([1, 2 | x], 1, Budget)),
+    ?assertEqual(3 + 2 + ?SEND_WORDS, send_words({a, [b]})),
+    ?assertEqual(Budget, send_words(lists:seq(1, Budget))).
+
 negotiate_test() ->
     ?assertEqual(2, negotiate([1, 2])),
     ?assertEqual(1, negotiate([1])),
