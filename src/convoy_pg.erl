@@ -9,18 +9,28 @@
 %% inbox, as a send to a registered name nobody holds is.
 -module(convoy_pg).
 
--export([by_node/1, members_on/3, local_members/2]).
+-export([split/1, members_on/3, local_members/2]).
 
-%% @doc Members split into this node's (in `pg''s order) and, per remote node,
-%% the others (in `pg''s order).
--spec by_node([pid()]) -> {[pid()], #{node() => [pid()]}}.
-by_node(Members) ->
-    Local = node(),
-    {Here, There} = lists:partition(fun(P) -> node(P) =:= Local end, Members),
-    {Here, maps:map(fun(_, Ps) -> lists:reverse(Ps) end,
-                    lists:foldl(fun(P, Acc) ->
-                                        maps:update_with(node(P), fun(L) -> [P | L] end, [P], Acc)
-                                end, #{}, There))}.
+%% @doc Members split into this node's (in `pg''s order) and the other nodes that
+%% have members (each once). One pass with no allocation per remote member: `pg'
+%% lists a node's members together (they join in batches), so a member is nearly
+%% always on the node of the one before it, and the list of nodes stays short.
+-spec split([pid()]) -> {[pid()], [node()]}.
+split(Members) ->
+    split(Members, node(), node(), [], []).
+
+split([P | Ps], Local, Last, Here, Nodes) ->
+    case node(P) of
+        Last when Last =/= Local -> split(Ps, Local, Last, Here, Nodes);
+        Local -> split(Ps, Local, Local, [P | Here], Nodes);
+        N ->
+            case lists:member(N, Nodes) of
+                true -> split(Ps, Local, N, Here, Nodes);
+                false -> split(Ps, Local, N, Here, [N | Nodes])
+            end
+    end;
+split([], _Local, _Last, Here, Nodes) ->
+    {lists:reverse(Here), lists:reverse(Nodes)}.
 
 %% @doc The members of `Group' in `Scope' that run on `Node', as this node sees
 %% them now (`[]' when the scope does not run here).

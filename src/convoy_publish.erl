@@ -23,23 +23,25 @@
 %% @doc See `convoy:publish/3'.
 -spec publish(atom(), term(), term()) -> ok.
 publish(Scope, Group, Msg) when is_atom(Scope) ->
-    {Local, Remote} = convoy_pg:by_node(pg:get_members(Scope, Group)),
-    lists:foreach(fun(P) -> P ! Msg end, Local),
     case persistent_term:get(?RUNTIME_KEY, undefined) of
         undefined ->
-            maps:foreach(fun(_Node, Pids) -> lists:foreach(fun(P) -> P ! Msg end, Pids) end,
-                         Remote);
+            lists:foreach(fun(P) -> P ! Msg end, pg:get_members(Scope, Group));
         _ ->
-            maps:foreach(fun(Node, Pids) -> remote(Node, Scope, Group, Pids, Msg) end, Remote)
+            {Local, Nodes} = convoy_pg:split(pg:get_members(Scope, Group)),
+            lists:foreach(fun(P) -> P ! Msg end, Local),
+            lists:foreach(fun(Node) -> remote(Node, Scope, Group, Msg) end, Nodes)
     end;
 publish(Scope, Group, Msg) ->
     erlang:error(badarg, [Scope, Group, Msg]).
 
-remote(Node, Scope, Group, Pids, Msg) ->
+%% A peer that does not read publish entries: multicast entries to the members
+%% on Node (looked up again: rare, and the common case keeps no per-node lists).
+remote(Node, Scope, Group, Msg) ->
     case reads_publish(convoy_peers:route(Node)) of
         true ->
             convoy_route:multicast_entry(Node, {'$convoy_publish', Scope, Group}, Msg);
         false ->
+            Pids = convoy_pg:members_on(Scope, Group, Node),
             lists:foreach(fun({Tos, _}) -> convoy_route:multicast_entry(Node, Tos, Msg) end,
                           convoy_wire:multicast_entries(Pids, Msg))
     end.
