@@ -237,7 +237,8 @@ step(Checked, Rest, D, Left, Budget, N) ->
     end.
 
 %% pg's local members are pids of this node's incarnation; anything else (a table
-%% that is not pg's after all) is skipped.
+%% that is not pg's after all) is skipped. Members come from
+%% convoy_wire:take_members/3, which ends an improper list where it stops.
 publish([], _Msg, _Local) -> ok;
 publish([P | Ps], Msg, Local) when is_pid(P), node(P) =:= Local -> P ! Msg, publish(Ps, Msg, Local);
 publish([_ | Ps], Msg, Local) -> publish(Ps, Msg, Local).

@@ -38,14 +38,18 @@ split([], _Local, _Last, Here, Nodes) ->
 members_on(Scope, Group, Node) ->
     [P || P <- pg:get_members(Scope, Group), node(P) =:= Node].
 
-%% @doc This node's members of `Group' in `Scope' now, or `no_scope'.
+%% @doc This node's members of `Group' in `Scope' now, or `no_scope'. Read as
+%% `pg:get_local_members/2' reads them (the third element of the group's row), but
+%% a table that is not `pg''s after all is `no_scope' rather than a non-list.
 -spec local_members(atom(), term()) -> {ok, list()} | no_scope.
 local_members(Scope, Group) ->
     case is_scope(Scope) of
         true ->
-            case pg:get_local_members(Scope, Group) of
+            try ets:lookup_element(Scope, Group, 3) of
                 L when is_list(L) -> {ok, L};
-                _ -> no_scope % not pg's table after all
+                _ -> no_scope
+            catch
+                error:badarg -> {ok, []} % no such group here
             end;
         false ->
             no_scope

@@ -310,7 +310,8 @@ bad_scope_badarg(_Config) ->
 
 %% Batches with publish entries sent straight to a peer's inbox: a scope that is
 %% not an atom or a batch as the message is a bad entry, a scope that does not
-%% run there (or a name that is not a pg scope) is undeliverable; nothing of those
+%% run there (or a name that is not a pg scope) is undeliverable, and only local
+%% pids in a scope's row are sent to; nothing of those
 %% is delivered, the entries around them are, in order, and the inbox lives on.
 forged_publish_entries(_Config) ->
     start_convoy(),
@@ -328,43 +329,49 @@ forged_publish_entries(_Config) ->
                {'$convoy_publish', no_such_scope, g, nowhere},
                {'$convoy_publish', fake_scope, g, not_pg},
                {'$convoy_publish', fake_list_scope, g, not_pg_either},
+               {'$convoy_publish', no_owner_scope, g, not_owned},
                {'$convoy_publish', pub_forged, g},
                {'$convoy_publish', pub_forged, g, valid},
                {'$convoy_publish', pub_forged, nobody, none},
                {M, last}]),
     {convoy_inbox_1, B} ! Batch,
     convoy_ct_peers:await(fun() -> got(M) end, fun(L) -> lists:member(last, L) end, 10000),
-    ?assertEqual([first, valid, last], got(M)),
+    %% fake_list_scope's row is read like pg's: its local pid gets the message
+    %% once, the name in it nothing
+    ?assertEqual([first, not_pg_either, valid, last], got(M)),
     After = rejected(PeerB),
     Delta = maps:filter(fun(_, V) -> V =/= 0 end,
                         maps:map(fun(K, V) -> V - maps:get(K, Before) end, After)),
     ?assertEqual(#{bad_entry => 3, undeliverable => 3}, Delta),
     ?assertEqual(InboxB, inbox(PeerB)).
 
-%% On a peer: names that are not pg scopes. fake_scope is a registered process
-%% owning a table of its name whose rows are not pg's (not a list of members);
-%% fake_list_scope's row lists a local pid among other terms, but the table is
-%% owned by another process than the one registered under its name.
+%% On a peer: names that look like pg scopes (a registered process owning a
+%% table of its name). fake_scope's row has no list of members; fake_list_scope's
+%% lists the member among other terms: a name registered to the member itself,
+%% which must not be sent to. no_owner_scope's table is not owned by the process
+%% registered under its name.
 -spec fake_scope(pid()) -> ok.
 fake_scope(Member) ->
-    Self = self(),
-    spawn(fun() ->
-                  register(fake_scope, self()),
-                  fake_scope = ets:new(fake_scope, [named_table, public]),
-                  true = ets:insert(fake_scope, {g, [], not_a_list}),
-                  Self ! ready,
-                  receive stop -> ok end
-          end),
-    receive ready -> ok end,
-    spawn(fun() ->
-                  fake_list_scope = ets:new(fake_list_scope, [named_table, public]),
-                  true = ets:insert(fake_list_scope, {g, [], [Member, some_name]}),
-                  Self ! ready,
-                  receive stop -> ok end
-          end),
-    receive ready -> ok end,
-    spawn(fun() -> register(fake_list_scope, self()), receive stop -> ok end end),
+    true = register(fake_member_name, Member),
+    [table_process(Name, Row, Owns)
+     || {Name, Row, Owns} <- [{fake_scope, {g, [], not_a_list}, true},
+                              {fake_list_scope, {g, [], [Member, fake_member_name, 7]}, true},
+                              {no_owner_scope, {g, [], [Member]}, false}]],
     ok.
+
+table_process(Name, Row, Owns) ->
+    Self = self(),
+    Owner = spawn(fun() ->
+                          Name = ets:new(Name, [named_table, public]),
+                          true = ets:insert(Name, Row),
+                          Self ! {ready, self()},
+                          receive stop -> ok end
+                  end),
+    receive {ready, Owner} -> ok end,
+    case Owns of
+        true -> true = register(Name, Owner);
+        false -> spawn(fun() -> register(Name, self()), receive stop -> ok end end)
+    end.
 
 %% A group of 20,000 members on the peer and a message of about 500 words: the
 %% inbox delivers the publish entry in slices (about 40 of them) and answers a
