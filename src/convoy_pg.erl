@@ -60,3 +60,23 @@ is_scope(Scope) ->
         undefined -> false;
         Pid -> ets:info(Scope, owner) =:= Pid
     end.
+
+-ifdef(TEST).
+-include_lib("eunit/include/eunit.hrl").
+
+%% A pid of Node, as it would arrive from there.
+pid_of(Node, Id) ->
+    N = atom_to_binary(Node, utf8),
+    binary_to_term(<<131, 88, 119, (byte_size(N)), N/binary, Id:32, 0:32, 1:32>>).
+
+split_test() ->
+    [B1, B2, B3] = [pid_of(b@h, I) || I <- [1, 2, 3]],
+    [C1, C2] = [pid_of(c@h, I) || I <- [1, 2]],
+    Me = self(),
+    Other = spawn(fun() -> ok end),
+    ?assertEqual({[], []}, split([])),
+    ?assertEqual({[Me, Other], []}, split([Me, Other])),
+    %% local members in pg's order, every other node once, in the order first seen
+    ?assertEqual({[Me, Other], [b@h, c@h]}, split([B1, Me, B2, C1, B3, Other, C2, B1])),
+    ?assertEqual({[], [c@h, b@h]}, split([C1, B1, C2, B2])).
+-endif.
