@@ -25,6 +25,8 @@
                   points := [point(), ...],
                   figures := [{atom(), binary(), unit()}],
                   ratio := [atom()],
+                  %% figures only some variants measure (publish: the plain ways)
+                  optional => [atom()],
                   primary := {atom(), higher | lower},
                   convoy := measured | {awaiting, binary()},
                   timeout := pos_integer(),
@@ -213,6 +215,7 @@ describe(publish, P = #{members := M, senders := Senders}) ->
       figures => [{round_ms, <<"ms/round">>, ms}, {deliveries_s, <<"deliveries/s">>, rate},
                   {loop_s, <<"loop deliveries/s">>, rate},
                   {dispatch_s, <<"dispatch deliveries/s">>, rate}],
+      optional => [loop_s, dispatch_s],
       ratio => [deliveries_s], primary => {deliveries_s, higher}, convoy => measured};
 describe(flow, P = #{n := N, every := Every, window := W, ack_every := A}) ->
     Modes = [{<<"flood">>, flood},
