@@ -12,9 +12,10 @@
 -export([one_copy_per_member/1, default_scope/1, order_with_sends/1,
          members_join_and_leave/1, version1_peer_gets_multicast/1,
          node_without_convoy/1, not_running_here/1, bad_scope_badarg/1,
-         forged_publish_entries/1, huge_group_does_not_hold_inbox/1]).
+         forged_publish_entries/1, huge_group_does_not_hold_inbox/1,
+         run_of_publishes_member_by_member/1]).
 %% Run on peer nodes.
--export([member/0, start_scope/1, fake_scope/1, trace_inbox/1, traced/1,
+-export([member/0, start_scope/1, fake_scope/1, trace_inbox/1, traced/1, trace_sends/1,
          huge_group/3, huge_member/2]).
 
 suite() ->
@@ -23,7 +24,8 @@ suite() ->
 all() ->
     [one_copy_per_member, default_scope, order_with_sends, members_join_and_leave,
      version1_peer_gets_multicast, node_without_convoy, not_running_here,
-     bad_scope_badarg, forged_publish_entries, huge_group_does_not_hold_inbox].
+     bad_scope_badarg, forged_publish_entries, huge_group_does_not_hold_inbox,
+     run_of_publishes_member_by_member].
 
 init_per_testcase(_TC, Config) ->
     _ = application:stop(convoy),
@@ -389,7 +391,7 @@ huge_group_does_not_hold_inbox(_Config) ->
     State = erpc:call(B, sys, get_state, [convoy_inbox_1]),
     Work = element(6, State),
     ?assertMatch([_], maps:keys(Work)),
-    [{_C, {members, Left, Msg, _Each}, _Rest}] = queue:to_list(maps:get(node(), Work)),
+    [{_C, {members, Left, [Msg], _Each}, _Rest}] = queue:to_list(maps:get(node(), Work)),
     ?assert(length(Left) > 0),
     ?assert(length(Left) < 20000),
     Counter ! {'$count', self()},
@@ -428,4 +430,49 @@ count_loop(N, K, Order) ->
         {order, O} -> count_loop(N, K, O);
         {'$count', From} when K >= N, Order =/= [] ->
             From ! {'$count', K, Order}
+    end.
+
+%% Publish entries to one group, one after the other in a batch, are delivered
+%% member by member (each member gets the run's messages back to back); an entry
+%% of another kind, or to another group, ends the run, and order holds for every
+%% member throughout.
+run_of_publishes_member_by_member(_Config) ->
+    start_convoy(),
+    {PeerB, B} = convoy_peer(?CT_PEER_NAME(pub_run)),
+    scope(B, pub_run),
+    [M1, M2, M3] = Ms = members(B, pub_run, g, 3),
+    [Other] = members(B, pub_run, other, 1),
+    Tracer = peer:call(PeerB, ?MODULE, trace_sends, [convoy_inbox_1]),
+    P = fun(Group, Msg) -> convoy_wire:publish(pub_run, Group, Msg) end,
+    {convoy_inbox_1, B} ! convoy_wire:batch(node(), [P(g, 1), P(g, 2), P(g, 3),
+                                                     {M2, between},
+                                                     P(g, 4), P(other, x), P(g, 5), P(g, 6),
+                                                     {'$convoy_publish', "bad", g, 7},
+                                                     P(g, 8)]),
+    await_got([M1, M3], [1, 2, 3, 4, 5, 6, 8]),
+    await_got([M2], [1, 2, 3, between, 4, 5, 6, 8]),
+    await_got([Other], [x]),
+    Sends = peer:call(PeerB, ?MODULE, traced, [Tracer]),
+    %% the runs [1, 2, 3] and [5, 6]: each member gets all of a run before the next
+    %% member gets any of it
+    Order = pg_order(PeerB, pub_run, g),
+    Runs = fun(Run) -> [{To, X} || {To, X} <- Sends, lists:member(X, Run)] end,
+    ?assertEqual([{To, X} || To <- Order, X <- [1, 2, 3]], Runs([1, 2, 3])),
+    ?assertEqual([{To, X} || To <- Order, X <- [5, 6]], Runs([5, 6])),
+    ?assertEqual(lists:sort(Ms), lists:sort(Order)).
+
+pg_order(Peer, Scope, Group) ->
+    peer:call(Peer, pg, get_local_members, [Scope, Group]).
+
+%% On a peer: trace what a process sends; `traced/1' returns `{To, Msg}' in order.
+-spec trace_sends(atom()) -> pid().
+trace_sends(Name) ->
+    Tracer = spawn(fun() -> send_tracer([]) end),
+    1 = erlang:trace(whereis(Name), true, [send, {tracer, Tracer}]),
+    Tracer.
+
+send_tracer(Acc) ->
+    receive
+        {trace, _, send, Msg, To} -> send_tracer([{To, Msg} | Acc]);
+        {get, From} -> From ! {traced, lists:reverse(Acc)}
     end.
