@@ -73,7 +73,8 @@
 -module(convoy_wire).
 
 -export([version/0, versions/0, max_inboxes/0, max_dests/0, max_entry_words/0,
-         batch/2, barrier/2, publish/3, hello/2, supports/2, send_words/1, take_members/3, decode/1, entry/3, cost/1, multicast_entries/2,
+         batch/2, barrier/2, publish/3, hello/2, supports/2, send_words/1, take_members/3,
+         entry_to/3, decode/1, entry/3, cost/1, multicast_entries/2,
          creation/1, negotiate/1, inbox_name/1, inbox_names/1, lane_inbox/2]).
 
 -export_type([entry_kind/0, entry/0, dest/0, decoded/0, hello_info/0, checked/0]).
@@ -225,6 +226,22 @@ entry({To, Msg}, _From, Local) ->
     end;
 entry(_, _From, _Local) ->
     {error, bad_entry}.
+
+%% @doc Check an entry that may go to exactly the `N' (two or more) destinations
+%% `Tos' of a multicast entry already checked (`entry/3'): `{multicast, ...}' as
+%% `entry/3' would answer if it does (only its message is looked at: a batch is a
+%% bad entry, a costly one too costly), `other' if it is anything else (then
+%% `entry/3' checks it). Compares up to the whole of `Tos'.
+-spec entry_to(term(), [dest()], pos_integer()) -> checked() | other.
+entry_to({Tos, {'$convoy', _, batch, _, _}}, Tos, _N) ->
+    {error, bad_entry};
+entry_to({Tos, Msg}, Tos, N) when N >= 2 ->
+    case convoy_size:copy_words(Msg, ?MAX_ENTRY_WORDS div N - ?SEND_WORDS) of
+        {ok, W} -> {multicast, Tos, Msg, N * (W + ?SEND_WORDS)};
+        over -> {error, too_costly}
+    end;
+entry_to(_E, _Tos, _N) ->
+    other.
 
 %% How many destinations, all local; an improper list is a bad entry, and the walk
 %% ends after max_dests + 1.
@@ -462,6 +479,22 @@ publish_entry_test() ->
     ?assert(supports(2, publish)),
     ?assertNot(supports(1, publish)),
     ?assertEqual(?SEND_WORDS, cost({publish, pg, g, m})).
+
+entry_to_test() ->
+    L = node(),
+    Tos = [self(), foo],
+    {multicast, Tos, m, C} = entry({Tos, m}, a@h, L),
+    ?assertEqual({multicast, Tos, m2, C}, entry_to({Tos, m2}, Tos, 2)),
+    ?assertEqual(entry({Tos, {x, y}}, a@h, L), entry_to({[self(), foo], {x, y}}, Tos, 2)),
+    ?assertEqual(other, entry_to({[foo, self()], m}, Tos, 2)),
+    ?assertEqual(other, entry_to({[self()], m}, Tos, 2)),
+    ?assertEqual(other, entry_to({self(), m}, Tos, 2)),
+    ?assertEqual(other, entry_to(publish(pg, g, m), Tos, 2)),
+    ?assertEqual(other, entry_to(x, Tos, 2)),
+    ?assertEqual({error, bad_entry}, entry_to({Tos, batch(a@h, [])}, Tos, 2)),
+    Big = lists:seq(1, ?MAX_ENTRY_WORDS div 2),
+    ?assertEqual({error, too_costly}, entry_to({Tos, Big}, Tos, 2)),
+    ?assertEqual(entry({Tos, Big}, a@h, L), entry_to({Tos, Big}, Tos, 2)).
 
 take_members_test() ->
     Each = 1000,

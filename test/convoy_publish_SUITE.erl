@@ -13,7 +13,7 @@
          members_join_and_leave/1, version1_peer_gets_multicast/1,
          node_without_convoy/1, not_running_here/1, bad_scope_badarg/1,
          forged_publish_entries/1, huge_group_does_not_hold_inbox/1,
-         run_of_publishes_member_by_member/1]).
+         run_of_publishes_member_by_member/1, run_of_multicasts_dest_by_dest/1]).
 %% Run on peer nodes.
 -export([member/0, start_scope/1, fake_scope/1, trace_inbox/1, traced/1, trace_sends/1,
          huge_group/3, huge_member/2]).
@@ -25,7 +25,7 @@ all() ->
     [one_copy_per_member, default_scope, order_with_sends, members_join_and_leave,
      version1_peer_gets_multicast, node_without_convoy, not_running_here,
      bad_scope_badarg, forged_publish_entries, huge_group_does_not_hold_inbox,
-     run_of_publishes_member_by_member].
+     run_of_publishes_member_by_member, run_of_multicasts_dest_by_dest].
 
 init_per_testcase(_TC, Config) ->
     _ = application:stop(convoy),
@@ -459,7 +459,13 @@ run_of_publishes_member_by_member(_Config) ->
     Runs = fun(Run) -> [{To, X} || {To, X} <- Sends, lists:member(X, Run)] end,
     ?assertEqual([{To, X} || To <- Order, X <- [1, 2, 3]], Runs([1, 2, 3])),
     ?assertEqual([{To, X} || To <- Order, X <- [5, 6]], Runs([5, 6])),
-    ?assertEqual(lists:sort(Ms), lists:sort(Order)).
+    ?assertEqual(lists:sort(Ms), lists:sort(Order)),
+    %% A member that joined twice gets each message twice, one after the other:
+    %% no run then.
+    ok = erpc:call(B, pg, join, [pub_run, dup, [M1, M1, M3]]),
+    {convoy_inbox_1, B} ! convoy_wire:batch(node(), [P(dup, a), P(dup, b), P(dup, c)]),
+    await_got([M1], [1, 2, 3, 4, 5, 6, 8, a, a, b, b, c, c]),
+    await_got([M3], [1, 2, 3, 4, 5, 6, 8, a, b, c]).
 
 pg_order(Peer, Scope, Group) ->
     peer:call(Peer, pg, get_local_members, [Scope, Group]).
@@ -476,3 +482,30 @@ send_tracer(Acc) ->
         {trace, _, send, Msg, To} -> send_tracer([{To, Msg} | Acc]);
         {get, From} -> From ! {traced, lists:reverse(Acc)}
     end.
+
+%% The same for multicast entries to the same destinations (pids and a name):
+%% destination by destination, each checked once; a name nobody holds counts
+%% every message as undeliverable; a list with a destination twice is not a run.
+run_of_multicasts_dest_by_dest(_Config) ->
+    start_convoy(),
+    {PeerB, B} = convoy_peer(?CT_PEER_NAME(multi_run)),
+    [R1, R2, R3] = [spawn(B, ?MODULE, member, []) || _ <- [1, 2, 3]],
+    true = erpc:call(B, erlang, register, [multi_run_name, R3]),
+    Tos = [R1, R2, multi_run_name, multi_run_nobody],
+    Before = rejected(PeerB),
+    Tracer = peer:call(PeerB, ?MODULE, trace_sends, [convoy_inbox_1]),
+    {convoy_inbox_1, B} ! convoy_wire:batch(node(), [{Tos, 1}, {Tos, 2}, {Tos, 3},
+                                                     {[R1, R2], 4}, {[R2, R1], 5},
+                                                     {Tos, 6},
+                                                     {[R1, R1, R2], 7}, {[R1, R1, R2], 8}]),
+    await_got([R1], [1, 2, 3, 4, 5, 6, 7, 7, 8, 8]),
+    await_got([R2], [1, 2, 3, 4, 5, 6, 7, 8]),
+    await_got([R3], [1, 2, 3, 6]),
+    Sends = peer:call(PeerB, ?MODULE, traced, [Tracer]),
+    %% (the trace shows the attempts to the name nobody holds too)
+    ?assertEqual([{To, X} || To <- Tos, X <- [1, 2, 3]],
+                 [{To, X} || {To, X} <- Sends, lists:member(X, [1, 2, 3])]),
+    ?assertEqual([{R1, 7}, {R1, 7}, {R2, 7}, {R1, 8}, {R1, 8}, {R2, 8}],
+                 [{To, X} || {To, X} <- Sends, lists:member(X, [7, 8])]),
+    %% multi_run_nobody: 1, 2, 3 and 6
+    ?assertEqual(4, maps:get(undeliverable, rejected(PeerB)) - maps:get(undeliverable, Before)).

@@ -11,6 +11,9 @@
 %% <li>a publish entry's members are delivered in slices (`take_members/3') that
 %%   keep every member once, in order, each within the budget and each whole
 %%   slice making progress; `send_words/1' is one send's cost, capped;</li>
+%% <li>`convoy_wire:entry_to/3' (an entry that may continue a run to the same
+%%   destinations) answers what `entry/3' answers, or `other' when the entry is not
+%%   a multicast to exactly those destinations;</li>
 %% <li>`convoy_size:is_large/2' agrees with `convoy_size:estimate/1 >= T', and
 %%   `convoy_size:copy_words/2' answers `over' exactly when the term's words pass
 %%   the cap;</li>
@@ -24,6 +27,7 @@
 -export([prop_decode_any/0, prop_decode_near_valid/0, prop_entry_any/0,
          prop_entry_near_valid/0, prop_entry_long_multicast/0, prop_valid_batch_roundtrip/0,
          prop_multicast_entries/0, prop_negotiate/0, prop_take_members/0, prop_send_words/0,
+         prop_entry_to/0,
          prop_is_large_agrees/0, prop_is_large_agrees_improper/0, prop_copy_words_cap/0,
          prop_config_any/0, prop_config_maps/0]).
 
@@ -49,6 +53,7 @@ multicast_entries_test_() -> ?RUN(prop_multicast_entries(), 300).
 negotiate_test_() -> ?RUN(prop_negotiate(), 1000).
 take_members_test_() -> ?RUN(prop_take_members(), 2000).
 send_words_test_() -> ?RUN(prop_send_words(), 2000).
+entry_to_test_() -> ?RUN(prop_entry_to(), 3000).
 is_large_agrees_test_() -> ?RUN(prop_is_large_agrees(), 3000).
 is_large_agrees_improper_test_() -> ?RUN(prop_is_large_agrees_improper(), 3000).
 copy_words_cap_test_() -> ?RUN(prop_copy_words_cap(), 3000).
@@ -355,6 +360,26 @@ slices(Members, Each, Left, Acc) ->
         {Now, []} -> lists:reverse([{Now, Left} | Acc]);
         {Now, Later} -> slices(Later, Each, convoy_wire:max_entry_words(), [{Now, Left} | Acc])
     end.
+
+%% Destinations that entry/3 accepted for a multicast (two or more), and entries
+%% to them, to other lists, or anything.
+prop_entry_to() ->
+    ?FORALL({Tos0, E0, Msg}, {list(oneof([foo, bar, sink])), entry_gen(), any()},
+            begin
+                Tos = [foo, sink | Tos0],
+                E = case E0 of
+                        {[_ | _], _} -> {Tos, Msg};
+                        _ -> E0
+                    end,
+                safe(entry_to, {Tos, E},
+                     fun() ->
+                             case convoy_wire:entry_to(E, Tos, length(Tos)) of
+                                 other -> not (is_tuple(E) andalso tuple_size(E) =:= 2
+                                               andalso element(1, E) =:= Tos);
+                                 R -> R =:= convoy_wire:entry(E, ?OTHER, ?LOCAL)
+                             end
+                     end)
+            end).
 
 prop_send_words() ->
     ?FORALL(Msg, oneof([any(), ?LET(K, choose(0, 300000), lists:seq(1, K))]),
