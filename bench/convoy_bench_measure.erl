@@ -12,7 +12,8 @@
 -export([run/3, run_for/4]).
 %% Spawned on the nodes taking part.
 -export([consumer/2, pong/3, pinger/4, server/1, spawn_servers/2, client/4,
-         bulk_sink/1, bulk_sender/4, fan_group/2, fan_counter/3, fan_receiver/1,
+         bulk_sink/1, bulk_sender/4, fan_group/3, fan_counter/4, fan_receiver/1,
+         fan_sender/1, pub_scope/1, pub_group/5, pub_dispatcher/2, pub_dispatch/2,
          slow_consumer/4]).
 -export([gen_host/2, caster/5, caller/3]).
 
@@ -23,6 +24,7 @@
 
 -define(SINK_OPTS, [{message_queue_data, off_heap}]).
 -define(PONG_NAME, convoy_bench_pong).
+-define(PUB_SCOPE, convoy_bench_pg).
 
 %% @doc One run of `Scenario' with `Params' (one point of the scenario).
 -spec run(atom(), map(), ctx()) -> figures().
@@ -163,19 +165,54 @@ measure(hol, #{bulk_senders := K, size := Size} = P, Ctx = #{mode := M}) ->
     Bulk = [X || {bulk, X} <- Results],
     (latency_figures(Probes))#{rt_s => length(Probes) / Dur,
                                bulk_mb_s => length(Bulk) * Size / Dur / 1.0e6};
-%% One message to R processes spread over the sink nodes.
-measure(fanout, #{receivers := R, rounds := Rounds}, Ctx = #{sinks := Sinks}) ->
+%% One message to R processes spread over the sink nodes, from each of S senders
+%% per round.
+measure(fanout, #{receivers := R, rounds := Rounds0, senders := S}, Ctx = #{sinks := Sinks}) ->
+    Rounds = rounds(Rounds0, S),
     Shares = shares(R, length(Sinks)),
-    Groups = [erpc:call(N, ?MODULE, fan_group, [Share, self()])
+    Groups = [erpc:call(N, ?MODULE, fan_group, [Share, Share * S, self()])
               || {N, Share} <- lists:zip(Sinks, Shares)],
     Pids = lists:append([Ps || {_, Ps} <- Groups]),
     Counters = [C || {C, _} <- Groups],
-    _ = fan_round(0, Pids, Counters, Ctx),
-    Times = [fan_round(I, Pids, Counters, Ctx) || I <- lists:seq(1, Rounds)],
+    Send = fun(Msg) -> fan_send(Ctx, Pids, Msg) end,
+    {Times, _} = rounds(Send, S, Rounds, Counters, Ctx),
     [exit(C, shutdown) || C <- Counters],
     Total = lists:sum(Times),
     #{round_ms => 1000 * convoy_bench_stats:median(Times),
-      deliveries_s => R * Rounds / Total};
+      deliveries_s => R * S * Rounds / Total};
+%% A pg group of M members spread over the sink nodes; S senders each publish one
+%% message per round. Plain modes measure both plain-OTP ways, a loop of `!' over
+%% pg:get_members/2 and Phoenix.PubSub's (one message per node to a dispatcher
+%% there, which sends to pg:get_local_members/2), and report the better one as
+%% deliveries/s; convoy modes use convoy:publish/3.
+measure(publish, #{members := M, senders := S, rounds := Rounds0}, Ctx = #{sinks := Sinks}) ->
+    Rounds = rounds(Rounds0, S),
+    Scope = ?PUB_SCOPE,
+    Group = {convoy_bench_publish, make_ref()},
+    Nodes = lists:usort([node() | Sinks]),
+    [ok = erpc:call(N, ?MODULE, pub_scope, [Scope]) || N <- Nodes],
+    Groups = [erpc:call(N, ?MODULE, pub_group, [Scope, Group, Share, Share * S, self()])
+              || {N, Share} <- lists:zip(Sinks, shares(M, length(Sinks)))],
+    Dispatchers = [erpc:call(N, ?MODULE, pub_dispatcher, [Scope, Group])
+                   || N <- lists:usort(Sinks)],
+    Counters = [C || {C, _} <- Groups],
+    await_members(Scope, Group, M, Ctx),
+    await_members(Scope, {dispatch, Group}, length(Dispatchers), Ctx),
+    Ways = case maps:get(mode, Ctx) of
+               convoy -> [convoy];
+               plain -> [loop, dispatch]
+           end,
+    Figures = [{Way, rounds(fun(Msg) -> publish_once(Way, Scope, Group, Msg) end,
+                            S, Rounds, Counters, Ctx)}
+               || Way <- Ways],
+    [exit(P, shutdown) || P <- Counters ++ Dispatchers],
+    Rates = [{Way, M * S * Rounds / lists:sum(Times)} || {Way, {Times, _}} <- Figures],
+    {BestWay, Best} = lists:last(lists:keysort(2, Rates)),
+    {BestTimes, _} = proplists:get_value(BestWay, Figures),
+    maps:from_list([{round_ms, 1000 * convoy_bench_stats:median(BestTimes)},
+                    {deliveries_s, Best}]
+                   ++ [{list_to_atom(atom_to_list(W) ++ "_s"), R} || {W, R} <- Rates,
+                                                                   W =/= convoy]);
 %% seed 004: a producer and a slow consumer, on the driver node (`same') or on the
 %% sink node (`cross'): flooding, syncing every `every', or through a credit
 %% channel (`convoy_channel', window `window', `ack_every' 0 = its default). The
@@ -534,21 +571,22 @@ bulk_sender(M, Sink, Bin, Driver) ->
 shares(R, K) ->
     [R div K + case I =< R rem K of true -> 1; false -> 0 end || I <- lists:seq(1, K)].
 
-%% @doc On a sink node: a counter with `Share' receivers; returns them.
--spec fan_group(non_neg_integer(), pid()) -> {pid(), [pid()]}.
-fan_group(Share, Driver) ->
+%% @doc On a sink node: a counter with `Share' receivers, which tells the driver
+%% each time they got `PerRound' messages between them; returns them.
+-spec fan_group(non_neg_integer(), non_neg_integer(), pid()) -> {pid(), [pid()]}.
+fan_group(Share, PerRound, Driver) ->
     Self = self(),
-    Counter = spawn(?MODULE, fan_counter, [Share, Driver, Self]),
+    Counter = spawn(?MODULE, fan_counter, [Share, PerRound, Driver, Self]),
     receive {fan_ready, Counter, Pids} -> {Counter, Pids} end.
 
 %% @doc Counts receivers' hits; tells the driver when all of them got a round.
--spec fan_counter(non_neg_integer(), pid(), pid()) -> ok.
-fan_counter(Share, Driver, ReplyTo) ->
+-spec fan_counter(non_neg_integer(), non_neg_integer(), pid(), pid()) -> ok.
+fan_counter(Share, PerRound, Driver, ReplyTo) ->
     process_flag(message_queue_data, off_heap),
     Self = self(),
     Pids = [spawn_link(?MODULE, fan_receiver, [Self]) || _ <- lists:seq(1, Share)],
     ReplyTo ! {fan_ready, Self, Pids},
-    fan_count(Share, Share, Driver).
+    fan_count(PerRound, PerRound, Driver).
 
 fan_count(Share, 0, Driver) ->
     Driver ! {fan_done, self()},
@@ -562,15 +600,97 @@ fan_receiver(Counter) ->
     receive {fan, _} -> Counter ! hit end,
     fan_receiver(Counter).
 
-fan_round(I, Pids, Counters, Ctx = #{mode := M}) ->
+fan_send(#{mode := convoy}, Pids, Msg) -> convoy:multicast(Pids, Msg);
+fan_send(#{mode := plain}, Pids, Msg) -> [P ! Msg || P <- Pids], ok.
+
+%% Many senders send fewer rounds (each round delivers S times as much); at least 2.
+rounds(Rounds, 1) -> Rounds;
+rounds(Rounds, S) -> max(2, Rounds div S).
+
+%% A warm-up round, then Rounds timed ones: in each, every one of S senders calls
+%% Send({fan, I}) once (the driver itself when S = 1), and the round ends when
+%% every counter has seen its share. Returns the rounds' durations in seconds.
+rounds(Send, S, Rounds, Counters, Ctx) ->
+    Senders = case S of
+                  1 -> [];
+                  _ -> [spawn_link(?MODULE, fan_sender, [Send]) || _ <- lists:seq(1, S)]
+              end,
+    _ = round(0, Send, Senders, Counters, Ctx),
+    Times = [round(I, Send, Senders, Counters, Ctx) || I <- lists:seq(1, Rounds)],
+    [begin unlink(P), exit(P, shutdown) end || P <- Senders],
+    {Times, Rounds}.
+
+round(I, Send, Senders, Counters, Ctx) ->
     T0 = erlang:monotonic_time(),
-    case M of
-        convoy -> convoy:multicast(Pids, {fan, I});
-        plain -> [P ! {fan, I} || P <- Pids]
+    case Senders of
+        [] -> Send({fan, I});
+        _ -> [P ! {go, I} || P <- Senders]
     end,
     [receive {fan_done, C} -> ok after timeout(Ctx) -> exit({timeout, fanout}) end
      || C <- Counters],
     secs(erlang:monotonic_time() - T0).
+
+%% @doc One of many concurrent senders: `Send({fan, I})' on each `{go, I}'.
+-spec fan_sender(fun((term()) -> term())) -> no_return().
+fan_sender(Send) ->
+    receive {go, I} -> Send({fan, I}) end,
+    fan_sender(Send).
+
+publish_once(convoy, Scope, Group, Msg) ->
+    convoy:publish(Scope, Group, Msg);
+publish_once(loop, Scope, Group, Msg) ->
+    [P ! Msg || P <- pg:get_members(Scope, Group)],
+    ok;
+publish_once(dispatch, Scope, Group, Msg) ->
+    [D ! {dispatch, Msg} || D <- pg:get_members(Scope, {dispatch, Group})],
+    ok.
+
+await_members(Scope, Group, N, Ctx) ->
+    Deadline = erlang:monotonic_time(millisecond) + timeout(Ctx),
+    await_members_until(Scope, Group, N, Deadline).
+
+await_members_until(Scope, Group, N, Deadline) ->
+    case length(pg:get_members(Scope, Group)) >= N of
+        true ->
+            ok;
+        false ->
+            erlang:monotonic_time(millisecond) < Deadline orelse exit({timeout, pg_members}),
+            receive after 10 -> await_members_until(Scope, Group, N, Deadline) end
+    end.
+
+%% @doc On every node taking part in `publish': the pg scope (left running).
+-spec pub_scope(atom()) -> ok.
+pub_scope(Scope) ->
+    case pg:start(Scope) of
+        {ok, _} -> ok;
+        {error, {already_started, _}} -> ok
+    end.
+
+%% @doc On a sink node: `fan_group/3' whose receivers join `Group'.
+-spec pub_group(atom(), term(), non_neg_integer(), non_neg_integer(), pid()) -> {pid(), [pid()]}.
+pub_group(Scope, Group, Share, PerRound, Driver) ->
+    {C, Pids} = fan_group(Share, PerRound, Driver),
+    ok = pg:join(Scope, Group, Pids),
+    {C, Pids}.
+
+%% @doc On a sink node: Phoenix.PubSub's dispatcher, one per node, a member of
+%% `{dispatch, Group}'; sends what it gets to the node's members of `Group'.
+-spec pub_dispatcher(atom(), term()) -> pid().
+pub_dispatcher(Scope, Group) ->
+    Self = self(),
+    D = spawn(fun() ->
+                      process_flag(message_queue_data, off_heap),
+                      ok = pg:join(Scope, {dispatch, Group}, self()),
+                      Self ! {joined, self()},
+                      pub_dispatch(Scope, Group)
+              end),
+    receive {joined, D} -> D end.
+
+%% @doc The dispatcher's loop.
+-spec pub_dispatch(atom(), term()) -> no_return().
+pub_dispatch(Scope, Group) ->
+    receive {dispatch, Msg} -> [P ! Msg || P <- pg:get_local_members(Scope, Group)] end,
+    pub_dispatch(Scope, Group).
 
 produce(_FlowMode, _M, _C, I, N, _Every, _Ctx) when I > N -> ok;
 produce(sync, M, C, I, N, Every, Ctx) when I rem Every =:= 0 ->

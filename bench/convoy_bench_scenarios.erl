@@ -28,6 +28,8 @@
                   points := [point(), ...],
                   figures := [{atom(), binary(), unit()}],
                   ratio := [atom()],
+                  %% figures only some variants measure (publish: the plain ways)
+                  optional => [atom()],
                   primary := {atom(), higher | lower},
                   convoy := measured | {awaiting, binary()},
                   ceiling := boolean(),
@@ -38,7 +40,8 @@
 %% @doc Every scenario, in report order.
 -spec names() -> [atom()].
 names() ->
-    [local, flood, oneway, oneway8, sizes, pairs, latency, cast, call, bulk, hol, fanout, flow].
+    [local, flood, oneway, oneway8, sizes, pairs, latency, cast, call, bulk, hol, fanout, publish,
+     flow].
 
 %% @doc What `make bench' runs without arguments.
 -spec default_selection() -> [atom()].
@@ -78,7 +81,9 @@ deadline(cast, normal) -> 30000;      % 320 k casts (~1-5 s)
 deadline(call, normal) -> 20000;      % 1.2 s window, up to 256 callers spawned
 deadline(bulk, normal) -> 20000;      % 1.8 s window
 deadline(hol, normal) -> 20000;       % 2.3 s window
-deadline(fanout, normal) -> 30000;    % 21 rounds to 10 k processes (~1-3 s)
+deadline(fanout, normal) -> 60000;    % 21 rounds to 10 k processes (~1-3 s); 100
+                                      % senders: 3 rounds of 1 M deliveries (~3-15 s)
+deadline(publish, normal) -> 120000;  % as fanout, twice for plain modes (two ways)
 deadline(flow, normal) -> 60000.      % 100 k slow items, syncing (~2-10 s)
 
 params(local, normal) -> #{n_oneway => 2000000, n_pingpong => 300000};
@@ -111,8 +116,10 @@ params(hol, normal) -> #{bulk_senders => 4, size => 10000000,
                          duration_ms => 2000, warmup_ms => 300};
 params(hol, tiny) -> #{bulk_senders => 2, size => 200000,
                        duration_ms => 150, warmup_ms => 20};
-params(fanout, normal) -> #{receivers => 10000, rounds => 20};
-params(fanout, tiny) -> #{receivers => 200, rounds => 3};
+params(fanout, normal) -> #{receivers => 10000, rounds => 20, senders => [1, 100]};
+params(fanout, tiny) -> #{receivers => 200, rounds => 3, senders => [1, 10]};
+params(publish, normal) -> #{members => 10000, rounds => 20, senders => [1, 100]};
+params(publish, tiny) -> #{members => 200, rounds => 3, senders => [1, 10]};
 params(flow, normal) -> #{n => 100000, work => 250, every => 1000, window => 1000,
                           ack_every => 0};
 params(flow, tiny) -> #{n => 5000, work => 250, every => 1000, window => 1000,
@@ -224,12 +231,35 @@ describe(hol, P = #{bulk_senders := K, size := Size}) ->
       figures => [{p50_us, <<"p50">>, us}, {p99_us, <<"p99">>, us},
                   {max_us, <<"max">>, us}, {bulk_mb_s, <<"bulk MB/s">>, mbs}],
       ratio => [p50_us, p99_us, bulk_mb_s], primary => {p99_us, lower}, convoy => measured};
-describe(fanout, P = #{receivers := R}) ->
+describe(fanout, P = #{receivers := R, senders := Senders}) ->
     #{title => fmt("one message to ~b processes on two remote nodes: convoy:multicast "
-                   "(convoy variants) vs a loop of sends", [R]),
+                   "(convoy variants) vs a loop of sends; from one sender, and from ~s "
+                   "concurrent senders each sending one per round (fewer rounds: "
+                   "rounds div senders, at least 2)",
+                   [R, lists:join(", ", [integer_to_list(S) || S <- Senders, S > 1])]),
       placement => cross, sinks => 2,
-      points => [point(fmt("~b procs", [R]), P)],
+      points => [point(case S of
+                           1 -> fmt("~b procs", [R]);
+                           _ -> fmt("~b procs, ~b senders", [R, S])
+                       end, P#{senders => S})
+                 || S <- Senders],
       figures => [{round_ms, <<"ms/round">>, ms}, {deliveries_s, <<"deliveries/s">>, rate}],
+      ratio => [deliveries_s], primary => {deliveries_s, higher}, convoy => measured};
+describe(publish, P = #{members := M, senders := Senders}) ->
+    #{title => fmt("a pg group of ~b members on two remote nodes, one message per "
+                   "sender per round (rounds div senders, at least 2, with many): "
+                   "convoy:publish (convoy variants) vs the better of two plain-OTP "
+                   "ways (other variants): loop = `!' to each of pg:get_members, "
+                   "dispatch = Phoenix.PubSub's way (one message per node to a "
+                   "dispatcher there, which sends to pg:get_local_members); "
+                   "deliveries/s counts messages received by members", [M]),
+      placement => cross, sinks => 2,
+      points => [point(fmt("~b members, ~b sender~s", [M, S, plural(S)]), P#{senders => S})
+                 || S <- Senders],
+      figures => [{round_ms, <<"ms/round">>, ms}, {deliveries_s, <<"deliveries/s">>, rate},
+                  {loop_s, <<"loop deliveries/s">>, rate},
+                  {dispatch_s, <<"dispatch deliveries/s">>, rate}],
+      optional => [loop_s, dispatch_s],
       ratio => [deliveries_s], primary => {deliveries_s, higher}, convoy => measured};
 describe(flow, P = #{n := N, every := Every, window := W, ack_every := A}) ->
     Modes = [{<<"flood">>, flood},

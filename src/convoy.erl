@@ -9,11 +9,12 @@
 %%
 %% convoy runs as an OTP application (`application:ensure_all_started(convoy)',
 %% settings from its environment) or inside your own supervision tree
-%% (`convoy:child_spec/1'). When it is not running, `send/2' and `multicast/2' fall
-%% back to plain sends, and `cast/2' and `call/2,3' to gen_server's.
+%% (`convoy:child_spec/1'). When it is not running, `send/2', `multicast/2' and
+%% `publish/2,3' fall back to plain sends, and `cast/2' and `call/2,3' to
+%% gen_server's.
 -module(convoy).
 
--export([send/2, send/3, multicast/2, flush/0, flush/1, flush/2, info/0, set_config/1,
+-export([send/2, send/3, multicast/2, publish/2, publish/3, flush/0, flush/1, flush/2, info/0, set_config/1,
          child_spec/1, start_link/1]).
 -export([cast/2, call/2, call/3]).
 
@@ -140,6 +141,23 @@ call(ServerRef, Request) ->
 -spec call(server_ref(), term(), timeout()) -> term().
 call(ServerRef, Request, Timeout) ->
     convoy_gen:call(ServerRef, Request, Timeout).
+
+%% @doc `publish(pg, Group, Msg)': publish in OTP's default `pg' scope.
+-spec publish(term(), term()) -> ok.
+publish(Group, Msg) ->
+    convoy_publish:publish(pg, Group, Msg).
+
+%% @doc Send `Msg' to every member of the `pg' group `Group' in scope `Scope'. The
+%% nodes of the members this node's `pg' knows get one copy each (members here
+%% get a plain local send); on each of those nodes the copy goes to the group's
+%% local members as that node's `pg' has them when it is delivered. Order relative
+%% to the caller's other convoy messages to each member is kept. Like a loop of
+%% sends over `pg:get_members/2', a member that joined on a node this node does
+%% not yet know of is missed. Raises `badarg' if `Scope' is not an atom; a scope
+%% that does not run here has no members.
+-spec publish(atom(), term(), term()) -> ok.
+publish(Scope, Group, Msg) ->
+    convoy_publish:publish(Scope, Group, Msg).
 
 %% @doc Wait until everything the caller handed to convoy before the call has left
 %% this node (been handed to the distribution layer) or been counted as dropped.

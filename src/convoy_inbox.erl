@@ -23,6 +23,26 @@
 %% can be unfinished, `sys:get_state/1' returning does not mean that all batches
 %% received so far were delivered.
 %%
+%% A publish entry (`convoy_wire') is delivered to the scope's local members as
+%% `pg' has them when the inbox reaches the entry (one ETS read), in slices of
+%% members like any other work: each send costs the words of the message + 32
+%% (`convoy_wire:send_words/1'), a slice sends to as many members as its budget
+%% allows (at least one), and the entries after it wait, so order holds for
+%% everything the same node sent after it.
+%%
+%% Runs. Publish entries to the same group, or multicast entries to the same
+%% destinations, one after the other in a batch (many senders fanning out to the
+%% same processes at once) are delivered destination by destination: each gets
+%% the run's messages back to back, in order, so it is woken once for all of them
+%% rather than once per entry (a dispatcher doing the same for 100 messages to
+%% 5000 processes on each of two nodes took about half the time, on 2 cores),
+%% and a pid's incarnation is checked once per run. Nothing comes between the
+%% entries of a run, so every destination still gets them in order and before
+%% whatever follows. Only for destinations listed once each (a process listed
+%% twice gets every message twice, one after the other, as without runs); a run
+%% lasts while one destination's sends stay within the budget, and is delivered
+%% in slices of destinations like a publish entry.
+%%
 %% A pid or alias of an old incarnation of this node (same name, another
 %% `creation': one from before this node restarted) is counted as `undeliverable'
 %% and not sent to, as `!' drops it silently on the sending node; a local send
@@ -37,7 +57,10 @@
 
 %% The rest of a batch: its node's counters and entries, the first of them perhaps
 %% already checked.
--type job() :: {counters:counters_ref(), convoy_wire:checked() | none, maybe_improper_list()}.
+-type job() :: {counters:counters_ref(), checked() | none, maybe_improper_list()}.
+%% An entry checked, or what is left of a run of publish entries: the members
+%% still to send to, the run's messages and what sending them to one member costs.
+-type checked() :: convoy_wire:checked() | {members | dests, list(), [term()], pos_integer()}.
 
 -record(s, {parent :: pid(),
             name :: atom(),
@@ -186,6 +209,18 @@ deliver(_ImproperTail, _D, _Left, _Budget, N) ->
     convoy_metrics:rejected(malformed_batch),
     {N, done}.
 
+step({Kind, Tos, Msgs, Each}, Rest, D, Left, Budget, N) when Kind =:= members;
+                                                              Kind =:= dests ->
+    %% A run's sends (one publish entry is a run of one), to as many destinations
+    %% as this slice has room for (at least one in a whole slice); the rest wait
+    %% for the next slices, ahead of Rest.
+    case convoy_wire:take_members(Tos, Each, Left) of
+        {Now, []} ->
+            deliver(Rest, send_run(Kind, Now, Msgs, D), Left - length(Now) * Each, Budget, N);
+        {Now, Later} ->
+            _ = send_run(Kind, Now, Msgs, D),
+            {N, {{Kind, Later, Msgs, Each}, Rest}}
+    end;
 step(Checked, Rest, D, Left, Budget, N) ->
     Cost = convoy_wire:cost(Checked),
     case Cost > Left andalso Left < Budget of
@@ -196,7 +231,23 @@ step(Checked, Rest, D, Left, Budget, N) ->
                 {deliver, To, Msg} ->
                     deliver(Rest, local_send(To, Msg, D), Left - Cost, Budget, N + 1);
                 {multicast, Tos, Msg, _} ->
-                    deliver(Rest, multicast(Tos, Msg, D), Left - Cost, Budget, N + 1);
+                    case multicast_run(Tos, Msg, Cost, Rest, Budget) of
+                        none ->
+                            deliver(Rest, multicast(Tos, Msg, D), Left - Cost, Budget, N + 1);
+                        {Msgs, Each, K, Rest1} ->
+                            step({dests, Tos, Msgs, Each}, Rest1, D, Left, Budget, N + K)
+                    end;
+                {publish, Scope, Group, Msg} ->
+                    case convoy_pg:local_members(Scope, Group) of
+                        {ok, Members} ->
+                            {Msgs, Each, K, Rest1} = publish_run(Members, Scope, Group, Msg,
+                                                                 Rest, D, Budget),
+                            step({members, Members, Msgs, Each}, Rest1, D, Left - Cost, Budget,
+                                 N + K);
+                        no_scope ->
+                            convoy_metrics:rejected(undeliverable),
+                            deliver(Rest, D, Left - Cost, Budget, N)
+                    end;
                 {barrier, ReplyTo, Tag} ->
                     _ = erlang:send(ReplyTo, {Tag, convoy_barrier}, [noconnect]),
                     deliver(Rest, D, Left - Cost, Budget, N);
@@ -205,6 +256,89 @@ step(Checked, Rest, D, Left, Budget, N) ->
                     deliver(Rest, D, Left - Cost, Budget, N)
             end
     end.
+
+%% Runs: entries right after one that send to the same destinations (a publish
+%% entry to the same group, or a multicast entry to the same list), delivered
+%% destination by destination: each gets the run's messages back to back, in
+%% order. Only when no destination is listed twice (else a second copy of the
+%% first message would come after the second message); a run lasts while one
+%% destination's sends of all its messages (Each) stay within the budget. Every
+%% entry is checked as any other: the first that does not continue the run ends
+%% it and is handled in turn.
+
+%% A publish entry's run: its messages, Each, how many entries, what follows.
+publish_run(Members, Scope, Group, Msg, Rest, D, Budget) ->
+    Each = convoy_wire:send_words(Msg),
+    Next = fun(E) ->
+                   case convoy_wire:entry(E, D#d.from, D#d.local) of
+                       {publish, Scope, Group, M} -> {ok, M, convoy_wire:send_words(M)};
+                       _ -> stop
+                   end
+           end,
+    case Rest of
+        [E | _] ->
+            case Next(E) =/= stop andalso distinct(Members) of
+                true -> run(Rest, Next, [Msg], Each, 1, Budget);
+                false -> {[Msg], Each, 1, Rest}
+            end;
+        _ ->
+            {[Msg], Each, 1, Rest}
+    end.
+
+%% A multicast entry's run (two or more destinations), or none.
+multicast_run(Tos, Msg, Cost, Rest, Budget) ->
+    N = length(Tos),
+    Next = fun(E) ->
+                   case convoy_wire:entry_to(E, Tos, N) of
+                       {multicast, _, M, C} -> {ok, M, C div N};
+                       _ -> stop
+                   end
+           end,
+    case Rest of
+        [E | _] when N >= 2 ->
+            case Next(E) =/= stop andalso distinct(Tos) of
+                true -> run(Rest, Next, [Msg], Cost div N, 1, Budget);
+                false -> none
+            end;
+        _ ->
+            none
+    end.
+
+run([E | Rest] = Entries, Next, Acc, Each, K, Budget) ->
+    case Next(E) of
+        {ok, Msg, W} when Each + W =< Budget -> run(Rest, Next, [Msg | Acc], Each + W, K + 1, Budget);
+        _ -> {lists:reverse(Acc), Each, K, Entries}
+    end;
+run(Entries, _Next, Acc, Each, K, _Budget) ->
+    {lists:reverse(Acc), Each, K, Entries}.
+
+%% (A scope's row that is not pg's may hold an improper list: not distinct.)
+distinct(L) ->
+    try length(L) of
+        Len -> length(lists:usort(L)) =:= Len
+    catch
+        error:badarg -> false
+    end.
+
+send_run(members, Members, Msgs, D) ->
+    publish(Members, Msgs, D#d.local),
+    D;
+send_run(dests, Tos, Msgs, D) ->
+    lists:foldl(fun(To, D1) -> lists:foldl(fun(M, D2) -> local_send(To, M, D2) end, D1, Msgs) end,
+                D, Tos).
+
+%% pg's local members are pids of this node's incarnation; anything else (a table
+%% that is not pg's after all) is skipped. Each member gets the run's messages
+%% back to back. Members come from convoy_wire:take_members/3, which ends an
+%% improper list where it stops.
+publish([], _Msgs, _Local) -> ok;
+publish([P | Ps], Msgs, Local) when is_pid(P), node(P) =:= Local ->
+    send_all(P, Msgs),
+    publish(Ps, Msgs, Local);
+publish([_ | Ps], Msgs, Local) -> publish(Ps, Msgs, Local).
+
+send_all(_P, []) -> ok;
+send_all(P, [Msg | Msgs]) -> P ! Msg, send_all(P, Msgs).
 
 multicast([], _Msg, D) -> D;
 multicast([To | Tos], Msg, D) -> multicast(Tos, Msg, local_send(To, Msg, D)).

@@ -20,7 +20,10 @@
 %%   dropped and counted.</li>
 %% </ul>
 %% Peers that run a compatible convoy get batches in their inbox; others get plain
-%% sends, one per message.
+%% sends, one per message. A publish entry (`convoy:publish/3') goes as it is to a
+%% peer at protocol version 2; a version-1 peer gets multicast entries, and a plain
+%% one plain sends, to the group's members on that node as this node sees them
+%% when the lane ships.
 %%
 %% Lanes are retired and replaced when `lanes' changes at run time and when convoy
 %% stops; see `convoy_control' for the protocol (hold, retire, release). Messages
@@ -190,6 +193,10 @@ handle({Kind, Node, Tos, _Msg, Bytes} = M, Now, S)
         true -> core({send, M}, Now, S);
         false -> stray(S)
     end;
+handle({Kind, Node, {'$convoy_publish', Scope, _Group}, _Msg, Bytes} = M, Now, S)
+  when Kind =:= '$convoy_multicast' orelse Kind =:= '$convoy_large',
+       is_atom(Node), is_integer(Bytes), Bytes >= 0, is_atom(Scope) ->
+    core({send, M}, Now, S);
 handle({'$convoy_wait', Node, Alias, Bytes}, Now, S = #s{rt = RT})
   when is_atom(Node), is_reference(Alias), is_integer(Bytes), Bytes >= 0 ->
     {_, H} = refs(Node, S),
@@ -336,9 +343,9 @@ ship(Node, Route, Wire, S) ->
 
 ship_route(_Node, unknown, _Wire, S) ->
     {unroutable, S};
-ship_route(Node, {convoy, _Vsn, Inboxes}, Wire, S = #s{index = I}) ->
+ship_route(Node, {convoy, Vsn, Inboxes}, Wire, S = #s{index = I}) ->
     Target = {convoy_wire:lane_inbox(I, Inboxes), Node},
-    Batch = convoy_wire:batch(node(), wire_entries(Wire)),
+    Batch = convoy_wire:batch(node(), wire_entries(Wire, Vsn, Node)),
     case erlang:send(Target, Batch, ?SEND_OPTS) of
         ok ->
             {{sent, 1, convoy}, S};
@@ -351,18 +358,46 @@ ship_route(Node, {convoy, _Vsn, Inboxes}, Wire, S = #s{index = I}) ->
 ship_route(Node, plain, Wire, S) ->
     plain(Node, Wire, 0, 0, S).
 
-%% A large message ships alone, so only a chunk of one can hold one.
-wire_entries([E]) -> [wire_entry(E)];
-wire_entries(Wire) -> Wire.
-
-wire_entry({'$convoy_large', To, Msg}) -> {To, Msg};
+%% Entries the lane keeps in its own form (a large message, a publish) become
+%% wire entries; a chunk without any is shipped as it is.
+wire_entry({'$convoy_large', To, Msg}) -> wire_entry({To, Msg});
+wire_entry({{'$convoy_publish', Scope, Group}, Msg}) -> convoy_wire:publish(Scope, Group, Msg);
 wire_entry(E) -> E.
+
+%% A peer at a version without publish entries gets each as multicast entries to
+%% its members as this node sees them now (what a loop of sends would reach).
+wire_entries(Wire, Vsn, Node) ->
+    case convoy_wire:supports(Vsn, publish) of
+        true ->
+            case has_lane_form(Wire) of
+                true -> [wire_entry(E) || E <- Wire];
+                false -> Wire
+            end;
+        false ->
+            lists:flatmap(fun(E) -> v1_entries(plain_entry(E, Node)) end, Wire)
+    end.
+
+has_lane_form([{'$convoy_large', _, _} | _]) -> true;
+has_lane_form([{{'$convoy_publish', _, _}, _} | _]) -> true;
+has_lane_form([_ | Rest]) -> has_lane_form(Rest);
+has_lane_form([]) -> false.
+
+v1_entries({Tos, Msg}) when is_list(Tos) -> convoy_wire:multicast_entries(Tos, Msg);
+v1_entries(E) -> [E].
+
+%% An entry as sends to destinations: a publish becomes a multicast to the
+%% group's members on Node as this node sees them now.
+plain_entry(E, Node) ->
+    case wire_entry(E) of
+        {'$convoy_publish', Scope, Group, Msg} -> {convoy_pg:members_on(Scope, Group, Node), Msg};
+        Plain -> Plain
+    end.
 
 %% Plain sends, entry by entry, for peers without a compatible convoy.
 plain(_Node, [], _Msgs, Sends, S) ->
     {{sent, Sends, plain}, S};
 plain(Node, [E | Rest], Msgs, Sends, S) ->
-    case wire_entry(E) of
+    case plain_entry(E, Node) of
         {Tos, Msg} when is_list(Tos) ->
             case plain_multi(Node, Tos, Msg, 0) of
                 {ok, K} ->
@@ -395,6 +430,10 @@ plain_courier(Node, Wire, S) ->
 
 plain_ops(Node, {'$convoy_large', To, Msg}) ->
     plain_ops(Node, {To, Msg});
+plain_ops(Node, {{'$convoy_publish', _, _}, _} = E) ->
+    plain_ops(Node, plain_entry(E, Node));
+plain_ops(_Node, {[], _Msg}) ->
+    [{skip, none, 1}]; % a publish to nobody on Node: one message, no send
 plain_ops(Node, {Tos, Msg}) when is_list(Tos) ->
     {Init, [Last]} = lists:split(length(Tos) - 1, Tos),
     [{convoy_wire:address(T, Node), Msg, 0} || T <- Init] ++ [{convoy_wire:address(Last, Node), Msg, 1}];
@@ -415,6 +454,8 @@ courier(Node, Ops, S = #s{index = I, rt = RT}) ->
 %% Returns {Messages sent, sends made, messages not sent}.
 run_ops([], Msgs, Sends, Lost) ->
     {Msgs, Sends, Lost};
+run_ops([{skip, none, W} | Rest], Msgs, Sends, Lost) ->
+    run_ops(Rest, Msgs + W, Sends, Lost);
 run_ops([{Dest, Term, W} | Rest], Msgs, Sends, Lost) ->
     case erlang:send(Dest, Term, [noconnect]) of
         ok -> run_ops(Rest, Msgs + W, Sends + 1, Lost);

@@ -52,8 +52,10 @@
 -opaque core() :: #core{}.
 -type kind() :: '$convoy_send' | '$convoy_large' | '$convoy_multicast'.
 -type dest() :: pid() | atom() | reference().
-%% A send a sender handed to the lane: kind, node, destination(s), message, bytes.
--type send() :: {kind(), node(), dest() | [dest()], term(), non_neg_integer()}.
+%% A send a sender handed to the lane: kind, node, destination(s) or a `pg' group
+%% (`convoy:publish/3'), message, bytes.
+-type send() :: {kind(), node(), dest() | [dest()] | {'$convoy_publish', atom(), term()},
+                 term(), non_neg_integer()}.
 -type mark() :: {'$convoy_mark', non_neg_integer(), node()}.
 -type route() :: convoy | plain.
 %% What a `ship' action did: everything left (`sent'); the first messages left and

@@ -43,7 +43,7 @@
 %% If the barrier does not come back in time the message goes through the lane.
 -module(convoy_route).
 
--export([send/2, send/3, multicast/2, lane_of/1, await_gone/1]).
+-export([send/2, send/3, multicast/2, multicast_entry/3, lane_of/1, await_gone/1]).
 
 -include("convoy_runtime.hrl").
 
@@ -99,6 +99,16 @@ multicast(Dests, Msg) when is_list(Dests) ->
                  end, Remote);
 multicast(Dests, Msg) ->
     erlang:error(badarg, [Dests, Msg]).
+
+%% @doc One multicast entry to `Node': `Tos' (destinations on `Node', within the
+%% inbox's cost limit, see `convoy_wire:multicast_entries/2') or a `pg' group
+%% (`{'$convoy_publish', Scope, Group}', for a peer that reads publish entries).
+%% It takes the path of `multicast/2''s entries, so it keeps its place among the
+%% caller's other messages to `Node'.
+-spec multicast_entry(node(), [convoy:dest()] | {'$convoy_publish', atom(), term()}, term()) ->
+          ok.
+multicast_entry(Node, Tos, Msg) ->
+    remote_multi(persistent_term:get(?RUNTIME_KEY, undefined), Node, Tos, Msg).
 
 %% Everything is checked before anything is sent, so a bad destination raises
 %% badarg with nothing sent.
@@ -280,6 +290,21 @@ node_row(Node) ->
         none -> {none, undefined, none}
     end.
 
+%% A publish entry goes to the inbox only of a peer that reads it; for any other
+%% the lane turns it into what the peer reads when it ships.
+multi_row(Node, {'$convoy_publish', _Scope, _Group}) ->
+    case convoy_peers:lookup(Node) of
+        {{convoy, Vsn, Inboxes}, C, _H} ->
+            case convoy_wire:supports(Vsn, publish) of
+                true -> {convoy, C, Inboxes};
+                false -> {none, undefined, none}
+            end;
+        _ ->
+            {none, undefined, none}
+    end;
+multi_row(Node, _Tos) ->
+    node_row(Node).
+
 admitted_direct(RT, L, Node, C, To, Msg, Size) ->
     case erlang:send(convoy_wire:address(To, Node), Msg, ?DIRECT_OPTS) of
         ok -> disposed(RT, L, C);
@@ -290,10 +315,13 @@ admitted_direct(RT, L, Node, C, To, Msg, Size) ->
 via_inbox(RT, L, Node, Inboxes, C, Entry, To, Msg, Size) ->
     Inbox = {convoy_wire:lane_inbox(L, Inboxes), Node},
     mark(Node),
-    case erlang:send(Inbox, convoy_wire:batch(node(), [Entry]), ?DIRECT_OPTS) of
+    case erlang:send(Inbox, convoy_wire:batch(node(), [wire_entry(Entry)]), ?DIRECT_OPTS) of
         ok -> disposed(RT, L, C);
         _ -> to_lane(RT, L, Node, To, Msg, Size)
     end.
+
+wire_entry({{'$convoy_publish', Scope, Group}, Msg}) -> convoy_wire:publish(Scope, Group, Msg);
+wire_entry(Entry) -> Entry.
 
 disposed(RT, L, C) ->
     ok = convoy_slots:dispose(slots(RT, L), 1),
@@ -498,7 +526,7 @@ remote_multi(RT = #runtime{large_threshold = T}, Node, Tos, Msg) ->
                    end,
             Idle = idle(RT, L, V),
             {Route, C, Inboxes} = case Idle of
-                                      true -> node_row(Node);
+                                      true -> multi_row(Node, Tos);
                                       false -> {none, undefined, none}
                                   end,
             case convoy_path:multicast(Kind, Calm, Idle, Route) of
@@ -511,6 +539,8 @@ remote_multi(RT = #runtime{large_threshold = T}, Node, Tos, Msg) ->
 %% convoy not running, or stopping
 
 %% Plain sends, as when convoy is not running.
+plain_send(Node, {'$convoy_publish', Scope, Group}, Msg) ->
+    plain_send(Node, convoy_pg:members_on(Scope, Group, Node), Msg);
 plain_send(Node, Tos, Msg) ->
     lists:foreach(fun(To) -> erlang:send(convoy_wire:address(To, Node), Msg) end, Tos),
     ok.

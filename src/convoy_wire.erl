@@ -17,6 +17,13 @@
 %%     `convoy_size:copy_words/2' counts them, + 32 for the send itself), so at
 %%     most `max_dests/0' (8192) destinations. A sender splits a multicast to one
 %%     node with `multicast_entries/2', whose entries always pass;</li>
+%%   <li>`{'$convoy_publish', Scope, Group, Msg}' (version 2, kind `publish'):
+%%     `Msg' to every member of the `pg' group `Group' of scope `Scope' (an atom)
+%%     on the receiving node, `pg:get_local_members(Scope, Group)' as the receiver
+%%     sees it when it delivers the entry. A scope that does not run there is
+%%     counted `undeliverable'. Its cost is known only then (members x the words
+%%     of one send + 32, see `send_words/1'): the receiver delivers it in slices
+%%     of members (`take_members/3'), within the same budget as any entry;</li>
 %%   <li>`{'$convoy_barrier', ReplyTo, Tag}': answer `{Tag, convoy_barrier}' to
 %%     `ReplyTo' once everything before it is delivered. `ReplyTo' (a pid or an
 %%     alias) must be of `FromNode': an inbox answers only the node the batch says
@@ -66,7 +73,8 @@
 -module(convoy_wire).
 
 -export([version/0, versions/0, max_inboxes/0, max_dests/0, max_entry_words/0,
-         batch/2, barrier/2, hello/2, supports/2, address/2, decode/1, entry/3, cost/1, multicast_entries/2,
+         batch/2, barrier/2, publish/3, hello/2, supports/2, address/2, send_words/1, take_members/3,
+         entry_to/3, decode/1, entry/3, cost/1, multicast_entries/2,
          creation/1, negotiate/1, inbox_name/1, inbox_names/1, lane_inbox/2]).
 
 -export_type([entry_kind/0, entry/0, dest/0, decoded/0, hello_info/0, checked/0]).
@@ -85,7 +93,8 @@
 -type dest() :: pid() | atom() | reference().
 -type entry_kind() :: atom().
 %% An entry kind added after version 1 (see `supports/2').
--type entry() :: {dest() | [dest()], term()} | {'$convoy_barrier', pid() | reference(), term()}.
+-type entry() :: {dest() | [dest()], term()} | {'$convoy_barrier', pid() | reference(), term()}
+               | {'$convoy_publish', atom(), term(), term()}.
 -type hello_info() :: #{versions := [pos_integer()], node := node(), peers := pid(),
                         inboxes := pos_integer(), request => reference()}.
 -type decoded() :: {batch, pos_integer(), node(), maybe_improper_list()}
@@ -94,6 +103,7 @@
 -type checked() :: {deliver, dest(), term()}
                  | {multicast, [dest()], term(), non_neg_integer()}
                  | {barrier, pid() | reference(), term()}
+                 | {publish, atom(), term(), term()}
                  | {error, bad_entry | too_costly}.
 
 -spec version() -> pos_integer().
@@ -107,7 +117,8 @@ versions() -> [1, ?VSN].
 -spec supports(pos_integer(), entry_kind()) -> boolean().
 supports(Vsn, Kind) -> Vsn >= since(Kind).
 
-%% Entry kinds added after version 1 and the version that added them (none yet).
+%% Entry kinds added after version 1 and the version that added them.
+since(publish) -> 2;
 since(_Kind) -> 2.
 
 -spec max_inboxes() -> pos_integer().
@@ -129,6 +140,11 @@ address(PidOrRef, _Node) -> PidOrRef.
 
 -spec batch(node(), [entry()]) -> tuple().
 batch(FromNode, Entries) -> {'$convoy', ?BATCH_VSN, batch, FromNode, Entries}.
+
+%% @doc A publish entry (version 2): `Msg' to the receiving node's members of
+%% `Group' in the `pg' scope `Scope'.
+-spec publish(atom(), term(), term()) -> entry().
+publish(Scope, Group, Msg) -> {'$convoy_publish', Scope, Group, Msg}.
 
 -spec barrier(pid() | reference(), term()) -> entry().
 barrier(ReplyTo, Tag) -> {'$convoy_barrier', ReplyTo, Tag}.
@@ -189,6 +205,10 @@ entry({_To, {'$convoy', _, batch, _, _}}, _From, _Local) ->
     %% A batch inside a batch would make an inbox feed itself: multicasts of
     %% batches of multicasts multiply the work of one input with every level.
     {error, bad_entry};
+entry({'$convoy_publish', _Scope, _Group, {'$convoy', _, batch, _, _}}, _From, _Local) ->
+    {error, bad_entry}; % as above
+entry({'$convoy_publish', Scope, Group, Msg}, _From, _Local) when is_atom(Scope) ->
+    {publish, Scope, Group, Msg};
 entry({'$convoy_barrier', ReplyTo, Tag}, From, _Local) when is_pid(ReplyTo); is_reference(ReplyTo) ->
     case node(ReplyTo) =:= From of
         true -> {barrier, ReplyTo, Tag};
@@ -214,6 +234,22 @@ entry({To, Msg}, _From, Local) ->
 entry(_, _From, _Local) ->
     {error, bad_entry}.
 
+%% @doc Check an entry that may go to exactly the `N' (two or more) destinations
+%% `Tos' of a multicast entry already checked (`entry/3'): `{multicast, ...}' as
+%% `entry/3' would answer if it does (only its message is looked at: a batch is a
+%% bad entry, a costly one too costly), `other' if it is anything else (then
+%% `entry/3' checks it). Compares up to the whole of `Tos'.
+-spec entry_to(term(), [dest()], pos_integer()) -> checked() | other.
+entry_to({Tos, {'$convoy', _, batch, _, _}}, Tos, _N) ->
+    {error, bad_entry};
+entry_to({Tos, Msg}, Tos, N) when N >= 2 ->
+    case convoy_size:copy_words(Msg, ?MAX_ENTRY_WORDS div N - ?SEND_WORDS) of
+        {ok, W} -> {multicast, Tos, Msg, N * (W + ?SEND_WORDS)};
+        over -> {error, too_costly}
+    end;
+entry_to(_E, _Tos, _N) ->
+    other.
+
 %% How many destinations, all local; an improper list is a bad entry, and the walk
 %% ends after max_dests + 1.
 dests([], _Local, N) -> {ok, N};
@@ -235,10 +271,38 @@ lane_inbox(Lane, Inboxes) -> element((Lane - 1) rem tuple_size(Inboxes) + 1, Inb
 %% @doc What delivering a checked entry costs its receiver, in word copies: a
 %% multicast as `entry/3' computed it (32 with fewer than two destinations),
 %% anything else the 32 of one send (a single send copies its message once: no
-%% more than what travelled, so it is not measured).
+%% more than what travelled, so it is not measured). For a publish entry that is
+%% the cost of looking its members up; its sends are paid slice by slice
+%% (`take_members/3').
 -spec cost(checked()) -> non_neg_integer().
 cost({multicast, _Tos, _Msg, Cost}) -> Cost;
 cost(_) -> ?SEND_WORDS.
+
+%% @doc What one local send of `Msg' costs its receiver, in word copies (the words
+%% it copies + 32), at most `max_entry_words/0' (a slice sends at least once). Walks
+%% at most about `max_entry_words/0' words of `Msg'.
+-spec send_words(term()) -> pos_integer().
+send_words(Msg) ->
+    case convoy_size:copy_words(Msg, ?MAX_ENTRY_WORDS - ?SEND_WORDS) of
+        {ok, W} -> W + ?SEND_WORDS;
+        over -> ?MAX_ENTRY_WORDS
+    end.
+
+%% @doc The members a slice with `Left' of its budget still to spend delivers to,
+%% each send costing `Each' (`send_words/1'), and the members left for later
+%% slices: as many as fit, and at least one when the whole budget is left
+%% (`Left' = `max_entry_words/0'), so every slice makes progress.
+-spec take_members(list(), pos_integer(), non_neg_integer()) -> {list(), list()}.
+take_members(Members, Each, Left) ->
+    K = case Left div Each of
+            0 when Left >= ?MAX_ENTRY_WORDS -> 1;
+            Fit -> Fit
+        end,
+    take_proper(Members, K, []).
+
+take_proper([M | Rest], K, Acc) when K > 0 -> take_proper(Rest, K - 1, [M | Acc]);
+take_proper(Rest, _K, Acc) when is_list(Rest) -> {lists:reverse(Acc), Rest};
+take_proper(_ImproperTail, _K, Acc) -> {lists:reverse(Acc), []}.
 
 %% @doc A multicast of `Msg' to destinations of one node, as entries the receiver
 %% accepts (`entry/3'), destinations in order: as many per entry as the limits
@@ -412,6 +476,50 @@ creation_test() ->
     OldRef = binary_to_term(<<131, 90, 3:16, 119, (byte_size(N)), N/binary, (C + 7):32,
                               1:32, 2:32, 3:32>>),
     ?assertEqual(C + 7, creation(OldRef)).
+
+publish_entry_test() ->
+    L = node(),
+    ?assertEqual({publish, pg, g, m}, entry(publish(pg, g, m), a@h, L)),
+    ?assertEqual({publish, pg, {any, "group"}, m}, entry(publish(pg, {any, "group"}, m), a@h, L)),
+    ?assertEqual({error, bad_entry}, entry({'$convoy_publish', "pg", g, m}, a@h, L)),
+    ?assertEqual({error, bad_entry}, entry({'$convoy_publish', pg, g}, a@h, L)),
+    %% a batch as the message would make the inbox feed itself
+    ?assertEqual({error, bad_entry}, entry(publish(pg, g, batch(a@h, [{self(), x}])), a@h, L)),
+    ?assert(supports(2, publish)),
+    ?assertNot(supports(1, publish)),
+    ?assertEqual(?SEND_WORDS, cost({publish, pg, g, m})).
+
+entry_to_test() ->
+    L = node(),
+    Tos = [self(), foo],
+    {multicast, Tos, m, C} = entry({Tos, m}, a@h, L),
+    ?assertEqual({multicast, Tos, m2, C}, entry_to({Tos, m2}, Tos, 2)),
+    ?assertEqual(entry({Tos, {x, y}}, a@h, L), entry_to({[self(), foo], {x, y}}, Tos, 2)),
+    ?assertEqual(other, entry_to({[foo, self()], m}, Tos, 2)),
+    ?assertEqual(other, entry_to({[self()], m}, Tos, 2)),
+    ?assertEqual(other, entry_to({self(), m}, Tos, 2)),
+    ?assertEqual(other, entry_to(publish(pg, g, m), Tos, 2)),
+    ?assertEqual(other, entry_to(x, Tos, 2)),
+    ?assertEqual({error, bad_entry}, entry_to({Tos, batch(a@h, [])}, Tos, 2)),
+    Big = lists:seq(1, ?MAX_ENTRY_WORDS div 2),
+    ?assertEqual({error, too_costly}, entry_to({Tos, Big}, Tos, 2)),
+    ?assertEqual(entry({Tos, Big}, a@h, L), entry_to({Tos, Big}, Tos, 2)).
+
+take_members_test() ->
+    Each = 1000,
+    Budget = ?MAX_ENTRY_WORDS,
+    Ms = lists:seq(1, 1000),
+    {A, RestA} = take_members(Ms, Each, Budget),
+    ?assertEqual(Budget div Each, length(A)),
+    ?assertEqual(Ms, A ++ RestA),
+    %% nothing fits in a slice's last words: the next slice takes them
+    ?assertEqual({[], Ms}, take_members(Ms, Each, Each - 1)),
+    %% a whole slice always takes one, however costly
+    ?assertEqual({[1], [2]}, take_members([1, 2], Budget, Budget)),
+    ?assertEqual({[], []}, take_members([], Each, Budget)),
+    ?assertEqual({[1, 2], []}, take_members([1, 2 | x], 1, Budget)),
+    ?assertEqual(3 + 2 + ?SEND_WORDS, send_words({a, [b]})),
+    ?assertEqual(Budget, send_words(lists:seq(1, Budget))).
 
 negotiate_test() ->
     ?assertEqual(2, negotiate([1, 2])),

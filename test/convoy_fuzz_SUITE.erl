@@ -31,6 +31,9 @@
 -define(LANE_INPUTS, 1000).
 -define(TRAFFIC, 10000).
 -define(DEFAULT_SEED, {20240601, 17, 4242}).
+%% The pg scope running here, and the group the sink is the only member of.
+-define(PG_SCOPE, convoy_fuzz_pg).
+-define(PG_GROUP, convoy_fuzz_group).
 
 %% A message kind on the rejected counters, and all of them.
 -define(KINDS, [bad_version, malformed_batch, bad_entry, bad_hello, unknown_message,
@@ -91,11 +94,14 @@ init_per_group(_Group, Config) ->
     await_route(B, convoy),
     Sink = spawn(?MODULE, counter, []),
     true = register(?SINK, Sink),
-    [{peer_a, PeerA}, {a, A}, {peer_b, PeerB}, {b, B}, {sink, Sink},
+    {ok, Scope} = pg:start(?PG_SCOPE), % not linked: outlives init_per_group
+    ok = pg:join(?PG_SCOPE, ?PG_GROUP, Sink),
+    [{peer_a, PeerA}, {a, A}, {peer_b, PeerB}, {b, B}, {sink, Sink}, {pg_scope, Scope},
      {processes, convoy_processes()} | Config].
 
 end_per_group(_Group, Config) ->
     exit(?config(sink, Config), kill),
+    ok = gen_server:stop(?config(pg_scope, Config)),
     [catch peer:stop(?config(P, Config)) || P <- [peer_a, peer_b]],
     _ = application:stop(convoy),
     application:unset_env(convoy, lanes),
@@ -470,7 +476,23 @@ entry(Ctx) ->
         N when N =< 15 -> {'$convoy_barrier', reply_to(Ctx), term(Ctx, 1)};
         16 -> {'$convoy_mark', make_ref(), maps:get(ct, Ctx)};
         17 -> pick([{}, {a, b, c}, {a}, {'$convoy_barrier', maps:get(counter, Ctx)}, 7]);
-        _ -> term(Ctx, 2)
+        N when N =< 20 -> term(Ctx, 2);
+        _ -> publish_entry(Ctx)
+    end.
+
+%% A publish entry (protocol version 2): to the pg group the sink is a member of,
+%% to another group, to scopes that do not run here, with a scope that is not an
+%% atom, a batch as the message, or the wrong arity.
+publish_entry(#{nobody := Nobody} = Ctx) ->
+    Scope = pick([?PG_SCOPE, ?PG_SCOPE, ?PG_SCOPE, pick(Nobody), undefined, "pg", 1]),
+    Group = pick([?PG_GROUP, ?PG_GROUP, other_group, term(Ctx, 1)]),
+    Msg = case rnd(8) of
+              1 -> {'$convoy', 1, batch, maps:get(a, Ctx), [{maps:get(sink, Ctx), loop}]};
+              _ -> term(Ctx, 2)
+          end,
+    case rnd(10) of
+        1 -> {'$convoy_publish', Scope, Group};
+        _ -> {'$convoy_publish', Scope, Group, Msg}
     end.
 
 entries(Ctx) ->
@@ -533,7 +555,7 @@ near_valid(Ctx) ->
 %% The oracle: what convoy_wire's protocol description says an input deserves.
 
 decode({'$convoy', V, batch, From, Entries}) when is_integer(V) ->
-    if V =/= 1 -> {error, bad_version};
+    if V =/= 1 -> {error, bad_version}; % a batch's envelope is version 1's in every version
        is_atom(From), is_list(Entries) -> {batch, From, Entries};
        true -> {error, malformed_batch}
     end;
@@ -596,6 +618,19 @@ entry_effect({'$convoy_barrier', R, _}, From, #{counter := C, sink := S, alias :
     end;
 %% (Generated multicasts have at most 3 destinations and small terms: never
 %% over convoy_wire's limits, so never too_costly.)
+%% A publish entry goes to the members of the group on this node at delivery time
+%% (the sink is the only member of ?PG_GROUP, and other groups have none); a scope
+%% that does not run here is undeliverable; a scope that is not an atom is a bad
+%% entry.
+entry_effect({'$convoy_publish', _Scope, _Group, {'$convoy', _, batch, _, _}}, _From, _Ctx, Acc) ->
+    reject(bad_entry, Acc);
+entry_effect({'$convoy_publish', ?PG_SCOPE, Group, _Msg}, From, _Ctx, Acc) ->
+    case Group of
+        ?PG_GROUP -> bump(sink, 1, received(From, Acc));
+        _ -> received(From, Acc)
+    end;
+entry_effect({'$convoy_publish', Scope, _Group, _Msg}, _From, _Ctx, Acc) when is_atom(Scope) ->
+    reject(undeliverable, Acc);
 entry_effect({Tos, _Msg}, From, Ctx, Acc) when is_list(Tos) ->
     case proper(Tos) andalso lists:all(fun(D) -> local(D, Ctx) end, Tos) of
         true -> lists:foldl(fun(D, A) -> delivered(D, Ctx, A) end, received(From, Acc), Tos);

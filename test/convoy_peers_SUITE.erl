@@ -100,8 +100,7 @@ stop_convoy() ->
 forged_welcome_changes_nothing(Config) ->
     X = ?config(x, Config),
     Route = convoy_peers:route(X),
-    Vsn = convoy_wire:version(),
-    ?assertMatch({convoy, Vsn, {convoy_inbox_1}}, Route),
+    ?assertEqual({convoy, convoy_wire:version(), {convoy_inbox_1}}, Route),
     XPeers = erpc:call(X, erlang, whereis, [convoy_peers]),
     Forged = #{versions => [1], node => X, peers => XPeers, inboxes => 1024},
     XRef = erpc:call(X, erlang, make_ref, []),

@@ -8,6 +8,12 @@
 %% <li>`convoy_wire:multicast_entries/2' keeps every destination, in order, and
 %%   every entry it makes is accepted by the receiver, after the external format
 %%   too;</li>
+%% <li>a publish entry's members are delivered in slices (`take_members/3') that
+%%   keep every member once, in order, each within the budget and each whole
+%%   slice making progress; `send_words/1' is one send's cost, capped;</li>
+%% <li>`convoy_wire:entry_to/3' (an entry that may continue a run to the same
+%%   destinations) answers what `entry/3' answers, or `other' when the entry is not
+%%   a multicast to exactly those destinations;</li>
 %% <li>`convoy_size:is_large/2' agrees with `convoy_size:bytes/1 >= T', and
 %%   `convoy_size:copy_words/2' answers `over' exactly when the term's words pass
 %%   the cap;</li>
@@ -20,7 +26,8 @@
 
 -export([prop_decode_any/0, prop_decode_near_valid/0, prop_entry_any/0,
          prop_entry_near_valid/0, prop_entry_long_multicast/0, prop_valid_batch_roundtrip/0,
-         prop_multicast_entries/0, prop_negotiate/0,
+         prop_multicast_entries/0, prop_negotiate/0, prop_take_members/0, prop_send_words/0,
+         prop_entry_to/0,
          prop_is_large_agrees/0, prop_is_large_agrees_improper/0, prop_copy_words_cap/0,
          prop_config_any/0, prop_config_maps/0]).
 
@@ -44,6 +51,9 @@ entry_long_multicast_test_() -> ?RUN(prop_entry_long_multicast(), 200).
 valid_batch_roundtrip_test_() -> ?RUN(prop_valid_batch_roundtrip(), 1000).
 multicast_entries_test_() -> ?RUN(prop_multicast_entries(), 300).
 negotiate_test_() -> ?RUN(prop_negotiate(), 1000).
+take_members_test_() -> ?RUN(prop_take_members(), 2000).
+send_words_test_() -> ?RUN(prop_send_words(), 2000).
+entry_to_test_() -> ?RUN(prop_entry_to(), 3000).
 is_large_agrees_test_() -> ?RUN(prop_is_large_agrees(), 3000).
 is_large_agrees_improper_test_() -> ?RUN(prop_is_large_agrees_improper(), 3000).
 copy_words_cap_test_() -> ?RUN(prop_copy_words_cap(), 3000).
@@ -100,6 +110,10 @@ entry_gen() ->
                {3, {dests(), any()}},
                {3, {'$convoy_barrier', oneof([pid_gen(), ref_gen(), atom(), any()]), any()}},
                {1, {'$convoy_mark', any(), any()}},
+               {2, {'$convoy_publish', oneof([atom(), any()]), any(),
+                    oneof([any(), {'$convoy', any(), batch, any(), any()}])}},
+               {1, oneof([{'$convoy_publish', atom(), any()},
+                          {'$convoy_publish', atom(), any(), any(), any()}])},
                {1, {'$convoy_barrier', any()}},
                {1, oneof([{}, {a, b, c}, {a, b, c, d}, [], [a | b], foo, 3, <<"x">>])},
                {1, any()}]).
@@ -180,6 +194,10 @@ proper_list(_) -> false.
 %% A batch inside a batch: never delivered (the inbox would feed itself).
 expected_entry({_To, {'$convoy', _, batch, _, _}}, _From, _Local) ->
     {error, bad_entry};
+expected_entry({'$convoy_publish', _Scope, _Group, {'$convoy', _, batch, _, _}}, _From, _Local) ->
+    {error, bad_entry};
+expected_entry({'$convoy_publish', Scope, Group, Msg}, _From, _Local) when is_atom(Scope) ->
+    {publish, Scope, Group, Msg};
 expected_entry({'$convoy_barrier', R, Tag}, From, _Local) when is_pid(R); is_reference(R) ->
     case node(R) =:= From of
         true -> {barrier, R, Tag};
@@ -314,6 +332,62 @@ prop_multicast_entries() ->
                              andalso lists:all(fun(E) -> accepted(E, Local) end, Es)
                              andalso lists:all(fun(E) -> accepted(E, Local) end, Wire)
                  end))).
+
+%% Slicing a publish entry's members: the first slice may start with part of its
+%% budget spent, the others have all of it. Every member once, in order; no slice
+%% over its budget; a whole slice takes at least one member.
+prop_take_members() ->
+    ?FORALL({N, Each, Left0},
+            {frequency([{3, choose(0, 50)}, {1, choose(0, 20000)}]),
+             frequency([{3, choose(33, 2000)}, {1, choose(33, 1 bsl 18)}]),
+             choose(0, 1 bsl 18)},
+            safe(take_members, {N, Each, Left0},
+                 fun() ->
+                         Members = lists:seq(1, N),
+                         Slices = slices(Members, Each, Left0, []),
+                         Budget = convoy_wire:max_entry_words(),
+                         lists:append([S || {S, _} <- Slices]) =:= Members
+                             andalso lists:all(fun({S, Left}) -> length(S) * Each =< Left
+                                                                     orelse length(S) =:= 1 end,
+                                               Slices)
+                             andalso lists:all(fun({S, Left}) -> Left < Budget orelse S =/= []
+                                                                     orelse Members =:= [] end,
+                                               Slices)
+                 end)).
+
+slices(Members, Each, Left, Acc) ->
+    case convoy_wire:take_members(Members, Each, Left) of
+        {Now, []} -> lists:reverse([{Now, Left} | Acc]);
+        {Now, Later} -> slices(Later, Each, convoy_wire:max_entry_words(), [{Now, Left} | Acc])
+    end.
+
+%% Destinations that entry/3 accepted for a multicast (two or more), and entries
+%% to them, to other lists, or anything.
+prop_entry_to() ->
+    ?FORALL({Tos0, E0, Msg}, {list(oneof([foo, bar, sink])), entry_gen(), any()},
+            begin
+                Tos = [foo, sink | Tos0],
+                E = case E0 of
+                        {[_ | _], _} -> {Tos, Msg};
+                        _ -> E0
+                    end,
+                safe(entry_to, {Tos, E},
+                     fun() ->
+                             case convoy_wire:entry_to(E, Tos, length(Tos)) of
+                                 other -> not (is_tuple(E) andalso tuple_size(E) =:= 2
+                                               andalso element(1, E) =:= Tos);
+                                 R -> R =:= convoy_wire:entry(E, ?OTHER, ?LOCAL)
+                             end
+                     end)
+            end).
+
+prop_send_words() ->
+    ?FORALL(Msg, oneof([any(), ?LET(K, choose(0, 300000), lists:seq(1, K))]),
+            safe(send_words, Msg,
+                 fun() ->
+                         {ok, W} = convoy_size:copy_words(Msg, 1 bsl 50),
+                         convoy_wire:send_words(Msg) =:= min(W + 32, 1 bsl 18)
+                 end)).
 
 %% Past the destination limit for small messages; few destinations for big ones
 %% (every entry's check walks the message).
