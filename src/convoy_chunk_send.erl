@@ -1,0 +1,183 @@
+%% @private
+%% The sender's side of a message sent in pieces (`convoy_chunk'): runs in the
+%% caller of `convoy:send/2', which `convoy_route' lets do so only where its
+%% ordering rules allow a message to go to its lane's inbox (the lane holds
+%% nothing of the sender's).
+%%
+%% The sender encodes the message once (`convoy_chunk:payload/1'), sends the first
+%% piece to its lane's inbox on the peer (the inbox its batches use) and waits for
+%% that piece's ack (or `refused': the peer's reassembly bound is reached), then
+%% sends the others with at most `chunk_window' unacknowledged, and finally waits
+%% for the inbox's `delivered'. Each piece is a batch of one entry: other traffic
+%% to the node travels between them. The sender does not return before the
+%% message is delivered, so its later messages cannot overtake it, and, since the
+%% inbox delivers in order, everything it sent through that inbox before was
+%% delivered too: it may send directly again (as after a barrier).
+%%
+%% Acks go to an alias that is also a monitor of the inbox, so a dead inbox or a
+%% lost connection ends the wait at once. Bounds:
+%% <ul>
+%% <li>no answer to the first piece within `barrier_timeout' ms: `no_answer'
+%%   (counted `stalled'); `convoy_route' hands the message to the lane whole;</li>
+%% <li>no ack while the window is full for `barrier_timeout' ms: the remaining
+%%   pieces go unpaced (counted `stalled'), so a receiver that stopped acking
+%%   delays the message by at most that much;</li>
+%% <li>no `delivered' within `barrier_timeout' ms of the last ack: `sent'
+%%   (counted `stalled'): the message is on its way but the sender's later
+%%   messages must follow it through the inbox (it stays marked);</li>
+%% <li>a full distribution buffer: the piece is tried again every millisecond for
+%%   up to `block_timeout' ms, then the rest of the message is dropped and counted
+%%   (`dropped'); the receiver holds the partial until this sender's next message
+%%   in pieces, its death or its node's disconnection;</li>
+%% <li>the inbox's node not connected, or the inbox gone, before the last piece:
+%%   dropped and counted; after it: `sent' (delivered or not, as with `!').</li>
+%% </ul>
+-module(convoy_chunk_send).
+
+-export([inbox/4, send/6]).
+
+-include("convoy_runtime.hrl").
+
+-define(SEND_OPTS, [nosuspend, noconnect]).
+-define(BUSY_RETRY_MS, 1).
+
+%% @doc The peer inbox that a large message from lane `L' to `Node' goes to in
+%% pieces, with the node's counters; `none' when it goes whole (under
+%% `chunk_threshold', or the peer does not read pieces).
+-spec inbox(#runtime{}, pos_integer(), node(), term()) ->
+          {atom(), counters:counters_ref()} | none.
+inbox(#runtime{chunk_threshold = infinity}, _L, _Node, _Msg) ->
+    none;
+inbox(#runtime{chunk_threshold = T}, L, Node, Msg) ->
+    case convoy_size:is_large(Msg, T) of
+        false ->
+            none;
+        true ->
+            case convoy_peers:lookup(Node) of
+                {{convoy, Vsn, Inboxes}, C, _H} ->
+                    case convoy_wire:supports(Vsn, piece) of
+                        true -> {convoy_wire:lane_inbox(L, Inboxes), C};
+                        false -> none
+                    end;
+                _ ->
+                    none
+            end
+    end.
+
+%% @doc Send `Msg' to `To' on `Node' in pieces through the inbox `Inbox'.
+%% `delivered': the inbox delivered it; `sent': handed over, delivery not
+%% confirmed; `refused' (nothing sent but a refused first piece: the inbox has
+%% delivered everything before it) or `no_answer' (the first piece may be held or
+%% not): the caller sends the message whole; `dropped': counted.
+-spec send(#runtime{}, node(), atom(), counters:counters_ref(), convoy_wire:dest(), term()) ->
+          delivered | sent | refused | no_answer | dropped.
+send(RT = #runtime{chunk_bytes = PB}, Node, Inbox, C, To, Msg) ->
+    {Kind, Data} = convoy_chunk:payload(Msg),
+    case convoy_chunk:pieces(Data, PB) of
+        {0, []} ->
+            refused; % nothing to cut: it goes whole
+        {Size, [First | Rest]} ->
+            Dest = {Inbox, Node},
+            Mon = erlang:monitor(process, Dest, [{alias, demonitor}]),
+            Result = first(RT, Dest, Mon, C, convoy_wire:piece_start(Mon, self(), To, Kind,
+                                                                     Size, First), Rest),
+            erlang:demonitor(Mon, [flush]),
+            case Result of
+                dropped ->
+                    convoy_metrics:add(C, accepted, 1),
+                    convoy_metrics:add(C, dropped, 1);
+                _ ->
+                    ok
+            end,
+            Result
+    end.
+
+first(RT, Dest, Mon, C, Start, Rest) ->
+    case put_piece(RT, Dest, Start) of
+        ok ->
+            case await(RT, Mon) of
+                {ack, 0} ->
+                    convoy_metrics:add(C, chunked, 1),
+                    stream(RT, Dest, Mon, C, 1, Rest, 0, true);
+                refused ->
+                    refused;
+                timeout ->
+                    convoy_metrics:add(C, stalled, 1),
+                    no_answer;
+                _DownOrUnexpected ->
+                    dropped
+            end;
+        dropped ->
+            dropped
+    end.
+
+%% Pieces Seq.. left; Acked: the highest piece acked; Paced: false once the
+%% receiver has been silent too long.
+stream(RT, _Dest, Mon, C, _Seq, [], _Acked, _Paced) ->
+    finish(RT, Mon, C);
+stream(RT = #runtime{chunk_window = W}, Dest, Mon, C, Seq, [P | Ps] = Pieces, Acked, Paced) ->
+    case (not Paced) orelse Seq - 1 - Acked < W of
+        true ->
+            case put_piece(RT, Dest, convoy_wire:piece(Mon, Seq, P)) of
+                ok -> stream(RT, Dest, Mon, C, Seq + 1, Ps, Acked, Paced);
+                dropped -> dropped
+            end;
+        false ->
+            case await(RT, Mon) of
+                {ack, A} ->
+                    stream(RT, Dest, Mon, C, Seq, Pieces, max(A, Acked), Paced);
+                timeout ->
+                    convoy_metrics:add(C, stalled, 1),
+                    stream(RT, Dest, Mon, C, Seq, Pieces, Acked, false);
+                _DownOrUnexpected ->
+                    dropped
+            end
+    end.
+
+%% Everything is handed over: wait for the delivery (acks still arriving count as
+%% progress).
+finish(RT, Mon, C) ->
+    case await(RT, Mon) of
+        delivered ->
+            delivered;
+        {ack, _} ->
+            finish(RT, Mon, C);
+        timeout ->
+            convoy_metrics:add(C, stalled, 1),
+            sent;
+        _DownOrUnexpected ->
+            sent
+    end.
+
+await(#runtime{barrier_timeout = T}, Mon) ->
+    receive
+        {Mon, convoy_piece, Seq} when is_integer(Seq) -> {ack, Seq};
+        {Mon, convoy_piece, delivered} -> delivered;
+        {Mon, convoy_piece, refused} -> refused;
+        {'DOWN', Mon, process, _, _} -> down
+    after T ->
+        timeout
+    end.
+
+%% One piece as a batch of one, never suspending the sender: a busy connection
+%% is tried again every millisecond, up to block_timeout.
+put_piece(#runtime{block_timeout = BT}, Dest, Entry) ->
+    Batch = convoy_wire:batch(node(), [Entry]),
+    Deadline = erlang:monotonic_time(millisecond) + BT,
+    put_batch(Dest, Batch, Deadline).
+
+put_batch(Dest, Batch, Deadline) ->
+    case erlang:send(Dest, Batch, ?SEND_OPTS) of
+        ok ->
+            ok;
+        noconnect ->
+            dropped;
+        nosuspend ->
+            case erlang:monotonic_time(millisecond) >= Deadline of
+                true ->
+                    dropped;
+                false ->
+                    receive after ?BUSY_RETRY_MS -> ok end,
+                    put_batch(Dest, Batch, Deadline)
+            end
+    end.
