@@ -18,7 +18,10 @@
 %% lost connection ends the wait at once. Bounds:
 %% <ul>
 %% <li>no answer to the first piece within `barrier_timeout' ms: `no_answer'
-%%   (counted `stalled'); `convoy_route' hands the message to the lane whole;</li>
+%%   (counted `stalled'); `convoy_route' hands the message to the lane whole
+%%   (behind that piece, in the same inbox; the piece is never completed and is
+%%   discarded by the sender's next message in pieces or its death), unless that
+%%   piece was the whole message: then it is `sent';</li>
 %% <li>no ack while the window is full for `barrier_timeout' ms: the remaining
 %%   pieces go unpaced (counted `stalled'), so a receiver that stopped acking
 %%   delays the message by at most that much;</li>
@@ -34,7 +37,7 @@
 %% </ul>
 -module(convoy_chunk_send).
 
--export([inbox/4, send/6]).
+-export([inbox/4, send/6, drain_lane/3]).
 
 -include("convoy_runtime.hrl").
 
@@ -63,6 +66,22 @@ inbox(#runtime{chunk_threshold = T}, L, Node, Msg) ->
                     none
             end
     end.
+
+%% @doc Wait until lane `L' has shipped (handed to distribution) everything it
+%% holds for `Node', as `convoy:flush/2' does, for at most `barrier_timeout' ms.
+-spec drain_lane(#runtime{}, pos_integer(), node()) -> ok | timeout.
+drain_lane(#runtime{lanes = Lanes, barrier_timeout = T}, L, Node) ->
+    Lane = element(L, Lanes),
+    Mon = erlang:monitor(process, Lane, [{alias, demonitor}]),
+    Lane ! {'$convoy_flush', Node, Mon, Mon},
+    Result = receive
+                 {Mon, ok} -> ok;
+                 {'DOWN', Mon, process, _, _} -> timeout
+             after T ->
+                 timeout
+             end,
+    erlang:demonitor(Mon, [flush]),
+    Result.
 
 %% @doc Send `Msg' to `To' on `Node' in pieces through the inbox `Inbox'.
 %% `delivered': the inbox delivered it; `sent': handed over, delivery not
@@ -99,9 +118,20 @@ first(RT, Dest, Mon, C, Start, Rest) ->
                 {ack, 0} ->
                     convoy_metrics:add(C, chunked, 1),
                     stream(RT, Dest, Mon, C, 1, Rest, 0, true);
+                delivered when Rest =:= [] ->
+                    %% one piece: complete at once
+                    convoy_metrics:add(C, chunked, 1),
+                    delivered;
                 refused ->
                     refused;
+                timeout when Rest =:= [] ->
+                    %% The whole message was that piece: it is on its way.
+                    convoy_metrics:add(C, chunked, 1),
+                    convoy_metrics:add(C, stalled, 1),
+                    sent;
                 timeout ->
+                    %% Never completed: the inbox drops it with this sender's
+                    %% next message in pieces (or its death).
                     convoy_metrics:add(C, stalled, 1),
                     no_answer;
                 _DownOrUnexpected ->

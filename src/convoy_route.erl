@@ -46,8 +46,10 @@
 %% goes in pieces through the lane's inbox instead (`convoy_chunk_send'): the
 %% inbox is where rule 1 puts the sender's earlier traffic, and the sender returns
 %% only once the inbox delivered it, so rule 3's marker is cleared as by a
-%% barrier. A marked sender whose lane is busy hands the message to the lane
-%% whole, as before.
+%% barrier. A marked sender whose lane is busy first waits (at most
+%% `barrier_timeout' ms) for the lane to ship what it holds for the node, as
+%% `convoy:flush/1' does, then sends the pieces behind it; if the lane takes
+%% longer, the lane gets the message whole, as before.
 -module(convoy_route).
 
 -export([send/2, send/3, multicast/2, lane_of/1, await_gone/1]).
@@ -204,7 +206,7 @@ admitted(RT, L, Node, To, Msg, Size, Calm) ->
         false ->
             case convoy_path:may_bypass(size_kind(Size), Calm, idle(RT, L, V)) of
                 true -> bypass(RT, L, Node, To, Msg, Size, Calm);
-                false -> to_lane(RT, L, Node, To, Msg, Size)
+                false -> busy_lane(RT, L, Node, To, Msg, Size)
             end
     end.
 
@@ -244,6 +246,23 @@ bypass_by_route(RT, L, Node, To, Msg, Size, Calm) ->
                     to_lane(RT, L, Node, To, Msg, Size)
             end
     end.
+
+%% The lane holds messages: they go to it, except a large message to a peer that
+%% reads pieces, whose sender waits for the lane to ship what it holds for Node
+%% (at most barrier_timeout ms) and then sends it in pieces behind that.
+busy_lane(RT, L, Node, To, Msg, large) ->
+    case convoy_chunk_send:inbox(RT, L, Node, Msg) of
+        {Inbox, C} ->
+            ok = convoy_slots:dispose(slots(RT, L), 1),
+            case convoy_chunk_send:drain_lane(RT, L, Node) of
+                ok -> chunked(RT, L, Node, Inbox, C, To, Msg);
+                timeout -> admit_to_lane(RT, L, Node, To, Msg, large)
+            end;
+        none ->
+            to_lane(RT, L, Node, To, Msg, large)
+    end;
+busy_lane(RT, L, Node, To, Msg, Size) ->
+    to_lane(RT, L, Node, To, Msg, Size).
 
 size_kind({large, _}) -> large;
 size_kind(_) -> small.
