@@ -17,9 +17,10 @@
          exact_msgs/0, make/1, hold/3]).
 
 -define(INBOX, convoy_inbox_1).
-%% Sender settings: messages from 70,000 bytes go in pieces of 1 KiB; no
+%% Sender settings: messages from 70,000 bytes go in pieces of 1 KiB; a long
+%% barrier_timeout so that a loaded machine does not make senders give up waiting.
 -define(SENDER, #{chunk_threshold => 70000, chunk_bytes => 1024, chunk_window => 4,
-                 barrier_timeout => 10000}).  % no timeouts on a loaded machine
+                  barrier_timeout => 10000}).
 
 suite() ->
     [{timetrap, {seconds, 180}}].
