@@ -28,10 +28,11 @@
 %% <li>no `delivered' within `barrier_timeout' ms of the last ack: `sent'
 %%   (counted `stalled'): the message is on its way but the sender's later
 %%   messages must follow it through the inbox (it stays marked);</li>
-%% <li>a full distribution buffer: the piece is tried again every millisecond for
-%%   up to `block_timeout' ms, then the rest of the message is dropped and counted
-%%   (`dropped'); the receiver holds the partial until this sender's next message
-%%   in pieces, its death or its node's disconnection;</li>
+%% <li>a busy distribution connection: a helper process sends the piece
+%%   (suspended until the connection takes it, as `!' would be) while the sender
+%%   waits for it at most `block_timeout' ms; then the rest of the message is
+%%   dropped and counted (`dropped'), and the receiver holds the partial until this
+%%   sender's next message in pieces, its death or its node's disconnection;</li>
 %% <li>the inbox's node not connected, or the inbox gone, before the last piece:
 %%   dropped and counted; after it: `sent' (delivered or not, as with `!').</li>
 %% </ul>
@@ -42,7 +43,6 @@
 -include("convoy_runtime.hrl").
 
 -define(SEND_OPTS, [nosuspend, noconnect]).
--define(BUSY_RETRY_MS, 1).
 
 %% @doc The peer inbox that a large message from lane `L' to `Node' goes to in
 %% pieces, with the node's counters; `none' when it goes whole (under
@@ -189,25 +189,45 @@ await(#runtime{barrier_timeout = T}, Mon) ->
         timeout
     end.
 
-%% One piece as a batch of one, never suspending the sender: a busy connection
-%% is tried again every millisecond, up to block_timeout.
+%% One piece as a batch of one, never suspending the sender: when the
+%% connection is busy, a helper process makes the send (suspended, as `!' would
+%% be, until the connection takes it) while the sender waits for it at most
+%% block_timeout ms; the sender goes on only once the piece is in the connection,
+%% so pieces keep their order.
 put_piece(#runtime{block_timeout = BT}, Dest, Entry) ->
     Batch = convoy_wire:batch(node(), [Entry]),
-    Deadline = erlang:monotonic_time(millisecond) + BT,
-    put_batch(Dest, Batch, Deadline).
-
-put_batch(Dest, Batch, Deadline) ->
     case erlang:send(Dest, Batch, ?SEND_OPTS) of
-        ok ->
+        ok -> ok;
+        noconnect -> dropped;
+        nosuspend -> busy_send(Dest, Batch, BT)
+    end.
+
+busy_send(Dest, Batch, Timeout) ->
+    Self = self(),
+    Tag = make_ref(),
+    {Pid, Mon} = spawn_monitor(fun() ->
+                                       Result = erlang:send(Dest, Batch, [noconnect]),
+                                       Self ! {Tag, Result}
+                               end),
+    receive
+        {Tag, ok} ->
+            erlang:demonitor(Mon, [flush]),
             ok;
-        noconnect ->
+        {Tag, noconnect} ->
+            erlang:demonitor(Mon, [flush]),
             dropped;
-        nosuspend ->
-            case erlang:monotonic_time(millisecond) >= Deadline of
-                true ->
-                    dropped;
-                false ->
-                    receive after ?BUSY_RETRY_MS -> ok end,
-                    put_batch(Dest, Batch, Deadline)
-            end
+        {'DOWN', Mon, process, Pid, _} ->
+            dropped
+    after Timeout ->
+        %% Killed while suspended, the helper has not handed the piece over.
+        exit(Pid, kill),
+        receive
+            {'DOWN', Mon, process, Pid, _} -> ok
+        end,
+        receive
+            {Tag, ok} -> ok;
+            {Tag, noconnect} -> dropped
+        after 0 ->
+            dropped
+        end
     end.
