@@ -264,7 +264,11 @@ setting_value("false") -> false;
 setting_value(V) ->
     case string:to_integer(V) of
         {N, ""} -> N;
-        _ -> throw({bad_arg, "--convoy: bad value ~s", [V]})
+        _ ->
+            %% never, block, drop, error: atoms convoy_config knows (validated there)
+            try list_to_existing_atom(V)
+            catch error:badarg -> throw({bad_arg, "--convoy: bad value ~s", [V]})
+            end
     end.
 
 param(S) ->
