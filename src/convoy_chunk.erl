@@ -55,7 +55,7 @@
                   size :: pos_integer(),
                   mon :: term(),
                   got :: non_neg_integer(),
-                  next :: pos_integer(),
+                  next :: non_neg_integer(),
                   parts :: [binary()]}).       % newest first
 -record(rx, {partials = #{} :: #{reference() => #partial{}},
              senders = #{} :: #{pid() => reference()},
@@ -64,9 +64,9 @@
              done_set = #{} :: #{reference() => true}}).
 -opaque rx() :: #rx{}.
 %% `{ack, Seq}': stored; `{complete, Kind, To, Parts, Mon}': the message is whole
-%% (`assemble/2' it); `{refused, Mon}': the start does not fit the bound;
-%% `{error, bad_piece}': rejected. `Discarded' partials (with their monitors) come
-%% with a start that replaced one.
+%% (`assemble/2' it); `refused': the start does not fit the bound (nothing kept);
+%% `{error, bad_piece}': rejected, nothing kept. `start/4' also returns the
+%% monitors of partials it discarded (the sender's previous message).
 -type result() :: {ack, non_neg_integer()}
                 | {complete, kind(), term(), [binary()], term()}
                 | refused

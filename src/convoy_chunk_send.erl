@@ -52,6 +52,8 @@
 inbox(#runtime{chunk_threshold = infinity}, _L, _Node, _Msg) ->
     none;
 inbox(#runtime{chunk_threshold = T}, L, Node, Msg) ->
+    %% A walk of at most about T estimated bytes of the term (none for a binary):
+    %% less than encoding it, which sending it costs anyway.
     case convoy_size:is_large(Msg, T) of
         false ->
             none;
