@@ -2,8 +2,8 @@
 %% Chunked large messages: cutting a message into pieces on the sender, and the
 %% receiver's reassembly state. Pure.
 %%
-%% A message at or above `chunk_threshold' (estimated bytes) travels as pieces of
-%% `chunk_bytes', sent by its sender to its lane's inbox on the peer, at most
+%% A message at or above `chunk_threshold' (its encoded size) travels as pieces
+%% of `chunk_bytes', sent by its sender to its lane's inbox on the peer, at most
 %% `chunk_window' of them unacknowledged (`convoy_chunk_send'), so other traffic to
 %% that node travels between the pieces instead of waiting behind one long copy.
 %%

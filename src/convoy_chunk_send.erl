@@ -44,17 +44,15 @@
 
 -define(SEND_OPTS, [nosuspend, noconnect]).
 
-%% @doc The peer inbox that a large message from lane `L' to `Node' goes to in
-%% pieces, with the node's counters; `none' when it goes whole (under
-%% `chunk_threshold', or the peer does not read pieces).
--spec inbox(#runtime{}, pos_integer(), node(), term()) ->
+%% @doc The peer inbox that a large message (of `Bytes', its encoded size) from
+%% lane `L' to `Node' goes to in pieces, with the node's counters; `none' when it
+%% goes whole (under `chunk_threshold', or the peer does not read pieces).
+-spec inbox(#runtime{}, pos_integer(), node(), non_neg_integer()) ->
           {atom(), counters:counters_ref()} | none.
-inbox(#runtime{chunk_threshold = infinity}, _L, _Node, _Msg) ->
+inbox(#runtime{chunk_threshold = infinity}, _L, _Node, _Bytes) ->
     none;
-inbox(#runtime{chunk_threshold = T}, L, Node, Msg) ->
-    %% A walk of at most about T estimated bytes of the term (none for a binary):
-    %% less than encoding it, which sending it costs anyway.
-    case convoy_size:is_large(Msg, T) of
+inbox(#runtime{chunk_threshold = T}, L, Node, Bytes) ->
+    case Bytes >= T of
         false ->
             none;
         true ->

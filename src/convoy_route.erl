@@ -213,13 +213,13 @@ admitted(RT, L, Node, To, Msg, Size, Calm) ->
 %% The lane has shipped all it was given: the message may follow it, by a path
 %% that depends on the node's route. A large message to a peer that reads
 %% pieces goes in pieces through the inbox, behind what the lane shipped.
-bypass(RT, L, Node, To, Msg, large, Calm) ->
-    case convoy_chunk_send:inbox(RT, L, Node, Msg) of
+bypass(RT, L, Node, To, Msg, {large, B} = Size, Calm) ->
+    case convoy_chunk_send:inbox(RT, L, Node, B) of
         {Inbox, C} ->
             ok = convoy_slots:dispose(slots(RT, L), 1),
-            chunked(RT, L, Node, Inbox, C, To, Msg);
+            chunked(RT, L, Node, Inbox, C, To, Msg, Size);
         none ->
-            bypass_by_route(RT, L, Node, To, Msg, large, Calm)
+            bypass_by_route(RT, L, Node, To, Msg, Size, Calm)
     end;
 bypass(RT, L, Node, To, Msg, Size, Calm) ->
     bypass_by_route(RT, L, Node, To, Msg, Size, Calm).
@@ -250,16 +250,16 @@ bypass_by_route(RT, L, Node, To, Msg, Size, Calm) ->
 %% The lane holds messages: they go to it, except a large message to a peer that
 %% reads pieces, whose sender waits for the lane to ship what it holds for Node
 %% (at most barrier_timeout ms) and then sends it in pieces behind that.
-busy_lane(RT, L, Node, To, Msg, large) ->
-    case convoy_chunk_send:inbox(RT, L, Node, Msg) of
+busy_lane(RT, L, Node, To, Msg, {large, B} = Size) ->
+    case convoy_chunk_send:inbox(RT, L, Node, B) of
         {Inbox, C} ->
             ok = convoy_slots:dispose(slots(RT, L), 1),
             case convoy_chunk_send:drain_lane(RT, L, Node) of
-                ok -> chunked(RT, L, Node, Inbox, C, To, Msg);
-                timeout -> admit_to_lane(RT, L, Node, To, Msg, large)
+                ok -> chunked(RT, L, Node, Inbox, C, To, Msg, Size);
+                timeout -> admit_to_lane(RT, L, Node, To, Msg, Size)
             end;
         none ->
-            to_lane(RT, L, Node, To, Msg, large)
+            to_lane(RT, L, Node, To, Msg, Size)
     end;
 busy_lane(RT, L, Node, To, Msg, Size) ->
     to_lane(RT, L, Node, To, Msg, Size).
@@ -271,10 +271,10 @@ size_kind(_) -> small.
 %% that is not possible now, the lane takes the message. A large message to a
 %% peer that reads pieces goes in pieces instead (nothing of the sender's is in
 %% its lane or an inbox).
-direct(RT, L, Node, To, Msg, large) ->
-    case convoy_chunk_send:inbox(RT, L, Node, Msg) of
-        {Inbox, C} -> chunked(RT, L, Node, Inbox, C, To, Msg);
-        none -> direct_send(RT, L, Node, To, Msg, large)
+direct(RT, L, Node, To, Msg, {large, B} = Size) ->
+    case convoy_chunk_send:inbox(RT, L, Node, B) of
+        {Inbox, C} -> chunked(RT, L, Node, Inbox, C, To, Msg, Size);
+        none -> direct_send(RT, L, Node, To, Msg, Size)
     end;
 direct(RT, L, Node, To, Msg, Size) ->
     direct_send(RT, L, Node, To, Msg, Size).
@@ -284,7 +284,7 @@ direct(RT, L, Node, To, Msg, Size) ->
 %% sender is marked while it waits; `delivered' (like a barrier's answer) and
 %% `refused' (the inbox reached the first piece, so it delivered everything
 %% before it) clear the marker.
-chunked(RT, L, Node, Inbox, C, To, Msg) ->
+chunked(RT, L, Node, Inbox, C, To, Msg, Size) ->
     mark(Node),
     case convoy_chunk_send:send(RT, Node, Inbox, C, To, Msg) of
         delivered ->
@@ -294,11 +294,11 @@ chunked(RT, L, Node, Inbox, C, To, Msg) ->
             count_direct(C);
         refused ->
             unmark(Node),
-            direct_send(RT, L, Node, To, Msg, large);
+            direct_send(RT, L, Node, To, Msg, Size);
         no_answer ->
             %% Its first piece may still be waiting: the lane ships it whole,
             %% behind that piece.
-            admit_to_lane(RT, L, Node, To, Msg, large);
+            admit_to_lane(RT, L, Node, To, Msg, Size);
         dropped ->
             ok
     end.
