@@ -119,7 +119,9 @@ usage() ->
      "                      max_batch, max_delay (us), large_threshold (bytes|infinity),\n"
      "                      barrier_timeout (ms), bypass_after (us|never), max_buffered,\n"
      "                      max_buffered_bytes (n|infinity), overload (block|drop|error),\n"
-     "                      block_timeout (ms), telemetry (true|false): see README\n"
+     "                      block_timeout (ms), telemetry (true|false), chunk_threshold\n"
+     "                      (bytes|infinity), chunk_bytes, chunk_window,\n"
+     "                      max_reassembly_bytes (bytes|infinity): see README\n"
      "  --variants a,b      run only these variants (names as printed)\n"
      "  --param k=v         override a scenario parameter, e.g. --param pingers=50000,\n"
      "                      --param n=200000 (repeatable; see results.json 'params')\n"
@@ -267,7 +269,11 @@ setting_value("false") -> false;
 setting_value(V) ->
     case string:to_integer(V) of
         {N, ""} -> N;
-        _ -> throw({bad_arg, "--convoy: bad value ~s", [V]})
+        _ ->
+            %% never, block, drop, error: atoms convoy_config knows (validated there)
+            try list_to_existing_atom(V)
+            catch error:badarg -> throw({bad_arg, "--convoy: bad value ~s", [V]})
+            end
     end.
 
 param(S) ->

@@ -154,9 +154,14 @@ measure(bulk, #{senders := K, size := Size} = P, Ctx) ->
     {Dur, Done} = window(Senders, P, Ctx),
     stop_all(Sinks),
     #{mb_s => length(Done) * Size / Dur / 1.0e6};
-%% Small round trips while bulk senders push large binaries to the same node.
-measure(hol, #{bulk_senders := K, size := Size} = P, Ctx = #{mode := M}) ->
-    {Sinks, Senders} = bulk_pairs(K, Size, Ctx),
+%% Small round trips while bulk senders push large binaries to the same node;
+%% the bulk sent as the variant sends (`bulk_by' variant) or by plain `!'.
+measure(hol, #{bulk_senders := K, size := Size, bulk_by := By} = P, Ctx = #{mode := M}) ->
+    BulkCtx = case By of
+                  variant -> Ctx;
+                  plain -> Ctx#{mode := plain}
+              end,
+    {Sinks, Senders} = bulk_pairs(K, Size, BulkCtx),
     [S] = erpc:call(sink(Ctx), ?MODULE, spawn_servers, [M, 1]),
     Prober = spawn_link(?MODULE, client, [M, S, {req, ping}, self()]),
     {Dur, Results} = window_tagged([{bulk, B} || B <- Senders] ++ [{probe, Prober}], P, Ctx),

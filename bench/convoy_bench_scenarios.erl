@@ -224,10 +224,14 @@ describe(bulk, P = #{senders := Senders, size := Size}) ->
       figures => [{mb_s, <<"MB/s">>, mbs}],
       ratio => [mb_s], primary => {mb_s, higher}, convoy => measured};
 describe(hol, P = #{bulk_senders := K, size := Size}) ->
-    #{title => fmt("small round trips while ~b senders push ~s binaries to the same node",
+    #{title => fmt("small round trips while ~b senders push ~s binaries to the same node; "
+                   "\"bulk\": the bulk goes as the variant sends (convoy carries it), "
+                   "\"bulk by !\": the bulk goes by plain ! from other code (what convoy "
+                   "cannot pace) while the round trips use the variant",
                    [K, size_label(Size)]),
       placement => cross, sinks => 1,
-      points => [point(fmt("~b bulk", [K]), P)],
+      points => [point(fmt("~b bulk", [K]), P#{bulk_by => variant}),
+                 point(fmt("~b bulk by !", [K]), P#{bulk_by => plain})],
       figures => [{p50_us, <<"p50">>, us}, {p99_us, <<"p99">>, us},
                   {max_us, <<"max">>, us}, {bulk_mb_s, <<"bulk MB/s">>, mbs}],
       ratio => [p50_us, p99_us, bulk_mb_s], primary => {p99_us, lower}, convoy => measured};

@@ -33,6 +33,10 @@
                       max_batch => pos_integer(),
                       max_delay => non_neg_integer(),
                       large_threshold => non_neg_integer() | infinity,
+                      chunk_threshold => non_neg_integer() | infinity,
+                      chunk_bytes => pos_integer(),
+                      chunk_window => pos_integer(),
+                      max_reassembly_bytes => pos_integer() | infinity,
                       barrier_timeout => non_neg_integer(),
                       bypass_after => non_neg_integer() | never,
                       max_buffered => pos_integer() | infinity,
@@ -51,6 +55,8 @@
                        buffered := non_neg_integer(),
                        received := non_neg_integer(),
                        direct := non_neg_integer(),
+                       chunked := non_neg_integer(),
+                       stalled := non_neg_integer(),
                        refused := non_neg_integer(),
                        blocked_us := non_neg_integer(),
                        queued := non_neg_integer(),
@@ -213,8 +219,10 @@ flush(Which, Timeout) ->
 %% (accepted but neither sent nor dropped yet), `received' (delivered here from that
 %% node), `direct' (sent by the sender itself while its lane was idle), `refused'
 %% (`{error, overload}' returned by `send/3'), `blocked_us' (time senders waited for
-%% room), `queued' and `queued_bytes' (held by convoy now, lane mailboxes included)
-%% and `route'.
+%% room), `chunked' (of `direct', messages sent in pieces, see `convoy_chunk'),
+%% `stalled' (messages sent in pieces whose receiver did not answer within
+%% `barrier_timeout': see the README), `queued' and `queued_bytes' (held by convoy
+%% now, lane mailboxes included) and `route'.
 %% A multicast counts as one message per entry (see `convoy:multicast/2'). `lost'
 %% counts messages a lane that died had been handed and had not disposed of (not
 %% per node: the lane took that with it). All counters are cumulative since convoy

@@ -50,6 +50,11 @@
 %% is checked (`convoy_wire:creation/1', about 30 ns) unless it is the last one
 %% found current in the same slice, so a run of entries to one process pays for
 %% one check.
+%%
+%% Pieces of large messages (version 2, `convoy_chunk') are stored and acked by
+%% `convoy_chunk_rx' as they come; the last one delivers the whole message in its
+%% place. The inbox monitors the sender of a message in progress: its `DOWN' (and
+%% a `nodedown') discards the partial message.
 -module(convoy_inbox).
 
 -export([start_link/1, init/2, system_continue/3, system_terminate/4,
@@ -111,7 +116,15 @@ loop(S = #s{parent = Parent}) ->
     end.
 
 handle({nodedown, Node}, S) ->
+    ok = convoy_chunk_rx:nodedown(Node),
     S#s{peers = maps:remove(Node, S#s.peers)};
+handle({'DOWN', _Mon, process, Pid, _Reason}, S) when is_pid(Pid) ->
+    %% Only senders of messages in pieces are monitored (convoy_chunk_rx).
+    case convoy_chunk_rx:down(Pid) of
+        true -> ok;
+        false -> convoy_metrics:rejected(unknown_message)
+    end,
+    S;
 handle({nodeup, _Node}, S) ->
     S;
 handle(Msg, S) ->
@@ -251,6 +264,10 @@ step(Checked, Rest, D, Left, Budget, N) ->
                 {barrier, ReplyTo, Tag} ->
                     _ = erlang:send(ReplyTo, {Tag, convoy_barrier}, [noconnect]),
                     deliver(Rest, D, Left - Cost, Budget, N);
+                {piece, _, _, _} = P ->
+                    piece(P, Rest, D, Left - Cost, Budget, N);
+                {piece_start, _} = P ->
+                    piece(P, Rest, D, Left - Cost, Budget, N);
                 {error, Kind} ->
                     convoy_metrics:rejected(Kind),
                     deliver(Rest, D, Left - Cost, Budget, N)
@@ -339,6 +356,18 @@ publish([_ | Ps], Msgs, Local) -> publish(Ps, Msgs, Local).
 
 send_all(_P, []) -> ok;
 send_all(P, [Msg | Msgs]) -> P ! Msg, send_all(P, Msgs).
+
+%% A piece of a message sent in pieces (convoy_chunk_rx): the last one delivers
+%% the whole message here, in this entry's place.
+piece(P, Rest, D, Left, Budget, N) ->
+    case convoy_chunk_rx:handle(P, D#d.from) of
+        none ->
+            deliver(Rest, D, Left, Budget, N);
+        {deliver, To, Msg, Ref} ->
+            D1 = local_send(To, Msg, D),
+            ok = convoy_chunk_rx:delivered(Ref),
+            deliver(Rest, D1, Left, Budget, N + 1)
+    end.
 
 multicast([], _Msg, D) -> D;
 multicast([To | Tos], Msg, D) -> multicast(Tos, Msg, local_send(To, Msg, D)).

@@ -22,16 +22,16 @@
 -define(LOST, {convoy, lost}).
 
 -type counter() :: accepted | messages | batches | dropped | received | direct
-                 | refused | blocked_us.
+                 | refused | blocked_us | chunked | stalled.
 -type rejection() :: bad_version | malformed_batch | bad_entry | bad_hello
                    | unknown_message | unknown_node | undeliverable | too_costly
-                   | unsolicited.
+                   | unsolicited | bad_piece | partial_discarded | reassembly_full.
 
 -define(COUNTERS, [accepted, messages, batches, dropped, received, direct, refused,
-                   blocked_us]).
+                   blocked_us, chunked, stalled]).
 -define(REJECTIONS, [bad_version, malformed_batch, bad_entry, bad_hello,
                      unknown_message, unknown_node, undeliverable, too_costly,
-                     unsolicited]).
+                     unsolicited, bad_piece, partial_discarded, reassembly_full]).
 
 %% @doc Create the rejection counters (once per start of the application).
 -spec init() -> ok.
@@ -105,7 +105,9 @@ index(dropped) -> 4;
 index(received) -> 5;
 index(direct) -> 6;
 index(refused) -> 7;
-index(blocked_us) -> 8.
+index(blocked_us) -> 8;
+index(chunked) -> 9;
+index(stalled) -> 10.
 
 %% @doc Count one rejected input; the first of each kind is logged.
 -spec rejected(rejection()) -> ok.

@@ -41,6 +41,15 @@
 %% a plain send copies them: the sender waits for a barrier (at most
 %% `barrier_timeout' ms) if it has inbox traffic outstanding, then sends directly.
 %% If the barrier does not come back in time the message goes through the lane.
+%% From `chunk_threshold' on, to a peer at protocol version 2, a large message
+%% that may go directly (unmarked sender) or bypass its idle lane (marked sender)
+%% goes in pieces through the lane's inbox instead (`convoy_chunk_send'): the
+%% inbox is where rule 1 puts the sender's earlier traffic, and the sender returns
+%% only once the inbox delivered it, so rule 3's marker is cleared as by a
+%% barrier. A marked sender whose lane is busy first waits (at most
+%% `barrier_timeout' ms) for the lane to ship what it holds for the node, as
+%% `convoy:flush/1' does, then sends the pieces behind it; if the lane takes
+%% longer, the lane gets the message whole, as before.
 -module(convoy_route).
 
 -export([send/2, send/3, multicast/2, multicast_entry/3, lane_of/1, await_gone/1]).
@@ -207,13 +216,25 @@ admitted(RT, L, Node, To, Msg, Size, Calm) ->
         false ->
             case convoy_path:may_bypass(size_kind(Size), Calm, idle(RT, L, V)) of
                 true -> bypass(RT, L, Node, To, Msg, Size, Calm);
-                false -> to_lane(RT, L, Node, To, Msg, Size)
+                false -> busy_lane(RT, L, Node, To, Msg, Size)
             end
     end.
 
 %% The lane has shipped all it was given: the message may follow it, by a path
-%% that depends on the node's route.
+%% that depends on the node's route. A large message to a peer that reads
+%% pieces goes in pieces through the inbox, behind what the lane shipped.
+bypass(RT, L, Node, To, Msg, {large, B} = Size, Calm) ->
+    case convoy_chunk_send:inbox(RT, L, Node, B) of
+        {Inbox, C} ->
+            ok = convoy_slots:dispose(slots(RT, L), 1),
+            chunked(RT, L, Node, Inbox, C, To, Msg, Size);
+        none ->
+            bypass_by_route(RT, L, Node, To, Msg, Size, Calm)
+    end;
 bypass(RT, L, Node, To, Msg, Size, Calm) ->
+    bypass_by_route(RT, L, Node, To, Msg, Size, Calm).
+
+bypass_by_route(RT, L, Node, To, Msg, Size, Calm) ->
     {Route, C, Inboxes} = node_row(Node),
     case convoy_path:bypass(size_kind(Size), Calm, Route) of
         direct ->
@@ -236,12 +257,63 @@ bypass(RT, L, Node, To, Msg, Size, Calm) ->
             end
     end.
 
+%% The lane holds messages: they go to it, except a large message to a peer that
+%% reads pieces, whose sender waits for the lane to ship what it holds for Node
+%% (at most barrier_timeout ms) and then sends it in pieces behind that.
+busy_lane(RT, L, Node, To, Msg, {large, B} = Size) ->
+    case convoy_chunk_send:inbox(RT, L, Node, B) of
+        {Inbox, C} ->
+            ok = convoy_slots:dispose(slots(RT, L), 1),
+            case convoy_chunk_send:drain_lane(RT, L, Node) of
+                ok -> chunked(RT, L, Node, Inbox, C, To, Msg, Size);
+                timeout -> admit_to_lane(RT, L, Node, To, Msg, Size)
+            end;
+        none ->
+            to_lane(RT, L, Node, To, Msg, Size)
+    end;
+busy_lane(RT, L, Node, To, Msg, Size) ->
+    to_lane(RT, L, Node, To, Msg, Size).
+
 size_kind({large, _}) -> large;
 size_kind(_) -> small.
 
 %% Plain send straight to the destination, never suspending or connecting; if
-%% that is not possible now, the lane takes the message.
+%% that is not possible now, the lane takes the message. A large message to a
+%% peer that reads pieces goes in pieces instead (nothing of the sender's is in
+%% its lane or an inbox).
+direct(RT, L, Node, To, Msg, {large, B} = Size) ->
+    case convoy_chunk_send:inbox(RT, L, Node, B) of
+        {Inbox, C} -> chunked(RT, L, Node, Inbox, C, To, Msg, Size);
+        none -> direct_send(RT, L, Node, To, Msg, Size)
+    end;
 direct(RT, L, Node, To, Msg, Size) ->
+    direct_send(RT, L, Node, To, Msg, Size).
+
+%% A large message in pieces through the lane's inbox (convoy_chunk_send), where
+%% the sender's earlier messages to Node are all in the connection already. The
+%% sender is marked while it waits; `delivered' (like a barrier's answer) and
+%% `refused' (the inbox reached the first piece, so it delivered everything
+%% before it) clear the marker.
+chunked(RT, L, Node, Inbox, C, To, Msg, Size) ->
+    mark(Node),
+    case convoy_chunk_send:send(RT, Node, Inbox, C, To, Msg) of
+        delivered ->
+            unmark(Node),
+            count_direct(C);
+        sent ->
+            count_direct(C);
+        refused ->
+            unmark(Node),
+            direct_send(RT, L, Node, To, Msg, Size);
+        no_answer ->
+            %% Its first piece may still be waiting: the lane ships it whole,
+            %% behind that piece.
+            admit_to_lane(RT, L, Node, To, Msg, Size);
+        dropped ->
+            ok
+    end.
+
+direct_send(RT, L, Node, To, Msg, Size) ->
     case erlang:send(convoy_wire:address(To, Node), Msg, ?DIRECT_OPTS) of
         ok -> count_direct(element(1, refs(RT, Node)));
         _NoSuspendOrNoConnect -> admit_to_lane(RT, L, Node, To, Msg, Size)

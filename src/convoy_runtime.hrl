@@ -27,6 +27,11 @@
     max_batch :: pos_integer(),
     max_delay :: non_neg_integer(),
     large_threshold :: non_neg_integer() | infinity,
+    %% messages sent in pieces (convoy_chunk)
+    chunk_threshold :: non_neg_integer() | infinity,
+    chunk_bytes :: pos_integer(),
+    chunk_window :: pos_integer(),
+    max_reassembly_bytes :: pos_integer() | infinity,
     barrier_timeout :: non_neg_integer(),
     telemetry :: boolean(),
     config :: map()

@@ -28,6 +28,17 @@
 %%     `ReplyTo' once everything before it is delivered. `ReplyTo' (a pid or an
 %%     alias) must be of `FromNode': an inbox answers only the node the batch says
 %%     it came from, never a third one.</li>
+%%   <li>Version 2, kind `piece' (`convoy_chunk'): a piece of a message sent in
+%%     pieces. The first is `{'$convoy_piece', Ref, 0, Data, {Sender, To, Kind,
+%%     Size}}', the others `{'$convoy_piece', Ref, Seq, Data}' with Seq 1, 2, ...;
+%%     `Ref' (an alias of the sender, fresh per message) and `Sender' (a pid) must
+%%     be of `FromNode', `To' a single destination of the receiving node, `Kind'
+%%     `binary' or `term', `Size' the total bytes (positive), `Data' a binary. The
+%%     inbox answers `{Ref, convoy_piece, Seq}' for each piece it stored,
+%%     `{Ref, convoy_piece, refused}' for a start over its bound and
+%%     `{Ref, convoy_piece, delivered}' once the whole message was delivered; a
+%%     well-formed piece out of sequence is `bad_piece' (see
+%%     `convoy_chunk').</li>
 %%   </ul>
 %%   The receiver checks every entry (`entry/3'). A malformed one, a destination
 %%   of another node, a barrier for a third node or a message that is itself a
@@ -73,8 +84,9 @@
 -module(convoy_wire).
 
 -export([version/0, versions/0, max_inboxes/0, max_dests/0, max_entry_words/0,
-         batch/2, barrier/2, publish/3, hello/2, supports/2, address/2, send_words/1, take_members/3,
-         entry_to/3, decode/1, entry/3, cost/1, multicast_entries/2,
+         batch/2, barrier/2, publish/3, piece_start/6, piece/3, hello/2, supports/2,
+         address/2, send_words/1, take_members/3, entry_to/3, decode/1, entry/3, cost/1,
+         multicast_entries/2,
          creation/1, negotiate/1, inbox_name/1, inbox_names/1, lane_inbox/2]).
 
 -export_type([entry_kind/0, entry/0, dest/0, decoded/0, hello_info/0, checked/0]).
@@ -91,10 +103,12 @@
 -define(MAX_DESTS, (?MAX_ENTRY_WORDS div ?SEND_WORDS)).
 
 -type dest() :: pid() | atom() | reference().
--type entry_kind() :: atom().
+-type entry_kind() :: publish | piece.
 %% An entry kind added after version 1 (see `supports/2').
 -type entry() :: {dest() | [dest()], term()} | {'$convoy_barrier', pid() | reference(), term()}
-               | {'$convoy_publish', atom(), term(), term()}.
+               | {'$convoy_publish', atom(), term(), term()}
+               | {'$convoy_piece', reference(), pos_integer(), binary()}
+               | {'$convoy_piece', reference(), 0, binary(), {pid(), dest(), binary | term, pos_integer()}}.
 -type hello_info() :: #{versions := [pos_integer()], node := node(), peers := pid(),
                         inboxes := pos_integer(), request => reference()}.
 -type decoded() :: {batch, pos_integer(), node(), maybe_improper_list()}
@@ -104,6 +118,10 @@
                  | {multicast, [dest()], term(), non_neg_integer()}
                  | {barrier, pid() | reference(), term()}
                  | {publish, atom(), term(), term()}
+                 | {piece_start, #{ref := reference(), sender := pid(), to := dest(),
+                                   kind := binary | term, size := pos_integer(),
+                                   data := binary()}}
+                 | {piece, reference(), pos_integer(), binary()}
                  | {error, bad_entry | too_costly}.
 
 -spec version() -> pos_integer().
@@ -119,7 +137,7 @@ supports(Vsn, Kind) -> Vsn >= since(Kind).
 
 %% Entry kinds added after version 1 and the version that added them.
 since(publish) -> 2;
-since(_Kind) -> 2.
+since(piece) -> 2.
 
 -spec max_inboxes() -> pos_integer().
 max_inboxes() -> ?MAX_INBOXES.
@@ -148,6 +166,15 @@ publish(Scope, Group, Msg) -> {'$convoy_publish', Scope, Group, Msg}.
 
 -spec barrier(pid() | reference(), term()) -> entry().
 barrier(ReplyTo, Tag) -> {'$convoy_barrier', ReplyTo, Tag}.
+
+%% @doc The first piece of a message sent in pieces (version 2, see `convoy_chunk').
+-spec piece_start(reference(), pid(), dest(), binary | term, pos_integer(), binary()) -> entry().
+piece_start(Ref, Sender, To, Kind, Size, Data) ->
+    {'$convoy_piece', Ref, 0, Data, {Sender, To, Kind, Size}}.
+
+%% @doc Piece `Seq' (1, 2, ...) of a message sent in pieces (version 2).
+-spec piece(reference(), pos_integer(), binary()) -> entry().
+piece(Ref, Seq, Data) -> {'$convoy_piece', Ref, Seq, Data}.
 
 -spec hello(hello | welcome, hello_info()) -> tuple().
 hello(Kind, Info) -> {'$convoy', ?BATCH_VSN, Kind, Info}.
@@ -212,6 +239,20 @@ entry({'$convoy_publish', Scope, Group, Msg}, _From, _Local) when is_atom(Scope)
 entry({'$convoy_barrier', ReplyTo, Tag}, From, _Local) when is_pid(ReplyTo); is_reference(ReplyTo) ->
     case node(ReplyTo) =:= From of
         true -> {barrier, ReplyTo, Tag};
+        false -> {error, bad_entry}
+    end;
+entry({'$convoy_piece', Ref, 0, Data, {Sender, To, Kind, Size}}, From, Local)
+  when is_reference(Ref), is_binary(Data), is_pid(Sender), is_integer(Size), Size > 0,
+       (Kind =:= binary orelse Kind =:= term), not is_list(To) ->
+    case node(Ref) =:= From andalso node(Sender) =:= From andalso local_dest(To, Local) of
+        true -> {piece_start, #{ref => Ref, sender => Sender, to => To, kind => Kind,
+                                size => Size, data => Data}};
+        false -> {error, bad_entry}
+    end;
+entry({'$convoy_piece', Ref, Seq, Data}, From, _Local)
+  when is_reference(Ref), is_integer(Seq), Seq > 0, is_binary(Data) ->
+    case node(Ref) =:= From of
+        true -> {piece, Ref, Seq, Data};
         false -> {error, bad_entry}
     end;
 entry({To, Msg}, _From, Local) when is_list(To) ->
@@ -520,6 +561,22 @@ take_members_test() ->
     ?assertEqual({[1, 2], []}, take_members([1, 2 | x], 1, Budget)),
     ?assertEqual(3 + 2 + ?SEND_WORDS, send_words({a, [b]})),
     ?assertEqual(Budget, send_words(lists:seq(1, Budget))).
+piece_entry_test() ->
+    L = node(),
+    R = alias(),
+    ?assertMatch({piece_start, #{ref := R, to := foo, kind := term, size := 3}},
+                 entry(piece_start(R, self(), foo, term, 3, <<"a">>), L, L)),
+    ?assertEqual({piece, R, 1, <<"b">>}, entry(piece(R, 1, <<"b">>), L, L)),
+    ?assertEqual({error, bad_entry}, entry(piece(R, 1, <<"b">>), other@host, L)),
+    ?assertEqual({error, bad_entry}, entry(piece(R, 0, <<"b">>), L, L)),
+    ?assertEqual({error, bad_entry}, entry(piece(R, 1, [<<"b">>]), L, L)),
+    ?assertEqual({error, bad_entry}, entry(piece_start(R, self(), [foo], term, 3, <<"a">>), L, L)),
+    ?assertEqual({error, bad_entry}, entry(piece_start(R, self(), foo, other, 3, <<"a">>), L, L)),
+    ?assertEqual({error, bad_entry}, entry(piece_start(R, self(), foo, term, 0, <<"a">>), L, L)),
+    ?assertEqual({error, bad_entry},
+                 entry(piece_start(R, self(), foo, term, 3, <<"a">>), other@host, L)),
+    ?assert(supports(2, piece)),
+    ?assertNot(supports(1, piece)).
 
 negotiate_test() ->
     ?assertEqual(2, negotiate([1, 2])),

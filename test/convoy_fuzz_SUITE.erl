@@ -37,7 +37,8 @@
 
 %% A message kind on the rejected counters, and all of them.
 -define(KINDS, [bad_version, malformed_batch, bad_entry, bad_hello, unknown_message,
-                unknown_node, undeliverable, too_costly, unsolicited]).
+                unknown_node, undeliverable, too_costly, unsolicited, bad_piece,
+                partial_discarded, reassembly_full]).
 
 suite() ->
     [{timetrap, {seconds, 60}}].

@@ -1,0 +1,321 @@
+%% @private
+%% Chunked large messages: cutting a message into pieces on the sender, and the
+%% receiver's reassembly state. Pure.
+%%
+%% A message at or above `chunk_threshold' (its encoded size) travels as pieces
+%% of `chunk_bytes', sent by its sender to its lane's inbox on the peer, at most
+%% `chunk_window' of them unacknowledged (`convoy_chunk_send'), so other traffic to
+%% that node travels between the pieces instead of waiting behind one long copy.
+%%
+%% Sender: `payload/1' gives the bytes to cut. A binary message is cut as it is
+%% (no encoding, no copy: the pieces are sub-binaries of it); any other term is
+%% encoded once with `term_to_iovec/1', whose large binaries are referenced, not
+%% copied. `pieces/2' cuts that iodata into pieces: sub-binaries, except where a
+%% piece spans two elements of the iovec (one piece-sized copy).
+%%
+%% Receiver copies: the pieces arrive as binaries of their own; the completed
+%% message is joined once (`iolist_to_binary/1', one copy of its bytes) and, for a
+%% term, decoded once (`binary_to_term/1', which copies the binaries in it once
+%% more). Both are built-in functions that yield, so they do not hold a scheduler.
+%%
+%% Reassembly state (`rx()'): partial messages keyed by the sender's reference
+%% (an alias, fresh per message), one per sender pid at a time. A start piece
+%% names the sender, the destination, the kind (`binary' or `term') and the total
+%% size; pieces then come with sequence numbers 1, 2, ... and the message is
+%% complete when the bytes received reach the size. A start reserves its whole
+%% size against the per-node bound: a start that does not fit is refused (the
+%% sender then sends the message whole, see `convoy_chunk_send'), so the bytes held
+%% for partial messages of one node never exceed the bound. Rejected (never
+%% stored, never delivered): a piece of an unknown message, a piece out of
+%% sequence or repeated, a piece that would pass the announced size, an empty
+%% piece, a second start for a message in progress, and a start of a message
+%% completed recently (the last `?DONE_KEEP' are remembered), so nothing is
+%% delivered twice. A new start from a sender that has a message in progress
+%% discards that one (the sender gave up on it). `down/2' and `nodedown/2'
+%% discard a dead sender's or node's partial messages.
+-module(convoy_chunk).
+
+-export([payload/1, pieces/2, new/0, start/4, piece/5, down/2, nodedown/2, held/2,
+         partials/1, assemble/2]).
+
+-export_type([rx/0, kind/0, start/0, result/0]).
+
+%% Completed messages remembered against replays.
+-define(DONE_KEEP, 4096).
+
+-type kind() :: binary | term.
+%% What a start piece says: reference, sender, destination, kind, size, mon (an
+%% opaque term the caller keeps with the partial: its monitor), first data.
+-type start() :: #{ref := reference(), sender := pid(), to := term(), kind := kind(),
+                   size := pos_integer(), mon := term(), data := binary()}.
+-record(partial, {node :: node(),
+                  sender :: pid(),
+                  to :: term(),
+                  kind :: kind(),
+                  size :: pos_integer(),
+                  mon :: term(),
+                  got :: non_neg_integer(),
+                  next :: non_neg_integer(),
+                  parts :: [binary()]}).       % newest first
+-record(rx, {partials = #{} :: #{reference() => #partial{}},
+             senders = #{} :: #{pid() => reference()},
+             held = #{} :: #{node() => non_neg_integer()},
+             done = queue:new() :: queue:queue(reference()),
+             done_set = #{} :: #{reference() => true}}).
+-opaque rx() :: #rx{}.
+%% `{ack, Seq}': stored; `{complete, Kind, To, Parts, Mon}': the message is whole
+%% (`assemble/2' it); `refused': the start does not fit the bound (nothing kept);
+%% `{error, bad_piece}': rejected, nothing kept. `start/4' also returns the
+%% monitors of partials it discarded (the sender's previous message).
+-type result() :: {ack, non_neg_integer()}
+                | {complete, kind(), term(), [binary()], term()}
+                | refused
+                | {error, bad_piece}.
+
+%%--------------------------------------------------------------------
+%% Sender
+
+%% @doc The kind and the bytes to cut: a binary as it is, any other term encoded
+%% once (`term_to_iovec/1': large binaries in it are referenced, not copied).
+-spec payload(term()) -> {kind(), iodata()}.
+payload(Msg) when is_binary(Msg) -> {binary, Msg};
+payload(Msg) -> {term, erlang:term_to_iovec(Msg)}.
+
+%% @doc `{Size, Pieces}': `Data' cut into pieces of `PieceBytes' (the last one
+%% shorter), in order; their concatenation is `Data'.
+-spec pieces(iodata(), pos_integer()) -> {non_neg_integer(), [binary()]}.
+pieces(Data, PieceBytes) when is_binary(Data) ->
+    {byte_size(Data), cut(Data, PieceBytes)};
+pieces(Data, PieceBytes) ->
+    Bins = flatten(Data, []),
+    {lists:sum([byte_size(B) || B <- Bins]), join_cut(Bins, PieceBytes, [], 0, [])}.
+
+cut(Bin, N) when byte_size(Bin) =< N ->
+    [Bin || byte_size(Bin) > 0];
+cut(Bin, N) ->
+    <<P:N/binary, Rest/binary>> = Bin,
+    [P | cut(Rest, N)].
+
+%% The binaries of an iolist, in order (term_to_iovec gives a flat list already).
+flatten([], Acc) -> lists:reverse(Acc);
+flatten([B | T], Acc) when is_binary(B) -> flatten(T, [B | Acc]);
+flatten([L | T], Acc) when is_list(L) -> flatten(T, lists:reverse(flatten(L, []), Acc));
+flatten([C | T], Acc) when is_integer(C) -> flatten(T, [<<C>> | Acc]);
+flatten(B, Acc) when is_binary(B) -> lists:reverse([B | Acc]).
+
+%% Cur: parts of the piece being filled (newest first), CurN its bytes.
+join_cut([], _N, Cur, CurN, Out) ->
+    lists:reverse(close_piece(Cur, CurN, Out));
+join_cut([B | Rest], N, Cur, CurN, Out) ->
+    Room = N - CurN,
+    case byte_size(B) of
+        0 ->
+            join_cut(Rest, N, Cur, CurN, Out);
+        S when S < Room ->
+            join_cut(Rest, N, [B | Cur], CurN + S, Out);
+        _ ->
+            <<Fill:Room/binary, Tail/binary>> = B,
+            Out1 = close_piece([Fill | Cur], N, Out),
+            Whole = cut(Tail, N),
+            case Whole =/= [] andalso byte_size(lists:last(Whole)) < N of
+                true ->
+                    Last = lists:last(Whole),
+                    join_cut(Rest, N, [Last], byte_size(Last),
+                             lists:reverse(lists:droplast(Whole), Out1));
+                false ->
+                    join_cut(Rest, N, [], 0, lists:reverse(Whole, Out1))
+            end
+    end.
+
+close_piece(_Cur, 0, Out) -> Out;
+close_piece([B], _N, Out) -> [B | Out];
+close_piece(Cur, _N, Out) -> [iolist_to_binary(lists:reverse(Cur)) | Out].
+
+%%--------------------------------------------------------------------
+%% Receiver
+
+-spec new() -> rx().
+new() -> #rx{}.
+
+%% @doc A start piece from `Node' with the node's bound `Bound' (bytes of partial
+%% messages held for it). Returns the result and the monitors of partials it
+%% discarded (this sender's unfinished previous message).
+-spec start(node(), start(), non_neg_integer() | infinity, rx()) ->
+          {result(), [term()], rx()}.
+start(Node, #{ref := Ref, sender := Sender, size := Size, data := Data} = St, Bound, Rx)
+  when is_integer(Size), Size > 0, byte_size(Data) > 0, byte_size(Data) =< Size ->
+    case is_map_key(Ref, Rx#rx.partials) orelse is_map_key(Ref, Rx#rx.done_set) of
+        true ->
+            {{error, bad_piece}, [], Rx};
+        false ->
+            {Dropped, Rx1} = case Rx#rx.senders of
+                                 #{Sender := Old} -> drop(Old, Rx);
+                                 _ -> {[], Rx}
+                             end,
+            Held = maps:get(Node, Rx1#rx.held, 0),
+            case fits(Held + Size, Bound) of
+                false ->
+                    {refused, Dropped, Rx1};
+                true ->
+                    P = #partial{node = Node, sender = Sender, to = maps:get(to, St),
+                                 kind = maps:get(kind, St), size = Size,
+                                 mon = maps:get(mon, St), got = 0, next = 0, parts = []},
+                    Rx2 = Rx1#rx{held = (Rx1#rx.held)#{Node => Held + Size},
+                                 senders = (Rx1#rx.senders)#{Sender => Ref}},
+                    {R, Rx3} = add(Ref, P, 0, Data, Rx2),
+                    {R, Dropped, Rx3}
+            end
+    end;
+start(_Node, _St, _Bound, Rx) ->
+    {{error, bad_piece}, [], Rx}.
+
+fits(_Bytes, infinity) -> true;
+fits(Bytes, Bound) -> Bytes =< Bound.
+
+%% @doc Piece `Seq' (1, 2, ...) of the message `Ref', from `Node'.
+-spec piece(node(), reference(), pos_integer(), binary(), rx()) -> {result(), rx()}.
+piece(Node, Ref, Seq, Data, Rx) ->
+    case Rx#rx.partials of
+        #{Ref := P = #partial{node = Node}} -> add(Ref, P, Seq, Data, Rx);
+        _ -> {{error, bad_piece}, Rx}
+    end.
+
+add(Ref, P = #partial{next = Seq, got = Got, size = Size}, Seq, Data, Rx)
+  when byte_size(Data) > 0, Got + byte_size(Data) =< Size ->
+    Got1 = Got + byte_size(Data),
+    Parts = [Data | P#partial.parts],
+    case Got1 =:= Size of
+        false ->
+            P1 = P#partial{got = Got1, next = Seq + 1, parts = Parts},
+            {{ack, Seq}, Rx#rx{partials = (Rx#rx.partials)#{Ref => P1}}};
+        true ->
+            Rx1 = remember(Ref, remove(Ref, P, Rx)),
+            {{complete, P#partial.kind, P#partial.to, lists:reverse(Parts), P#partial.mon}, Rx1}
+    end;
+add(_Ref, _P, _Seq, _Data, Rx) ->
+    {{error, bad_piece}, Rx}.
+
+remove(Ref, #partial{node = Node, sender = Sender, size = Size}, Rx) ->
+    Held = maps:get(Node, Rx#rx.held) - Size,
+    Rx#rx{partials = maps:remove(Ref, Rx#rx.partials),
+          senders = maps:remove(Sender, Rx#rx.senders),
+          held = case Held of
+                     0 -> maps:remove(Node, Rx#rx.held);
+                     _ -> (Rx#rx.held)#{Node := Held}
+                 end}.
+
+drop(Ref, Rx) ->
+    P = maps:get(Ref, Rx#rx.partials),
+    {[P#partial.mon], remove(Ref, P, Rx)}.
+
+remember(Ref, Rx = #rx{done = Q, done_set = Set}) ->
+    Q1 = queue:in(Ref, Q),
+    Set1 = Set#{Ref => true},
+    case map_size(Set1) > ?DONE_KEEP of
+        true ->
+            {{value, Old}, Q2} = queue:out(Q1),
+            Rx#rx{done = Q2, done_set = maps:remove(Old, Set1)};
+        false ->
+            Rx#rx{done = Q1, done_set = Set1}
+    end.
+
+%% @doc The sender `Pid' died: its partial message is discarded. Returns how many
+%% (0 or 1) and their monitors.
+-spec down(pid(), rx()) -> {[term()], rx()}.
+down(Pid, Rx) ->
+    case Rx#rx.senders of
+        #{Pid := Ref} -> drop(Ref, Rx);
+        _ -> {[], Rx}
+    end.
+
+%% @doc `Node' is gone: its partial messages are discarded (their monitors).
+-spec nodedown(node(), rx()) -> {[term()], rx()}.
+nodedown(Node, Rx) ->
+    Refs = [R || {R, #partial{node = N}} <- maps:to_list(Rx#rx.partials), N =:= Node],
+    lists:foldl(fun(R, {Mons, Acc}) ->
+                        {M, Acc1} = drop(R, Acc),
+                        {M ++ Mons, Acc1}
+                end, {[], Rx}, Refs).
+
+%% @doc Bytes reserved by partial messages of `Node'.
+-spec held(node(), rx()) -> non_neg_integer().
+held(Node, Rx) -> maps:get(Node, Rx#rx.held, 0).
+
+%% @doc How many partial messages are held.
+-spec partials(rx()) -> non_neg_integer().
+partials(Rx) -> map_size(Rx#rx.partials).
+
+%% @doc The message of a completed one: `{ok, Msg}', or `error' when a term does
+%% not decode (forged bytes).
+-spec assemble(kind(), [binary()]) -> {ok, term()} | error.
+assemble(binary, [Bin]) -> {ok, Bin};
+assemble(binary, Parts) -> {ok, iolist_to_binary(Parts)};
+assemble(term, Parts) ->
+    try {ok, binary_to_term(iolist_to_binary(Parts))}
+    catch error:badarg -> error
+    end.
+
+-ifdef(TEST).
+-include_lib("eunit/include/eunit.hrl").
+
+pieces_binary_test() ->
+    B = list_to_binary(lists:seq(0, 255)),
+    {256, Ps} = pieces(B, 100),
+    ?assertEqual([100, 100, 56], [byte_size(P) || P <- Ps]),
+    ?assertEqual(B, iolist_to_binary(Ps)),
+    ?assertEqual({0, []}, pieces(<<>>, 10)),
+    ?assertEqual({10, [<<0:80>>]}, pieces(<<0:80>>, 10)).
+
+pieces_iovec_test() ->
+    Big = binary:copy(<<"ab">>, 100000),
+    Msg = {self(), Big, #{k => [1, 2, 3]}, <<"tail">>},
+    {term, Io} = payload(Msg),
+    [begin
+         {Size, Ps} = pieces(Io, N),
+         ?assertEqual(iolist_size(Io), Size),
+         ?assert(lists:all(fun(P) -> byte_size(P) =:= N end, lists:droplast(Ps))),
+         ?assert(byte_size(lists:last(Ps)) =< N),
+         ?assertEqual(Msg, binary_to_term(iolist_to_binary(Ps)))
+     end || N <- [1, 7, 1000, 65536, 200001, 300000]].
+
+rx_flow_test() ->
+    Ref = make_ref(),
+    S = self(),
+    {{ack, 0}, [], Rx1} = start(n, #{ref => Ref, sender => S, to => t, kind => binary,
+                                     size => 5, mon => m, data => <<"ab">>}, 10, new()),
+    ?assertEqual(5, held(n, Rx1)),
+    ?assertMatch({{error, bad_piece}, _}, piece(n, Ref, 2, <<"c">>, Rx1)),
+    ?assertMatch({{error, bad_piece}, _}, piece(o, Ref, 1, <<"c">>, Rx1)),
+    ?assertMatch({{error, bad_piece}, _}, piece(n, Ref, 1, <<"cdef">>, Rx1)),
+    {{ack, 1}, Rx2} = piece(n, Ref, 1, <<"c">>, Rx1),
+    {{complete, binary, t, Parts, m}, Rx3} = piece(n, Ref, 2, <<"de">>, Rx2),
+    ?assertEqual({ok, <<"abcde">>}, assemble(binary, Parts)),
+    ?assertEqual(0, held(n, Rx3)),
+    ?assertEqual(0, partials(Rx3)),
+    %% a replayed start is not a new message
+    ?assertMatch({{error, bad_piece}, [], _},
+                 start(n, #{ref => Ref, sender => S, to => t, kind => binary, size => 5,
+                            mon => m, data => <<"abcde">>}, 10, Rx3)).
+
+rx_bound_and_replace_test() ->
+    S = self(),
+    St = fun(R, Size) -> #{ref => R, sender => S, to => t, kind => binary, size => Size,
+                           mon => R, data => <<"a">>} end,
+    R1 = make_ref(),
+    ?assertMatch({refused, [], _}, start(n, St(R1, 11), 10, new())),
+    {{ack, 0}, [], Rx1} = start(n, St(R1, 6), 10, new()),
+    %% the same sender starts again: the old one is discarded
+    R2 = make_ref(),
+    {{ack, 0}, [R1], Rx2} = start(n, St(R2, 10), 10, Rx1),
+    ?assertEqual(10, held(n, Rx2)),
+    ?assertMatch({{error, bad_piece}, _}, piece(n, R1, 1, <<"b">>, Rx2)),
+    {[R2], Rx3} = down(S, Rx2),
+    ?assertEqual(0, held(n, Rx3)),
+    {{ack, 0}, [], Rx4} = start(n, St(make_ref(), 3), 10, Rx3),
+    {[_], Rx5} = nodedown(n, Rx4),
+    ?assertEqual(0, partials(Rx5)).
+
+assemble_forged_term_test() ->
+    ?assertEqual(error, assemble(term, [<<131, 200>>])),
+    ?assertEqual({ok, {a, 1}}, assemble(term, [term_to_binary({a, 1})])).
+-endif.

@@ -1,0 +1,137 @@
+%% @private
+%% The inbox's side of messages sent in pieces: runs in a `convoy_inbox' process
+%% and carries out `convoy_chunk''s reassembly decisions (acks, monitors, counts).
+%%
+%% The reassembly state lives in the inbox's process dictionary (one key,
+%% `?KEY'), because the inbox's delivery walk over a batch threads no state of its
+%% own; only this module reads or writes it. A piece is delivered in the inbox's
+%% order: the completed message goes out at the position of its last piece, so it
+%% keeps its place among the rest of its sender's traffic through this inbox.
+%%
+%% The sender of a message in progress is monitored: if it dies (or its node goes
+%% down) the partial message is discarded and counted (`partial_discarded'). A
+%% piece that does not fit the state (forged, out of sequence, repeated, past its
+%% size) is `bad_piece'; a start over `max_reassembly_bytes' for its node is
+%% answered `refused' and counted (`reassembly_full'): its sender then sends the
+%% message whole.
+-module(convoy_chunk_rx).
+
+-export([handle/2, delivered/1, down/1, nodedown/1, held/2, partials/1]).
+
+-include("convoy_runtime.hrl").
+
+-define(KEY, '$convoy_chunks').
+-define(ACK_OPTS, [noconnect]).
+
+rx() ->
+    case get(?KEY) of
+        undefined -> convoy_chunk:new();
+        Rx -> Rx
+    end.
+
+%% @doc A checked piece entry from `From'. `{deliver, To, Msg, Ref}' when it
+%% completed a message (deliver it, then call `delivered(Ref)'), else `none'.
+-spec handle({piece_start, map()} | {piece, reference(), pos_integer(), binary()}, node()) ->
+          {deliver, term(), term(), reference()} | none.
+handle({piece_start, St = #{ref := Ref, sender := Sender}}, From) ->
+    Mon = erlang:monitor(process, Sender),
+    {R, Dropped, Rx} = convoy_chunk:start(From, St#{mon => Mon}, bound(), rx()),
+    put(?KEY, Rx),
+    discarded(Dropped),
+    case R of
+        {ack, _} -> ok;
+        _ -> erlang:demonitor(Mon, [flush])
+    end,
+    result(R, Ref, From);
+handle({piece, Ref, Seq, Data}, From) ->
+    {R, Rx} = convoy_chunk:piece(From, Ref, Seq, Data, rx()),
+    put(?KEY, Rx),
+    result(R, Ref, From).
+
+result({ack, Seq}, Ref, _From) ->
+    ack(Ref, Seq),
+    none;
+result({complete, Kind, To, Parts, Mon}, Ref, From) ->
+    erlang:demonitor(Mon, [flush]),
+    case convoy_chunk:assemble(Kind, Parts) of
+        {ok, Msg} ->
+            %% The message passes the checks a batch entry passes (a message that
+            %% is itself a batch would make the inbox feed itself).
+            case convoy_wire:entry({To, Msg}, From, node()) of
+                {deliver, To, Msg} ->
+                    {deliver, To, Msg, Ref};
+                {error, Kind1} ->
+                    convoy_metrics:rejected(Kind1),
+                    delivered(Ref),
+                    none
+            end;
+        error ->
+            convoy_metrics:rejected(bad_piece),
+            delivered(Ref),
+            none
+    end;
+result(refused, Ref, _From) ->
+    convoy_metrics:rejected(reassembly_full),
+    _ = erlang:send(Ref, {Ref, convoy_piece, refused}, ?ACK_OPTS),
+    none;
+result({error, bad_piece}, _Ref, _From) ->
+    convoy_metrics:rejected(bad_piece),
+    none.
+
+ack(Ref, Seq) ->
+    _ = erlang:send(Ref, {Ref, convoy_piece, Seq}, ?ACK_OPTS),
+    ok.
+
+%% @doc Tell the sender its message was delivered (or rejected whole): it may send
+%% its next messages directly.
+-spec delivered(reference()) -> ok.
+delivered(Ref) ->
+    _ = erlang:send(Ref, {Ref, convoy_piece, delivered}, ?ACK_OPTS),
+    ok.
+
+%% @doc A monitored sender died: its partial message is discarded. False when
+%% `Pid' is not a sender with a message in progress (the caller decides what such a
+%% `DOWN' is).
+-spec down(pid()) -> boolean().
+down(Pid) ->
+    {Mons, Rx} = convoy_chunk:down(Pid, rx()),
+    put(?KEY, Rx),
+    discarded(Mons),
+    Mons =/= [].
+
+%% @doc `Node' went down: its partial messages are discarded.
+-spec nodedown(node()) -> ok.
+nodedown(Node) ->
+    {Mons, Rx} = convoy_chunk:nodedown(Node, rx()),
+    put(?KEY, Rx),
+    discarded(Mons).
+
+discarded(Mons) ->
+    lists:foreach(fun(M) ->
+                          erlang:demonitor(M, [flush]),
+                          convoy_metrics:rejected(partial_discarded)
+                  end, Mons).
+
+%% @doc Bytes reserved for partial messages from `Node' in the inbox `Inbox'
+%% (for tests and inspection: reads its process dictionary).
+-spec held(pid(), node()) -> non_neg_integer().
+held(Inbox, Node) -> convoy_chunk:held(Node, rx_of(Inbox)).
+
+%% @doc Partial messages held in the inbox `Inbox'.
+-spec partials(pid()) -> non_neg_integer().
+partials(Inbox) -> convoy_chunk:partials(rx_of(Inbox)).
+
+rx_of(Inbox) ->
+    {dictionary, D} = erlang:process_info(Inbox, dictionary),
+    case lists:keyfind(?KEY, 1, D) of
+        {?KEY, Rx} -> Rx;
+        false -> convoy_chunk:new()
+    end.
+
+%% The per-node bound in force (the default while convoy's runtime is not
+%% published).
+bound() ->
+    case persistent_term:get(?RUNTIME_KEY, undefined) of
+        #runtime{max_reassembly_bytes = B} -> B;
+        undefined -> maps:get(max_reassembly_bytes, convoy_config:defaults())
+    end.

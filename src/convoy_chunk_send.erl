@@ -1,0 +1,233 @@
+%% @private
+%% The sender's side of a message sent in pieces (`convoy_chunk'): runs in the
+%% caller of `convoy:send/2', which `convoy_route' lets do so only where its
+%% ordering rules allow a message to go to its lane's inbox (the lane holds
+%% nothing of the sender's).
+%%
+%% The sender encodes the message once (`convoy_chunk:payload/1'), sends the first
+%% piece to its lane's inbox on the peer (the inbox its batches use) and waits for
+%% that piece's ack (or `refused': the peer's reassembly bound is reached), then
+%% sends the others with at most `chunk_window' unacknowledged, and finally waits
+%% for the inbox's `delivered'. Each piece is a batch of one entry: other traffic
+%% to the node travels between them. The sender does not return before the
+%% message is delivered, so its later messages cannot overtake it, and, since the
+%% inbox delivers in order, everything it sent through that inbox before was
+%% delivered too: it may send directly again (as after a barrier).
+%%
+%% Acks go to an alias that is also a monitor of the inbox, so a dead inbox or a
+%% lost connection ends the wait at once. Bounds:
+%% <ul>
+%% <li>no answer to the first piece within `barrier_timeout' ms: `no_answer'
+%%   (counted `stalled'); `convoy_route' hands the message to the lane whole
+%%   (behind that piece, in the same inbox; the piece is never completed and is
+%%   discarded by the sender's next message in pieces or its death), unless that
+%%   piece was the whole message: then it is `sent';</li>
+%% <li>no ack while the window is full for `barrier_timeout' ms: the remaining
+%%   pieces go unpaced (counted `stalled'), so a receiver that stopped acking
+%%   delays the message by at most that much;</li>
+%% <li>no `delivered' within `barrier_timeout' ms of the last ack: `sent'
+%%   (counted `stalled'): the message is on its way but the sender's later
+%%   messages must follow it through the inbox (it stays marked);</li>
+%% <li>a busy distribution connection: a helper process sends the piece
+%%   (suspended until the connection takes it, as `!' would be) while the sender
+%%   waits for it at most `block_timeout' ms; then the rest of the message is
+%%   dropped and counted (`dropped'), and the receiver holds the partial until this
+%%   sender's next message in pieces, its death or its node's disconnection;</li>
+%% <li>the inbox's node not connected, or the inbox gone, before the last piece:
+%%   dropped and counted; after it: `sent' (delivered or not, as with `!').</li>
+%% </ul>
+-module(convoy_chunk_send).
+
+-export([inbox/4, send/6, drain_lane/3]).
+
+-include("convoy_runtime.hrl").
+
+-define(SEND_OPTS, [nosuspend, noconnect]).
+
+%% @doc The peer inbox that a large message (of `Bytes', its encoded size) from
+%% lane `L' to `Node' goes to in pieces, with the node's counters; `none' when it
+%% goes whole (under `chunk_threshold', or the peer does not read pieces).
+-spec inbox(#runtime{}, pos_integer(), node(), non_neg_integer()) ->
+          {atom(), counters:counters_ref()} | none.
+inbox(#runtime{chunk_threshold = infinity}, _L, _Node, _Bytes) ->
+    none;
+inbox(#runtime{chunk_threshold = T}, L, Node, Bytes) ->
+    case Bytes >= T of
+        false ->
+            none;
+        true ->
+            case convoy_peers:lookup(Node) of
+                {{convoy, Vsn, Inboxes}, C, _H} ->
+                    case convoy_wire:supports(Vsn, piece) of
+                        true -> {convoy_wire:lane_inbox(L, Inboxes), C};
+                        false -> none
+                    end;
+                _ ->
+                    none
+            end
+    end.
+
+%% @doc Wait until lane `L' has shipped (handed to distribution) everything it
+%% holds for `Node', as `convoy:flush/2' does, for at most `barrier_timeout' ms.
+-spec drain_lane(#runtime{}, pos_integer(), node()) -> ok | timeout.
+drain_lane(#runtime{lanes = Lanes, barrier_timeout = T}, L, Node) ->
+    Lane = element(L, Lanes),
+    Mon = erlang:monitor(process, Lane, [{alias, demonitor}]),
+    Lane ! {'$convoy_flush', Node, Mon, Mon},
+    Result = receive
+                 {Mon, ok} -> ok;
+                 {'DOWN', Mon, process, _, _} -> timeout
+             after T ->
+                 timeout
+             end,
+    erlang:demonitor(Mon, [flush]),
+    Result.
+
+%% @doc Send `Msg' to `To' on `Node' in pieces through the inbox `Inbox'.
+%% `delivered': the inbox delivered it; `sent': handed over, delivery not
+%% confirmed; `refused' (nothing sent but a refused first piece: the inbox has
+%% delivered everything before it) or `no_answer' (the first piece may be held or
+%% not): the caller sends the message whole; `dropped': counted.
+-spec send(#runtime{}, node(), atom(), counters:counters_ref(), convoy_wire:dest(), term()) ->
+          delivered | sent | refused | no_answer | dropped.
+send(RT = #runtime{chunk_bytes = PB}, Node, Inbox, C, To, Msg) ->
+    {Kind, Data} = convoy_chunk:payload(Msg),
+    case convoy_chunk:pieces(Data, PB) of
+        {0, []} ->
+            refused; % nothing to cut: it goes whole
+        {Size, [First | Rest]} ->
+            Dest = {Inbox, Node},
+            Mon = erlang:monitor(process, Dest, [{alias, demonitor}]),
+            Result = first(RT, Dest, Mon, C, convoy_wire:piece_start(Mon, self(), To, Kind,
+                                                                     Size, First), Rest),
+            erlang:demonitor(Mon, [flush]),
+            case Result of
+                dropped ->
+                    convoy_metrics:add(C, accepted, 1),
+                    convoy_metrics:add(C, dropped, 1);
+                _ ->
+                    ok
+            end,
+            Result
+    end.
+
+first(RT, Dest, Mon, C, Start, Rest) ->
+    case put_piece(RT, Dest, Start) of
+        ok ->
+            case await(RT, Mon) of
+                {ack, 0} ->
+                    convoy_metrics:add(C, chunked, 1),
+                    stream(RT, Dest, Mon, C, 1, Rest, 0, true);
+                delivered when Rest =:= [] ->
+                    %% one piece: complete at once
+                    convoy_metrics:add(C, chunked, 1),
+                    delivered;
+                refused ->
+                    refused;
+                timeout when Rest =:= [] ->
+                    %% The whole message was that piece: it is on its way.
+                    convoy_metrics:add(C, chunked, 1),
+                    convoy_metrics:add(C, stalled, 1),
+                    sent;
+                timeout ->
+                    %% Never completed: the inbox drops it with this sender's
+                    %% next message in pieces (or its death).
+                    convoy_metrics:add(C, stalled, 1),
+                    no_answer;
+                _DownOrUnexpected ->
+                    dropped
+            end;
+        dropped ->
+            dropped
+    end.
+
+%% Pieces Seq.. left; Acked: the highest piece acked; Paced: false once the
+%% receiver has been silent too long.
+stream(RT, _Dest, Mon, C, _Seq, [], _Acked, _Paced) ->
+    finish(RT, Mon, C);
+stream(RT = #runtime{chunk_window = W}, Dest, Mon, C, Seq, [P | Ps] = Pieces, Acked, Paced) ->
+    case (not Paced) orelse Seq - 1 - Acked < W of
+        true ->
+            case put_piece(RT, Dest, convoy_wire:piece(Mon, Seq, P)) of
+                ok -> stream(RT, Dest, Mon, C, Seq + 1, Ps, Acked, Paced);
+                dropped -> dropped
+            end;
+        false ->
+            case await(RT, Mon) of
+                {ack, A} ->
+                    stream(RT, Dest, Mon, C, Seq, Pieces, max(A, Acked), Paced);
+                timeout ->
+                    convoy_metrics:add(C, stalled, 1),
+                    stream(RT, Dest, Mon, C, Seq, Pieces, Acked, false);
+                _DownOrUnexpected ->
+                    dropped
+            end
+    end.
+
+%% Everything is handed over: wait for the delivery (acks still arriving count as
+%% progress).
+finish(RT, Mon, C) ->
+    case await(RT, Mon) of
+        delivered ->
+            delivered;
+        {ack, _} ->
+            finish(RT, Mon, C);
+        timeout ->
+            convoy_metrics:add(C, stalled, 1),
+            sent;
+        _DownOrUnexpected ->
+            sent
+    end.
+
+await(#runtime{barrier_timeout = T}, Mon) ->
+    receive
+        {Mon, convoy_piece, Seq} when is_integer(Seq) -> {ack, Seq};
+        {Mon, convoy_piece, delivered} -> delivered;
+        {Mon, convoy_piece, refused} -> refused;
+        {'DOWN', Mon, process, _, _} -> down
+    after T ->
+        timeout
+    end.
+
+%% One piece as a batch of one, never suspending the sender: when the
+%% connection is busy, a helper process makes the send (suspended, as `!' would
+%% be, until the connection takes it) while the sender waits for it at most
+%% block_timeout ms; the sender goes on only once the piece is in the connection,
+%% so pieces keep their order.
+put_piece(#runtime{block_timeout = BT}, Dest, Entry) ->
+    Batch = convoy_wire:batch(node(), [Entry]),
+    case erlang:send(Dest, Batch, ?SEND_OPTS) of
+        ok -> ok;
+        noconnect -> dropped;
+        nosuspend -> busy_send(Dest, Batch, BT)
+    end.
+
+busy_send(Dest, Batch, Timeout) ->
+    Self = self(),
+    Tag = make_ref(),
+    {Pid, Mon} = spawn_monitor(fun() ->
+                                       Result = erlang:send(Dest, Batch, [noconnect]),
+                                       Self ! {Tag, Result}
+                               end),
+    receive
+        {Tag, ok} ->
+            erlang:demonitor(Mon, [flush]),
+            ok;
+        {Tag, noconnect} ->
+            erlang:demonitor(Mon, [flush]),
+            dropped;
+        {'DOWN', Mon, process, Pid, _} ->
+            dropped
+    after Timeout ->
+        %% Killed while suspended, the helper has not handed the piece over.
+        exit(Pid, kill),
+        receive
+            {'DOWN', Mon, process, Pid, _} -> ok
+        end,
+        receive
+            {Tag, ok} -> ok;
+            {Tag, noconnect} -> dropped
+        after 0 ->
+            dropped
+        end
+    end.

@@ -1,0 +1,328 @@
+%% Large messages sent in pieces (convoy_chunk), with peer nodes: order across
+%% small and chunked messages from many senders to many receivers, exact delivery
+%% of binaries and other terms around piece boundaries, a sender and a node killed
+%% mid-message, forged pieces, and the receiver's reassembly bound. The peers send
+%% (with small pieces so that messages have many of them); this node receives.
+-module(convoy_chunk_SUITE).
+
+-include_lib("common_test/include/ct.hrl").
+-include_lib("stdlib/include/assert.hrl").
+
+-export([all/0, suite/0, init_per_testcase/2, end_per_testcase/2]).
+-export([order_many_senders/1, exact_delivery/1, sender_killed_mid_message/1,
+         node_killed_mid_message/1, forged_pieces/1, reassembly_bound/1,
+         plain_peer_gets_whole/1, old_path_when_infinity/1]).
+%% Run on peer nodes, or spawned.
+-export([run_senders/1, sender/2, collector/0, forge/3, run_plan/2, spawn_sender/2,
+         exact_msgs/0, make/1, hold/3]).
+
+-define(INBOX, convoy_inbox_1).
+%% Sender settings: messages from 70,000 bytes go in pieces of 1 KiB; a long
+%% barrier_timeout so that a loaded machine does not make senders give up waiting.
+-define(SENDER, #{chunk_threshold => 70000, chunk_bytes => 1024, chunk_window => 4,
+                  barrier_timeout => 10000}).
+
+suite() ->
+    [{timetrap, {seconds, 180}}].
+
+all() ->
+    [order_many_senders, exact_delivery, sender_killed_mid_message, node_killed_mid_message,
+     forged_pieces, reassembly_bound, plain_peer_gets_whole, old_path_when_infinity].
+
+init_per_testcase(_TC, Config) ->
+    _ = application:stop(convoy),
+    {ok, _} = application:ensure_all_started(convoy),
+    Config.
+
+end_per_testcase(_TC, _Config) ->
+    _ = application:stop(convoy),
+    ok.
+
+%%--------------------------------------------------------------------
+%% Test cases
+
+%% 8 senders on the peer, each sending 40 messages to each of 3 receivers here,
+%% small ones and large ones (binaries and tuples holding binaries) interleaved:
+%% every receiver gets every sender's messages exactly once, in the order sent.
+order_many_senders(_Config) ->
+    {Peer, _A} = convoy_peer(?SENDER),
+    Recs = [spawn_link(?MODULE, collector, []) || _ <- lists:seq(1, 3)],
+    ok = peer:call(Peer, ?MODULE, run_plan, [Recs, 8], 120000),
+    lists:foreach(
+      fun(R) ->
+              Got = await_count(R, 8 * 40),
+              [?assertEqual([msg(S, I, R) || I <- lists:seq(1, 40)],
+                            [M || M <- Got, tag_of(M) =:= S]) || S <- lists:seq(1, 8)]
+      end, Recs),
+    %% Every large message went in pieces (a quarter of them are small).
+    ?assertMatch(#{chunked := 720, stalled := 0}, peer_node_info(Peer)),
+    ?assertEqual(0, maps:get(bad_piece, rejected())),
+    ?assertEqual(0, convoy_chunk_rx:partials(whereis(?INBOX))).
+
+%% On the peer: Senders processes, each sending its 40 messages to each receiver.
+run_plan(Recs, Senders) ->
+    run_senders([[{R, msg(S, I, R)} || I <- lists:seq(1, 40), R <- Recs]
+                 || S <- lists:seq(1, Senders)]).
+
+%% Message I from sender S to receiver R: small, a binary or a tuple with a
+%% binary and a map, by I.
+msg(S, I, R) ->
+    Len = 70000 + (I * 7919) rem 9000,
+    case I rem 4 of
+        0 -> {S, I, small};
+        1 -> <<S:32, I:32, (binary:copy(<<(I rem 256)>>, Len))/binary>>;
+        2 -> {S, I, R, binary:copy(<<"t">>, Len), #{k => I, l => lists:seq(1, I)}};
+        3 -> {S, I, [binary:copy(<<"u">>, Len div 2), binary:copy(<<"v">>, Len div 2)]}
+    end.
+
+tag_of(<<S:32, _/binary>>) -> S;
+tag_of(T) when is_tuple(T) -> element(1, T).
+
+%% Binaries and terms of sizes around the piece size's multiples arrive exactly;
+%% so do terms whose encoding is not a binary's (maps, nested tuples, lists).
+exact_delivery(_Config) ->
+    {Peer, _A} = convoy_peer(?SENDER#{large_threshold => 1000, chunk_threshold => 1000}),
+    Rec = spawn_link(?MODULE, collector, []),
+    Msgs = exact_msgs(),
+    ok = peer:call(Peer, ?MODULE, run_senders, [[[{Rec, {make, exact, I}}
+                                                   || I <- lists:seq(1, length(Msgs))]]],
+                   120000),
+    Got = await_count(Rec, length(Msgs)),
+    [?assertEqual(M, G) || {M, G} <- lists:zip(Msgs, Got)],
+    ?assertMatch(#{chunked := 25, stalled := 0}, peer_node_info(Peer)),
+    25 = length(Msgs).
+
+%% A sender killed while its message is half sent: the partial message is
+%% discarded and counted, nothing is delivered, nothing stays held.
+sender_killed_mid_message(_Config) ->
+    {Peer, _A} = convoy_peer(?SENDER#{chunk_window => 1}),
+    Rec = spawn_link(?MODULE, collector, []),
+    Before = rejected(),
+    Sender = peer:call(Peer, ?MODULE, spawn_sender, [Rec, {make, big, 20000000}]),
+    Inbox = whereis(?INBOX),
+    await(fun() -> convoy_chunk_rx:held(Inbox, node(Sender)) end, fun(H) -> H > 0 end, 20000),
+    await(fun() -> convoy_chunk_rx:partials(Inbox) end, fun(P) -> P =:= 1 end, 20000),
+    true = peer:call(Peer, erlang, exit, [Sender, kill]),
+    await(fun() -> convoy_chunk_rx:partials(Inbox) end, fun(P) -> P =:= 0 end, 20000),
+    ?assertEqual(0, convoy_chunk_rx:held(Inbox, node(Sender))),
+    ?assertEqual(1, maps:get(partial_discarded, rejected()) - maps:get(partial_discarded, Before)),
+    ?assertEqual([], ask(Rec, received)),
+    ?assertEqual(0, maps:get(bad_piece, rejected()) - maps:get(bad_piece, Before)).
+
+big(N) -> {big, binary:copy(<<"k">>, N)}.
+
+exact_msgs() ->
+    Sizes = [1000, 1023, 1024, 1025, 2047, 2048, 2049, 4096 * 3 - 1, 4096 * 3, 100000,
+             1048576 + 1],
+    Bins = [binary:copy(<<(S rem 251)>>, S) || S <- Sizes],
+    Terms = [{big, binary:copy(<<"x">>, S), #{S => <<"v">>, list => lists:seq(1, 300)}}
+             || S <- Sizes]
+        ++ [#{a => binary:copy(<<"m">>, 5000), b => {1.5, -7, self_ref, [<<"z">>]}},
+            lists:seq(1, 2000),
+            {tuple, list_to_tuple(lists:seq(1, 1000))}],
+    Bins ++ Terms.
+
+%% A message described by a small term (built where it is sent, so that large
+%% ones do not travel through the peer's control connection).
+make({make, exact, I}) -> lists:nth(I, exact_msgs());
+make({make, big, N}) -> big(N);
+make({make, tagged, Tag, N}) -> {Tag, binary:copy(atom_to_binary(Tag), N)};
+make(M) -> M.
+
+%% On the peer: a process sending Spec (see make/1) to Dest.
+spawn_sender(Dest, Spec) ->
+    spawn(?MODULE, sender, [[{Dest, Spec}], none]).
+
+%% The sending node is killed mid-message: the partial is discarded and counted.
+node_killed_mid_message(_Config) ->
+    {Peer, A} = convoy_peer(?SENDER#{chunk_window => 1}),
+    Rec = spawn_link(?MODULE, collector, []),
+    Before = rejected(),
+    _ = peer:call(Peer, ?MODULE, spawn_sender, [Rec, {make, big, 20000000}]),
+    Inbox = whereis(?INBOX),
+    await(fun() -> convoy_chunk_rx:held(Inbox, A) end, fun(H) -> H > 0 end, 20000),
+    peer:stop(Peer),
+    await(fun() -> convoy_chunk_rx:partials(Inbox) end, fun(P) -> P =:= 0 end, 20000),
+    ?assertEqual(0, convoy_chunk_rx:held(Inbox, A)),
+    ?assertEqual(1, maps:get(partial_discarded, rejected()) - maps:get(partial_discarded, Before)),
+    ?assertEqual([], ask(Rec, received)),
+    ?assertEqual(Inbox, whereis(?INBOX)).
+
+%% 10,000 forged pieces from a peer: pieces of messages never started, pieces
+%% out of sequence and repeated, a second start of a message in progress, starts
+%% replacing each other, a piece past the announced size, a completed "term"
+%% that does not decode. Nothing is delivered, every one is counted, the inbox
+%% stays up and its memory does not grow; an honest message sent afterwards
+%% arrives.
+forged_pieces(_Config) ->
+    {Peer, A} = convoy_peer(?SENDER),
+    Rec = spawn_link(?MODULE, collector, []),
+    Inbox = whereis(?INBOX),
+    erlang:garbage_collect(Inbox),
+    {memory, Mem0} = process_info(Inbox, memory),
+    Before = rejected(),
+    Counts = peer:call(Peer, ?MODULE, forge, [{?INBOX, node()}, Rec, 10000], 120000),
+    ct:pal("forged: ~p", [Counts]),
+    #{bad := Bad, replaced := Replaced, total := 10000} = Counts,
+    %% A barrier from the peer behind the forged batches: all were handled.
+    await(fun() -> maps:get(bad_piece, rejected()) - maps:get(bad_piece, Before) end,
+          fun(N) -> N =:= Bad end, 60000),
+    %% the last partial goes with its sender's DOWN, which may come later
+    await(fun() -> maps:get(partial_discarded, rejected())
+                       - maps:get(partial_discarded, Before) end,
+          fun(N) -> N >= Replaced end, 60000),
+    ?assertEqual(Replaced, maps:get(partial_discarded, rejected())
+                 - maps:get(partial_discarded, Before)),
+    ?assert(convoy_chunk_rx:partials(Inbox) =< 1),
+    ?assert(convoy_chunk_rx:held(Inbox, A) =< 1000000),
+    erlang:garbage_collect(Inbox),
+    {memory, Mem1} = process_info(Inbox, memory),
+    ct:pal("inbox memory ~b -> ~b", [Mem0, Mem1]),
+    ?assert(Mem1 < Mem0 + 2000000),
+    ?assertEqual(Inbox, whereis(?INBOX)),
+    ok = peer:call(Peer, ?MODULE, run_senders, [[[{Rec, {make, big, 100000}}]]], 60000),
+    ?assertEqual([big(100000)], await_count(Rec, 1)).
+
+%% With a bound of 3 MB for partial messages per node, held 2.5 MB by a message
+%% in progress (forged: its sender never sends the rest), a 1 MB message is
+%% refused (counted) and sent whole instead: it arrives, and the bytes held
+%% never pass the bound. The holder's death frees its reservation.
+reassembly_bound(_Config) ->
+    ok = convoy:set_config(#{max_reassembly_bytes => 3000000}),
+    {Peer, A} = convoy_peer(?SENDER),
+    Rec = spawn_link(?MODULE, collector, []),
+    Inbox = whereis(?INBOX),
+    Before = rejected(),
+    Holder = peer:call(Peer, ?MODULE, hold, [{?INBOX, node()}, Rec, 2500000]),
+    await(fun() -> convoy_chunk_rx:held(Inbox, A) end, fun(H) -> H =:= 2500000 end, 20000),
+    ok = peer:call(Peer, ?MODULE, run_senders, [[[{Rec, {make, tagged, one, 1000000}}]]], 60000),
+    ?assertEqual([make({make, tagged, one, 1000000})], await_count(Rec, 1)),
+    ?assertEqual(2500000, convoy_chunk_rx:held(Inbox, A)),
+    ?assertEqual(1, maps:get(reassembly_full, rejected()) - maps:get(reassembly_full, Before)),
+    ?assertMatch(#{chunked := 0, stalled := 0}, peer_node_info(Peer)),
+    true = peer:call(Peer, erlang, exit, [Holder, kill]),
+    await(fun() -> convoy_chunk_rx:held(Inbox, A) end, fun(H) -> H =:= 0 end, 20000),
+    ?assertEqual(1, maps:get(partial_discarded, rejected()) - maps:get(partial_discarded, Before)).
+
+%% On the peer: a process that starts a message of Size bytes to To and sends
+%% nothing more.
+hold(Inbox, To, Size) ->
+    spawn(fun() ->
+                  Inbox ! convoy_wire:batch(node(), [convoy_wire:piece_start(alias(), self(), To,
+                                                                             binary, Size, <<"h">>)]),
+                  receive stop -> ok end
+          end).
+
+%% A peer without convoy gets large messages whole (plain sends), never pieces.
+plain_peer_gets_whole(_Config) ->
+    {Peer, B} = convoy_ct_peers:start(?MODULE, ?CT_PEER_NAME(), #{}),
+    convoy_ct_peers:await_route(B, plain),
+    Rec = peer:call(Peer, erlang, spawn, [?MODULE, collector, []]),
+    ok = convoy:set_config(?SENDER),
+    Msgs = [big(200000), binary:copy(<<"p">>, 300000)],
+    run_senders([[{Rec, M} || M <- Msgs]]),
+    ?assertEqual(Msgs, await_count(Rec, 2)),
+    #{nodes := #{B := #{chunked := 0}}} = convoy:info().
+
+%% chunk_threshold infinity: large messages go whole, as before.
+old_path_when_infinity(_Config) ->
+    {Peer, _A} = convoy_peer(?SENDER#{chunk_threshold => infinity}),
+    Rec = spawn_link(?MODULE, collector, []),
+    Specs = [{make, big, 200000}, {make, tagged, p, 300000}, {small, 1}],
+    Msgs = [make(S) || S <- Specs],
+    ok = peer:call(Peer, ?MODULE, run_senders, [[[{Rec, S} || S <- Specs]]], 60000),
+    ?assertEqual(Msgs, await_count(Rec, 3)),
+    ?assertMatch(#{chunked := 0}, peer_node_info(Peer)).
+
+%%--------------------------------------------------------------------
+%% Helpers (some run on the peer)
+
+convoy_peer(Settings) ->
+    convoy_ct_peers:convoy_peer(?MODULE, ?CT_PEER_NAME(), Settings).
+
+%% On the sending node: this node's counters for the test node.
+peer_node_info(Peer) ->
+    Here = node(),
+    #{nodes := #{Here := Info}} = peer:call(Peer, convoy, info, []),
+    Info.
+
+rejected() ->
+    maps:get(rejected, convoy:info()).
+
+await(Get, Ok, Timeout) ->
+    convoy_ct_peers:await(Get, Ok, Timeout).
+
+%% One process per list of {Dest, Msg}, each sending its list with
+%% convoy:send/2; returns once all are done.
+run_senders(Lists) ->
+    Self = self(),
+    Pids = [spawn_link(?MODULE, sender, [L, Self]) || L <- Lists],
+    [receive {sent, P} -> ok end || P <- Pids],
+    ok.
+
+sender(List, ReplyTo) ->
+    lists:foreach(fun({D, M}) -> ok = convoy:send(D, make(M)) end, List),
+    case ReplyTo of
+        none -> ok;
+        _ -> ReplyTo ! {sent, self()}
+    end.
+
+%% Keeps everything it receives, in order.
+collector() ->
+    collector([]).
+
+collector(Got) ->
+    receive
+        {'$q', received, From} ->
+            From ! {'$a', self(), lists:reverse(Got)},
+            collector(Got);
+        Msg ->
+            collector([Msg | Got])
+    end.
+
+ask(Rec, What) ->
+    Rec ! {'$q', What, self()},
+    receive {'$a', Rec, A} -> A after 10000 -> ct:fail({no_answer, Rec, What}) end.
+
+await_count(Rec, N) ->
+    await(fun() -> ask(Rec, received) end, fun(L) -> length(L) >= N end, 60000),
+    Got = ask(Rec, received),
+    ?assertEqual(N, length(Got)),
+    Got.
+
+%% On the peer: Total forged piece entries to Inbox for destination To, as
+%% batches of 100. Returns how many must count as bad_piece and how many
+%% partials are discarded by a later start of the same sender.
+forge(Inbox, To, Total) ->
+    Sender = spawn(fun() -> receive stop -> ok end end),
+    Entries = forged(Sender, To, Total div 10),
+    true = length(Entries) =:= Total,
+    lists:foreach(fun(Batch) -> Inbox ! convoy_wire:batch(node(), Batch) end,
+                  batches(Entries, 100)),
+    exit(Sender, kill),
+    %% 10 entries per round: 1 start replacing the previous one, then 9 bad.
+    Rounds = Total div 10,
+    #{total => Total, bad => 9 * Rounds, replaced => Rounds}.
+
+forged(_Sender, _To, 0) ->
+    [];
+forged(Sender, To, N) ->
+    Ref = alias(),
+    Start = convoy_wire:piece_start(Ref, Sender, To, binary, 1000000, <<"0123456789">>),
+    [Start,
+     Start,                                            % a second start: bad
+     convoy_wire:piece(Ref, 2, <<"x">>),               % gap
+     convoy_wire:piece(alias(), 1, <<"x">>),           % unknown message
+     convoy_wire:piece(Ref, 1, binary:copy(<<"o">>, 1000001)), % past the size
+     convoy_wire:piece(Ref, 1, <<>>),                  % empty
+     convoy_wire:piece(alias(), 5, <<"y">>),           % unknown message
+     convoy_wire:piece_start(Ref, Sender, To, binary, 10, <<"01">>), % same ref again
+     convoy_wire:piece(Ref, 3, <<"z">>),               % gap
+     convoy_wire:piece(Ref, 7, <<"z">>)                % gap
+     | forged(Sender, To, N - 1)].
+
+batches([], _N) -> [];
+batches(L, N) when length(L) =< N -> [L];
+batches(L, N) ->
+    {B, Rest} = lists:split(N, L),
+    [B | batches(Rest, N)].

@@ -1,0 +1,256 @@
+%% PropEr properties of `convoy_chunk', run from EUnit.
+%%
+%% Cutting: any term or binary, cut at any piece size, comes back whole and the
+%% pieces have the size asked (the last one at most).
+%%
+%% Reassembly: several senders each send messages one after another, as pieces
+%% (cut by `pieces/2'); their streams are interleaved at random, with faults: a
+%% piece lost (a gap), a piece or start repeated, a sender killed part way (its
+%% `down' comes then, its later messages are never sent), forged pieces (unknown
+%% references, or known ones with sequence numbers far out of range), a bound on
+%% the bytes held, and at the end the node's `nodedown'. A model of what must
+%% happen (a start is refused if its size does not fit beside what is held; a
+%% message completes when all its pieces came in sequence after an accepted
+%% start; a sender's new start or death discards its message in progress) says
+%% which messages are delivered: exactly those, byte for byte, in that order
+%% (so in order per sender and never twice), every non-ack result is counted
+%% where the model expects it, the bytes held always equal the model's and
+%% never exceed the bound, and nothing is held after the nodedown.
+%% PropEr 1.2 cannot report an exception raised inside a property on OTP 25, so
+%% the properties catch and print their own.
+-module(prop_convoy_chunk_tests).
+
+-export([prop_cut/0, prop_reassembly/0]).
+
+-include_lib("proper/include/proper.hrl").
+-include_lib("eunit/include/eunit.hrl").
+
+-define(NODE, n@host).
+
+cut_test_() ->
+    {timeout, 120,
+     ?_assert(proper:quickcheck(prop_cut(), [{numtests, 2000}, {to_file, user}]))}.
+
+reassembly_test_() ->
+    {timeout, 300,
+     ?_assert(proper:quickcheck(prop_reassembly(),
+                                [{numtests, 3000}, {to_file, user}, {max_shrinks, 200}]))}.
+
+%%--------------------------------------------------------------------
+%% Cutting
+
+prop_cut() ->
+    ?FORALL({Msg, N}, {oneof([binary(), any(), {binary(), [binary()], any()}]), range(1, 70)},
+            begin
+                {Kind, Data} = convoy_chunk:payload(Msg),
+                {Size, Pieces} = convoy_chunk:pieces(Data, N),
+                Whole = iolist_to_binary(Pieces),
+                Sizes = [byte_size(P) || P <- Pieces],
+                Size =:= iolist_size(Data)
+                    andalso Whole =:= iolist_to_binary(Data)
+                    andalso lists:all(fun(S) -> S =:= N end, lists:droplast([N | Sizes]))
+                    andalso lists:all(fun(S) -> S > 0 andalso S =< N end, Sizes)
+                    andalso convoy_chunk:assemble(Kind, Pieces) =:= {ok, Msg}
+            end).
+
+%%--------------------------------------------------------------------
+%% Reassembly
+
+prop_reassembly() ->
+    ?FORALL(Case, scenario(),
+            begin
+                Result = try run(Case) catch C:R:St -> {crashed, C, R, St} end,
+                ?WHENFAIL(io:format(user, "~P~n=> ~P~n", [Case, 40, Result, 40]),
+                          Result =:= true)
+            end).
+
+%% {Bound, PieceBytes, Plans, Order, Forged}: per sender a list of messages
+%% (payload, fault); Order: which sender's stream takes the next step; Forged:
+%% where forged entries go.
+scenario() ->
+    {oneof([infinity, range(20, 400)]),
+     range(1, 40),
+     non_empty(list(list({binary(), fault()}))),
+     list(range(1, 4)),
+     list({range(0, 200), forged()})}.
+
+fault() ->
+    frequency([{6, none}, {1, {gap, range(0, 6)}}, {1, {dup, range(0, 6)}},
+               {1, {kill, range(0, 6)}}]).
+
+forged() ->
+    oneof([unknown_ref, {known_ref, range(1000, 2000)}, known_start]).
+
+run({Bound, N, Plans, Order, Forged}) ->
+    Senders = [{S, spawn(fun() -> ok end)} || S <- lists:seq(1, length(Plans))],
+    Streams = [{Pid, stream(Pid, Msgs, N)} || {{_, Pid}, Msgs} <- lists:zip(Senders, Plans)],
+    Events0 = interleave(Streams, Order),
+    Events = insert_forged(Events0, Forged, known_refs(Events0)),
+    {Delivered, Rx, Model} = lists:foldl(fun(E, Acc) -> step(E, Bound, Acc) end,
+                                         {[], convoy_chunk:new(), model()}, Events),
+    Expected = lists:reverse(maps:get(delivered, Model)),
+    {_, RxEnd} = convoy_chunk:nodedown(?NODE, Rx),
+    lists:reverse(Delivered) =:= Expected
+        orelse throw({delivered, lists:reverse(Delivered), expected, Expected}),
+    convoy_chunk:held(?NODE, RxEnd) =:= 0 andalso convoy_chunk:partials(RxEnd) =:= 0.
+
+%% A sender's events: each message's start and pieces, with its fault; after a
+%% kill nothing more of this sender, then its down.
+stream(Pid, Msgs, N) ->
+    stream(Pid, Msgs, N, []).
+
+stream(_Pid, [], _N, Acc) ->
+    lists:reverse(Acc);
+stream(Pid, [{Payload, Fault} | Rest], N, Acc) ->
+    Ref = make_ref(),
+    {Size, Pieces} = convoy_chunk:pieces(Payload, N),
+    Entries = case Pieces of
+                  [] -> [];
+                  [First | More] ->
+                      [{start, Pid, Ref, Size, First, Payload}
+                       | [{piece, Pid, Ref, Seq, P} || {Seq, P} <- lists:zip(lists:seq(1, length(More)), More)]]
+              end,
+    case Fault of
+        {kill, I} when I < length(Entries) ->
+            lists:reverse(Acc, lists:sublist(Entries, I) ++ [{down, Pid}]);
+        {gap, I} when I < length(Entries) ->
+            stream(Pid, Rest, N, lists:reverse(drop_nth(I, Entries), Acc));
+        {dup, I} when I < length(Entries) ->
+            stream(Pid, Rest, N, lists:reverse(dup_nth(I, Entries), Acc));
+        _ ->
+            stream(Pid, Rest, N, lists:reverse(Entries, Acc))
+    end.
+
+drop_nth(I, L) -> lists:sublist(L, I) ++ tl(lists:nthtail(I, L)).
+dup_nth(I, L) -> lists:sublist(L, I + 1) ++ [lists:nth(I + 1, L)] ++ lists:nthtail(I + 1, L).
+
+%% Merge the streams: Order picks whose next event comes; then the rest in turn.
+interleave(Streams, Order) ->
+    interleave(list_to_tuple([S || {_, S} <- Streams]), Order, []).
+
+interleave(T, [], Acc) ->
+    lists:reverse(Acc, lists:append(tuple_to_list(T)));
+interleave(T, [I | Order], Acc) ->
+    K = (I - 1) rem tuple_size(T) + 1,
+    case element(K, T) of
+        [] -> interleave(T, Order, Acc);
+        [E | Rest] -> interleave(setelement(K, T, Rest), Order, [E | Acc])
+    end.
+
+known_refs(Events) ->
+    [{Pid, Ref, Size} || {start, Pid, Ref, Size, _, _} <- Events].
+
+insert_forged(Events, [], _Known) ->
+    Events;
+insert_forged(Events, [{At, F} | Rest], Known) ->
+    {Before, After} = lists:split(min(At, length(Events)), Events),
+    insert_forged(Before ++ [forge(F, Known)] ++ After, Rest, Known).
+
+forge(unknown_ref, _Known) ->
+    {forged_piece, make_ref(), 1, <<"f">>};
+forge({known_ref, Seq}, [{_, Ref, _} | _]) ->
+    {forged_piece, Ref, Seq, <<"f">>};
+forge(known_start, [{Pid, Ref, Size} | _]) ->
+    %% a repeated start of a known message, sized as it was: in progress or
+    %% completed, it is rejected; discarded, it starts again (and never
+    %% completes: its pieces are past)
+    {forged_start, Pid, Ref, Size};
+forge(_, []) ->
+    {forged_piece, make_ref(), 1, <<"f">>}.
+
+%%--------------------------------------------------------------------
+%% The model and one step of both
+
+model() ->
+    #{held => 0, cur => #{}, refs => #{}, delivered => []}.
+
+step({start, Pid, Ref, Size, First, Payload}, Bound, {D, Rx, M}) ->
+    St = #{ref => Ref, sender => Pid, to => dest, kind => binary, size => Size,
+           mon => Ref, data => First},
+    {R, Dropped, Rx1} = convoy_chunk:start(?NODE, St, Bound, Rx),
+    M1 = model_start(Pid, Ref, Size, First, Payload, Bound, M),
+    check(R, Dropped, Rx1, Bound, M1, D);
+step({forged_start, Pid, Ref, Size}, Bound, {D, Rx, M}) ->
+    St = #{ref => Ref, sender => Pid, to => dest, kind => binary, size => Size,
+           mon => Ref, data => <<"x">>},
+    {R, Dropped, Rx1} = convoy_chunk:start(?NODE, St, Bound, Rx),
+    M1 = model_start(Pid, Ref, Size, <<"x">>, forged, Bound, M),
+    check(R, Dropped, Rx1, Bound, M1, D);
+step({piece, _Pid, Ref, Seq, Data}, Bound, {D, Rx, M}) ->
+    {R, Rx1} = convoy_chunk:piece(?NODE, Ref, Seq, Data, Rx),
+    check(R, [], Rx1, Bound, model_piece(Ref, Seq, Data, M), D);
+step({forged_piece, Ref, Seq, Data}, Bound, {D, Rx, M}) ->
+    {R, Rx1} = convoy_chunk:piece(?NODE, Ref, Seq, Data, Rx),
+    check(R, [], Rx1, Bound, model_piece(Ref, Seq, Data, M), D);
+step({down, Pid}, Bound, {D, Rx, M}) ->
+    {Dropped, Rx1} = convoy_chunk:down(Pid, Rx),
+    check(none, Dropped, Rx1, Bound, model_drop(Pid, M), D).
+
+%% The model's expectations travel in `expect' (result kind) and `dropped'.
+check(R, Dropped, Rx, Bound, M = #{held := Held}, D) ->
+    Expect = maps:get(expect, M, none),
+    Got = case R of
+              {ack, _} -> ack;
+              {complete, binary, dest, Parts, _Mon} -> {complete, iolist_to_binary(Parts)};
+              refused -> refused;
+              {error, bad_piece} -> bad_piece;
+              none -> none
+          end,
+    Got =:= Expect orelse throw({result, Got, expected, Expect}),
+    length(Dropped) =:= maps:get(dropped, M, 0)
+        orelse throw({dropped, Dropped, expected, maps:get(dropped, M, 0)}),
+    convoy_chunk:held(?NODE, Rx) =:= Held orelse throw({held, convoy_chunk:held(?NODE, Rx), Held}),
+    (Bound =:= infinity orelse Held =< Bound) orelse throw({over_bound, Held, Bound}),
+    D1 = case Got of
+             {complete, Bin} -> [Bin | D];
+             _ -> D
+         end,
+    {D1, Rx, maps:without([expect, dropped], M)}.
+
+%% refs: every reference ever started: in_progress, done or dropped.
+model_start(Pid, Ref, Size, First, Payload, Bound, M = #{refs := Refs}) ->
+    case maps:get(Ref, Refs, none) of
+        S when S =:= in_progress; S =:= done ->
+            M#{expect => bad_piece};
+        _ ->
+            M1 = #{held := Held, refs := Refs1} = model_drop(Pid, M),
+            case Bound =:= infinity orelse Held + Size =< Bound of
+                false ->
+                    M1#{expect => refused};
+                true ->
+                    Cur = #{ref => Ref, size => Size, got => byte_size(First), next => 1,
+                            data => [First], payload => Payload},
+                    M2 = M1#{held := Held + Size, cur := (maps:get(cur, M1))#{Pid => Cur},
+                             refs := Refs1#{Ref => in_progress}, expect => ack},
+                    maybe_complete(Pid, Cur, M2)
+            end
+    end.
+
+model_piece(Ref, Seq, Data, M = #{cur := Cur}) ->
+    case [{P, C} || {P, C = #{ref := R}} <- maps:to_list(Cur), R =:= Ref] of
+        [{Pid, C = #{next := Seq, got := Got, size := Size}}]
+          when byte_size(Data) > 0, Got + byte_size(Data) =< Size ->
+            C1 = C#{next := Seq + 1, got := Got + byte_size(Data),
+                    data := maps:get(data, C) ++ [Data]},
+            maybe_complete(Pid, C1, M#{cur := Cur#{Pid := C1}, expect => ack});
+        _ ->
+            M#{expect => bad_piece}
+    end.
+
+maybe_complete(Pid, #{ref := Ref, got := Size, size := Size, data := Data},
+               M = #{cur := Cur, held := Held, refs := Refs}) ->
+    M#{cur := maps:remove(Pid, Cur), held := Held - Size, refs := Refs#{Ref := done},
+       delivered := [iolist_to_binary(Data) | maps:get(delivered, M)],
+       expect => {complete, iolist_to_binary(Data)}};
+maybe_complete(Pid, C, M = #{cur := Cur}) ->
+    M#{cur := Cur#{Pid => C}}.
+
+%% The sender's message in progress, if any, is discarded.
+model_drop(Pid, M = #{cur := Cur, held := Held, refs := Refs}) ->
+    case Cur of
+        #{Pid := #{ref := Ref, size := Size}} ->
+            M#{cur := maps:remove(Pid, Cur), held := Held - Size,
+               refs := Refs#{Ref := dropped}, dropped => 1};
+        _ ->
+            M#{dropped => 0}
+    end.
