@@ -46,13 +46,14 @@
 
 %% @doc The peer inbox that a large message (of `Bytes', its encoded size) from
 %% lane `L' to `Node' goes to in pieces, with the node's counters; `none' when it
-%% goes whole (under `chunk_threshold', or the peer does not read pieces).
+%% goes whole (under `chunk_threshold', no small traffic to protect within
+%% `chunk_guard' (`convoy_path:pieces/3'), or the peer does not read pieces).
 -spec inbox(#runtime{}, pos_integer(), node(), non_neg_integer()) ->
           {atom(), counters:counters_ref()} | none.
-inbox(#runtime{chunk_threshold = infinity}, _L, _Node, _Bytes) ->
-    none;
-inbox(#runtime{chunk_threshold = T}, L, Node, Bytes) ->
-    case Bytes >= T of
+inbox(RT = #runtime{chunk_threshold = T, chunk_guard = G}, L, Node, Bytes) ->
+    Since = erlang:monotonic_time(microsecond)
+        - convoy_slots:last_small_send(element(L, RT#runtime.slots)),
+    case convoy_path:pieces(Bytes, T, {G, Since}) of
         false ->
             none;
         true ->

@@ -29,7 +29,8 @@
 %% pairs travel as plain `!' would.
 -module(convoy_path).
 
--export([calm/2, streams/2, pays/2, unadmitted/3, may_bypass/3, bypass/3, multicast/4]).
+-export([calm/2, streams/2, pays/2, unadmitted/3, may_bypass/3, bypass/3, multicast/4,
+         pieces/3]).
 
 -export_type([size/0, calm/0, route/0]).
 
@@ -101,6 +102,19 @@ bypass(large, _Calm, convoy) -> {barrier, lane};
 bypass(small, settled, convoy) -> {barrier, inbox};
 bypass(small, unpaid, convoy) -> {barrier, inbox}; % batching does not pay: back to direct
 bypass(small, _Calm, convoy) -> inbox.
+
+%% @doc Whether a large message of `Bytes' (encoded) goes in pieces: from
+%% `chunk_threshold' on, and only while there is small traffic to protect: a
+%% small message took the sender's lane within the last `chunk_guard'
+%% milliseconds (`SinceSmallUs' microseconds ago), or always with `always'.
+%% Pieces keep small messages from waiting behind a large one but cost bulk
+%% throughput, so a node that only receives bulk gets it whole, as fast as `!'.
+-spec pieces(non_neg_integer(), non_neg_integer() | infinity,
+             {GuardMs :: non_neg_integer() | always, SinceSmallUs :: integer()}) -> boolean().
+pieces(_Bytes, infinity, _Guard) -> false;
+pieces(Bytes, Threshold, _Guard) when Bytes < Threshold -> false;
+pieces(_Bytes, _Threshold, {always, _SinceSmallUs}) -> true;
+pieces(_Bytes, _Threshold, {GuardMs, SinceSmallUs}) -> SinceSmallUs =< GuardMs * 1000.
 
 %% @doc A multicast entry (always admitted: it goes through an inbox to be fanned
 %% out there, or through the lane).

@@ -543,11 +543,13 @@ idle(RT = #runtime{max_delay = 0}, L, V) -> convoy_slots:idle(slots(RT, L), V);
 idle(_RT, _L, _V) -> false.
 
 %% Records this small send's time on the lane and says how calm the lane was
-%% before it (convoy_path). Never calm when max_delay asks for batches.
-calm(#runtime{bypass_after = never}, _L) ->
-    busy;
-calm(#runtime{max_delay = D}, _L) when D > 0 ->
-    busy;
+%% before it (convoy_path). Never calm when max_delay asks for batches (the time
+%% is still recorded: it tells large messages there is small traffic to protect,
+%% see convoy_path:pieces/3).
+calm(RT = #runtime{bypass_after = never}, L) ->
+    record_small(RT, L);
+calm(RT = #runtime{max_delay = D}, L) when D > 0 ->
+    record_small(RT, L);
 calm(RT = #runtime{bypass_after = W}, L) ->
     Slots = slots(RT, L),
     Now = erlang:monotonic_time(microsecond),
@@ -564,6 +566,10 @@ calm(RT = #runtime{bypass_after = W}, L) ->
         Calm ->
             Calm
     end.
+
+record_small(RT, L) ->
+    _ = convoy_slots:since_last_send(slots(RT, L), erlang:monotonic_time(microsecond)),
+    busy.
 
 %% This process's previous small remote send (monotonic microseconds), replaced
 %% by Now: whether the sender itself streams.

@@ -31,6 +31,7 @@
     chunk_threshold :: non_neg_integer() | infinity,
     chunk_bytes :: pos_integer(),
     chunk_window :: pos_integer(),
+    chunk_guard :: non_neg_integer() | always,
     max_reassembly_bytes :: pos_integer() | infinity,
     barrier_timeout :: non_neg_integer(),
     telemetry :: boolean(),

@@ -23,7 +23,8 @@
 -module(convoy_slots).
 
 -export([new/1, admit/1, is_closed/1, dispose/2, idle/2, since_last_send/2, close/1,
-         admitted/1, disposed/1, record_batch/4, batching/1, long_ago/1]).
+         admitted/1, disposed/1, record_batch/4, batching/1, long_ago/1,
+         last_small_send/1]).
 
 -export_type([slots/0]).
 
@@ -90,6 +91,11 @@ idle(A, V) -> atomics:get(A, ?DISPOSED) =:= V - 1.
 %% send), and, as with the `exchange' this replaces, a sender delayed between the
 %% clock and the write may leave a slightly older time: either only makes a gap
 %% look longer by the race's length. The lane's ordering never depends on it.
+%% @doc When a small message last took the lane (monotonic microseconds), read
+%% only.
+-spec last_small_send(slots()) -> integer().
+last_small_send(A) -> atomics:get(A, ?LAST_SEND).
+
 -spec since_last_send(slots(), integer()) -> integer().
 since_last_send(A, Now) ->
     case atomics:get(A, ?LAST_SEND) of

@@ -11,23 +11,26 @@
 -export([all/0, suite/0, init_per_testcase/2, end_per_testcase/2]).
 -export([order_many_senders/1, exact_delivery/1, sender_killed_mid_message/1,
          node_killed_mid_message/1, forged_pieces/1, reassembly_bound/1,
-         plain_peer_gets_whole/1, old_path_when_infinity/1]).
+         plain_peer_gets_whole/1, old_path_when_infinity/1,
+         guard_cuts_only_with_small_traffic/1, guard_sees_small_traffic_with_max_delay/1]).
 %% Run on peer nodes, or spawned.
 -export([run_senders/1, sender/2, collector/0, forge/3, run_plan/2, spawn_sender/2,
          exact_msgs/0, make/1, hold/3]).
 
 -define(INBOX, convoy_inbox_1).
-%% Sender settings: messages from 70,000 bytes go in pieces of 1 KiB; a long
-%% barrier_timeout so that a loaded machine does not make senders give up waiting.
+%% Sender settings: messages from 70,000 bytes go in pieces of 1 KiB, whether or
+%% not small messages went before (chunk_guard); a long barrier_timeout so that a
+%% loaded machine does not make senders give up waiting.
 -define(SENDER, #{chunk_threshold => 70000, chunk_bytes => 1024, chunk_window => 4,
-                  barrier_timeout => 10000}).
+                  chunk_guard => always, barrier_timeout => 10000}).
 
 suite() ->
     [{timetrap, {seconds, 180}}].
 
 all() ->
     [order_many_senders, exact_delivery, sender_killed_mid_message, node_killed_mid_message,
-     forged_pieces, reassembly_bound, plain_peer_gets_whole, old_path_when_infinity].
+     forged_pieces, reassembly_bound, plain_peer_gets_whole, old_path_when_infinity,
+     guard_cuts_only_with_small_traffic, guard_sees_small_traffic_with_max_delay].
 
 init_per_testcase(_TC, Config) ->
     _ = application:stop(convoy),
@@ -233,6 +236,28 @@ old_path_when_infinity(_Config) ->
     ok = peer:call(Peer, ?MODULE, run_senders, [[[{Rec, S} || S <- Specs]]], 60000),
     ?assertEqual(Msgs, await_count(Rec, 3)),
     ?assertMatch(#{chunked := 0}, peer_node_info(Peer)).
+
+%% chunk_guard (default 1000 ms): bulk alone goes whole, as fast as `!'; once a
+%% small message took the sender's lane, large ones go in pieces.
+guard_cuts_only_with_small_traffic(_Config) ->
+    guarded(maps:remove(chunk_guard, ?SENDER)).
+
+%% The same when max_delay asks for batches (small sends then never bypass the
+%% lane, and their time is still recorded).
+guard_sees_small_traffic_with_max_delay(_Config) ->
+    guarded((maps:remove(chunk_guard, ?SENDER))#{max_delay => 100}).
+
+guarded(Settings) ->
+    {Peer, _A} = convoy_peer(Settings),
+    Rec = spawn_link(?MODULE, collector, []),
+    Bulk = [{make, big, 200000}, {make, tagged, p, 300000}],
+    ok = peer:call(Peer, ?MODULE, run_senders, [[[{Rec, S} || S <- Bulk]]], 60000),
+    ?assertEqual([make(S) || S <- Bulk], await_count(Rec, 2)),
+    ?assertMatch(#{chunked := 0}, peer_node_info(Peer)),
+    Mixed = [{small, 1}, {make, big, 250000}],
+    ok = peer:call(Peer, ?MODULE, run_senders, [[[{Rec, S} || S <- Mixed]]], 60000),
+    ?assertEqual([make(S) || S <- Bulk ++ Mixed], await_count(Rec, 4)),
+    ?assertMatch(#{chunked := 1}, peer_node_info(Peer)).
 
 %%--------------------------------------------------------------------
 %% Helpers (some run on the peer)

@@ -83,3 +83,17 @@ pays_test() ->
     ?assertEqual(unpaid, convoy_path:pays(16, 10000)),
     ?assertEqual(busy, convoy_path:pays(16, 10001)),
     ?assertEqual(busy, convoy_path:pays(0, 1 bsl 40)).
+
+%% Pieces from chunk_threshold on, only with small traffic to protect (a small
+%% message within chunk_guard ms), or always; never with the threshold at infinity.
+pieces_test() ->
+    MiB = 1048576,
+    ?assertNot(convoy_path:pieces(10 * MiB, infinity, {always, 0})),
+    ?assertNot(convoy_path:pieces(MiB, 4 * MiB, {always, 0})),
+    ?assert(convoy_path:pieces(4 * MiB, 4 * MiB, {always, 1 bsl 50})),
+    ?assert(convoy_path:pieces(10 * MiB, 4 * MiB, {1000, 999999})),
+    ?assert(convoy_path:pieces(10 * MiB, 4 * MiB, {1000, 1000000})),
+    ?assertNot(convoy_path:pieces(10 * MiB, 4 * MiB, {1000, 1000001})),
+    ?assertNot(convoy_path:pieces(10 * MiB, 4 * MiB, {0, 1})),
+    %% the lane's "long ago" for no small send yet: bulk alone goes whole
+    ?assertNot(convoy_path:pieces(10 * MiB, 4 * MiB, {1000, 1 bsl 40})).
