@@ -1,5 +1,6 @@
 defmodule ElixirDemoPublishTest do
   use ExUnit.Case, async: false
+  import ElixirDemo.TestWait
 
   alias ElixirDemo.Subscriber
 
@@ -46,23 +47,6 @@ defmodule ElixirDemoPublishTest do
     case :erpc.call(at, :pg, :start, [:pg]) do
       {:ok, _} -> :ok
       {:error, {:already_started, _}} -> :ok
-    end
-  end
-
-  defp route(at \\ node(), node),
-    do: get_in(:erpc.call(at, :convoy, :info, []), [:nodes, node, :route])
-
-  defp await(fun, tries \\ 100) do
-    cond do
-      fun.() ->
-        :ok
-
-      tries > 0 ->
-        Process.sleep(50)
-        await(fun, tries - 1)
-
-      true ->
-        flunk("condition not met")
     end
   end
 

@@ -1,5 +1,6 @@
 defmodule ElixirDemoTest do
   use ExUnit.Case, async: false
+  import ElixirDemo.TestWait
 
   alias ElixirDemo.Relay
 
@@ -96,25 +97,6 @@ defmodule ElixirDemoTest do
       assert_receive :replied, 5_000
       refute_received {[:alias | _], _}
       assert :convoy.call(tally, :all) == []
-    end
-  end
-
-  # How convoy on `at` sends to `node`: :convoy, or :plain until it knows that
-  # convoy runs there.
-  defp route(at \\ node(), node),
-    do: get_in(:erpc.call(at, :convoy, :info, []), [:nodes, node, :route])
-
-  defp await(fun, tries \\ 100) do
-    cond do
-      fun.() ->
-        :ok
-
-      tries > 0 ->
-        Process.sleep(50)
-        await(fun, tries - 1)
-
-      true ->
-        flunk("condition not met")
     end
   end
 

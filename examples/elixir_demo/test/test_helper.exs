@@ -20,6 +20,30 @@ defmodule ElixirDemo.TestNode do
   end
 end
 
+# What both test modules ask of the nodes.
+defmodule ElixirDemo.TestWait do
+  import ExUnit.Assertions, only: [flunk: 1]
+
+  # How convoy on `at` sends to `node`: :convoy, or :plain until it knows that
+  # convoy runs there.
+  def route(at \\ node(), node),
+    do: get_in(:erpc.call(at, :convoy, :info, []), [:nodes, node, :route])
+
+  def await(fun, tries \\ 100) do
+    cond do
+      fun.() ->
+        :ok
+
+      tries > 0 ->
+        Process.sleep(50)
+        await(fun, tries - 1)
+
+      true ->
+        flunk("condition not met")
+    end
+  end
+end
+
 ElixirDemo.TestNode.start()
 {:ok, _} = Application.ensure_all_started(:elixir_demo)
 
