@@ -348,11 +348,20 @@ send_run(dests, Tos, Msgs, D) ->
 %% that is not pg's after all) is skipped. Each member gets the run's messages
 %% back to back. Members come from convoy_wire:take_members/3, which ends an
 %% improper list where it stops.
+publish(Members, [Msg], Local) ->
+    publish_one(Members, Msg, Local);
 publish([], _Msgs, _Local) -> ok;
 publish([P | Ps], Msgs, Local) when is_pid(P), node(P) =:= Local ->
     send_all(P, Msgs),
     publish(Ps, Msgs, Local);
 publish([_ | Ps], Msgs, Local) -> publish(Ps, Msgs, Local).
+
+%% One message (a publish entry alone, the usual case).
+publish_one([P | Ps], Msg, Local) when is_pid(P), node(P) =:= Local ->
+    P ! Msg,
+    publish_one(Ps, Msg, Local);
+publish_one([_ | Ps], Msg, Local) -> publish_one(Ps, Msg, Local);
+publish_one([], _Msg, _Local) -> ok.
 
 send_all(_P, []) -> ok;
 send_all(P, [Msg | Msgs]) -> P ! Msg, send_all(P, Msgs).

@@ -339,7 +339,15 @@ take_members(Members, Each, Left) ->
             0 when Left >= ?MAX_ENTRY_WORDS -> 1;
             Fit -> Fit
         end,
-    take_proper(Members, K, []).
+    case ends_within(Members, K) of
+        true -> {Members, []}; % the usual case: all of them, not copied
+        false -> take_proper(Members, K, [])
+    end.
+
+%% A proper list of at most K elements (walks at most K + 1 cells).
+ends_within([], _K) -> true;
+ends_within([_ | Rest], K) when K > 0 -> ends_within(Rest, K - 1);
+ends_within(_, _K) -> false.
 
 take_proper([M | Rest], K, Acc) when K > 0 -> take_proper(Rest, K - 1, [M | Acc]);
 take_proper(Rest, _K, Acc) when is_list(Rest) -> {lists:reverse(Acc), Rest};
