@@ -52,6 +52,11 @@
 %% terminate/2 and a retired lane end the process: all end by exit on purpose.
 -dialyzer({nowarn_function, [courier/3, connect/2, connector/1, terminate/2, cycle/1]}).
 -define(SEND_OPTS, [nosuspend, noconnect]).
+%% A send or large message as convoy_route hands it over; anything else (anything
+%% may reach a registered process) is stray.
+-define(IS_HANDED(Node, To, Bytes),
+        is_atom(Node), is_integer(Bytes), Bytes >= 0,
+        (is_pid(To) orelse is_atom(To) orelse is_reference(To))).
 
 -record(s, {index :: pos_integer(),
             parent :: pid(),
@@ -124,9 +129,7 @@ drain(S = #s{rt = #runtime{max_batch = MB}}, Now, N, Sends, K) when K >= MB ->
     drain(pend(Sends, K, Now, S), Now, N, [], 0);
 drain(S, Now, N, Sends, K) ->
     receive
-        {'$convoy_send', Node, To, _Msg, Bytes} = M
-          when is_atom(Node), is_integer(Bytes), Bytes >= 0,
-               (is_pid(To) orelse is_atom(To) orelse is_reference(To)) ->
+        {'$convoy_send', Node, To, _Msg, Bytes} = M when ?IS_HANDED(Node, To, Bytes) ->
             drain(S, Now, N - 1, [M | Sends], K + 1);
         Msg ->
             drain(handle(Msg, Now, pend(Sends, K, Now, S)), Now, N - 1, [], 0)
@@ -178,13 +181,9 @@ acts([A | Rest], Now, S) -> acts(Rest, Now, act(A, Now, S)).
 
 %% Sends come from convoy_route in this node's processes; the guards keep a
 %% malformed one (anything may reach a registered process) from crashing the lane.
-handle({'$convoy_send', Node, To, _Msg, Bytes} = M, Now, S)
-  when is_atom(Node), is_integer(Bytes), Bytes >= 0,
-       (is_pid(To) orelse is_atom(To) orelse is_reference(To)) ->
+handle({'$convoy_send', Node, To, _Msg, Bytes} = M, Now, S) when ?IS_HANDED(Node, To, Bytes) ->
     core({send, M}, Now, S);
-handle({'$convoy_large', Node, To, _Msg, Bytes} = M, Now, S)
-  when is_atom(Node), is_integer(Bytes), Bytes >= 0,
-       (is_pid(To) orelse is_atom(To) orelse is_reference(To)) ->
+handle({'$convoy_large', Node, To, _Msg, Bytes} = M, Now, S) when ?IS_HANDED(Node, To, Bytes) ->
     core({send, M}, Now, S);
 handle({Kind, Node, Tos, _Msg, Bytes} = M, Now, S)
   when Kind =:= '$convoy_multicast' orelse Kind =:= '$convoy_large',
