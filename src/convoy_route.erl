@@ -170,7 +170,6 @@ local_or_remote(Node, Dest) ->
         false -> {remote, Node, Dest}
     end.
 
-
 %% @doc The lane index of the calling process.
 -spec lane_of(#runtime{}) -> pos_integer().
 lane_of(#runtime{n = 1}) -> 1;
@@ -189,7 +188,7 @@ unmark(Node) ->
     ok.
 
 %% One message to a remote node; convoy_path decides the path from the facts.
-%% Size is {small | large, EstimatedBytes} (measured once, here).
+%% Size is {small | large, Bytes}, the encoded size (measured once, here).
 remote(undefined, Node, To, Msg) ->
     plain_send(Node, [To], Msg);
 remote(RT = #runtime{stopping = true}, Node, To, Msg) ->
