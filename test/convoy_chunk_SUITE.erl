@@ -33,8 +33,7 @@ all() ->
      guard_cuts_only_with_small_traffic, guard_sees_small_traffic_with_max_delay].
 
 init_per_testcase(_TC, Config) ->
-    _ = application:stop(convoy),
-    {ok, _} = application:ensure_all_started(convoy),
+    ok = convoy_ct_peers:restart_here(),
     Config.
 
 end_per_testcase(_TC, _Config) ->

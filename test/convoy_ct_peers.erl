@@ -5,7 +5,8 @@
 %% get convoy's code and the calling suite's.
 -module(convoy_ct_peers).
 
--export([start/3, start_convoy/2, convoy_peer/3, await_route/2, route_kind/1, await/3]).
+-export([start/3, start_convoy/2, convoy_peer/3, await_route/2, route_kind/1, await/3,
+         restart_here/0]).
 
 %% A peer named Name for Suite; Extra: peer:start_options(), `args' appended.
 start(Suite, Name, Extra) ->
@@ -53,3 +54,10 @@ await_loop(Get, Ok, Deadline) ->
                 false -> receive after 20 -> await_loop(Get, Ok, Deadline) end
             end
     end.
+
+%% convoy started afresh with its defaults on this node (a test case's start).
+-spec restart_here() -> ok.
+restart_here() ->
+    _ = application:stop(convoy),
+    {ok, _} = application:ensure_all_started(convoy),
+    ok.

@@ -26,8 +26,7 @@ all() ->
      sender_splits_multicast].
 
 init_per_testcase(_TC, Config) ->
-    _ = application:stop(convoy),
-    {ok, _} = application:ensure_all_started(convoy),
+    ok = convoy_ct_peers:restart_here(),
     Config.
 
 end_per_testcase(_TC, _Config) ->

@@ -18,8 +18,7 @@ all() ->
     [idle_after_burst_goes_direct, order_across_path_switches].
 
 init_per_testcase(_TC, Config) ->
-    _ = application:stop(convoy),
-    {ok, _} = application:ensure_all_started(convoy),
+    ok = convoy_ct_peers:restart_here(),
     Config.
 
 end_per_testcase(_TC, _Config) ->
