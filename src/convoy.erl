@@ -194,19 +194,12 @@ flush(Which, Timeout) when is_atom(Which), Timeout =:= infinity;
             %% The lane ships everything and goes (convoy_control bounds the wait).
             convoy_route:await_gone(element(convoy_route:lane_of(RT), RT#runtime.lanes));
         RT ->
-            Lane = element(convoy_route:lane_of(RT), RT#runtime.lanes),
-            Mon = erlang:monitor(process, Lane, [{alias, demonitor}]),
-            Lane ! {'$convoy_flush', Which, Mon, Mon},
-            receive
-                {Mon, ok} ->
-                    erlang:demonitor(Mon, [flush]),
-                    ok;
-                {'DOWN', Mon, process, _, _} ->
-                    %% The lane was replaced (lanes changed) or convoy restarted.
-                    flush(Which, Timeout)
-            after Timeout ->
-                erlang:demonitor(Mon, [flush]),
-                {error, timeout}
+            case convoy_lane:flush(element(convoy_route:lane_of(RT), RT#runtime.lanes), Which,
+                                   Timeout) of
+                ok -> ok;
+                %% The lane was replaced (lanes changed) or convoy restarted.
+                down -> flush(Which, Timeout);
+                timeout -> {error, timeout}
             end
     end;
 flush(Which, Timeout) ->

@@ -72,17 +72,10 @@ inbox(RT = #runtime{chunk_threshold = T, chunk_guard = G}, L, Node, Bytes) ->
 %% holds for `Node', as `convoy:flush/2' does, for at most `barrier_timeout' ms.
 -spec drain_lane(#runtime{}, pos_integer(), node()) -> ok | timeout.
 drain_lane(#runtime{lanes = Lanes, barrier_timeout = T}, L, Node) ->
-    Lane = element(L, Lanes),
-    Mon = erlang:monitor(process, Lane, [{alias, demonitor}]),
-    Lane ! {'$convoy_flush', Node, Mon, Mon},
-    Result = receive
-                 {Mon, ok} -> ok;
-                 {'DOWN', Mon, process, _, _} -> timeout
-             after T ->
-                 timeout
-             end,
-    erlang:demonitor(Mon, [flush]),
-    Result.
+    case convoy_lane:flush(element(L, Lanes), Node, T) of
+        ok -> ok;
+        _DownOrTimeout -> timeout
+    end.
 
 %% @doc Send `Msg' to `To' on `Node' in pieces through the inbox `Inbox'.
 %% `delivered': the inbox delivered it; `sent': handed over, delivery not

@@ -35,8 +35,9 @@
 %% it, so no chunk of a dead lane can arrive after what its replacement ships.
 -module(convoy_lane).
 
--export([start_link/4, init/5, system_continue/3, system_terminate/4,
-         system_get_state/1, system_code_change/4]).
+-export([start_link/4, flush/3]).
+-export([init/5, system_continue/3, system_terminate/4, system_get_state/1,
+         system_code_change/4]).
 
 -include("convoy_runtime.hrl").
 -include_lib("kernel/include/logger.hrl").
@@ -85,6 +86,22 @@
           {ok, pid()}.
 start_link(Index, Held, RT, Control) ->
     proc_lib:start_link(?MODULE, init, [self(), Index, Held, RT, Control]).
+
+%% @doc Wait until `Lane' has shipped (handed to distribution) or counted as
+%% dropped everything it held for `Which' (a node, or `all') when asked; `down'
+%% if the lane went first (replaced or stopped), `timeout' after `Timeout' ms.
+-spec flush(pid(), node() | all, timeout()) -> ok | down | timeout.
+flush(Lane, Which, Timeout) ->
+    Mon = erlang:monitor(process, Lane, [{alias, demonitor}]),
+    Lane ! {'$convoy_flush', Which, Mon, Mon},
+    Result = receive
+                 {Mon, ok} -> ok;
+                 {'DOWN', Mon, process, _, _} -> down
+             after Timeout ->
+                 timeout
+             end,
+    erlang:demonitor(Mon, [flush]),
+    Result.
 
 -spec init(pid(), pos_integer(), none | all | [node()], #runtime{}, {pid(), reference()}) ->
           no_return().
