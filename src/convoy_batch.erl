@@ -7,7 +7,9 @@
 %% <ul>
 %% <li>`{To, Msg}' and `{[To], Msg}' count as messages (one per entry);</li>
 %% <li>`{'$convoy_large', To, Msg}' is a message that always ships alone: a large
-%%   message is never held behind others in a batch, nor others behind it;</li>
+%%   message is never held behind others in a batch, nor others behind it. Large
+%%   messages in a row leave in one chunk (up to `LARGE_RUN'), each its own send:
+%%   a stream of them costs the lane one round per run, not one per message;</li>
 %% <li>`{'$convoy_mark', Id, Node}' stays in the lane: it is answered once
 %%   everything before it has left the node (`convoy:flush/0,1', see
 %%   `convoy_lane_core').</li>
@@ -22,6 +24,12 @@
          count_messages/1]).
 
 -export_type([core/0, status/0, reason/0]).
+
+%% Large messages in one chunk at most: enough to spread a chunk's cost (the
+%% lane's round, a courier when the connection is busy) over messages that each
+%% take tens of microseconds on the wire, few enough that a courier holding a
+%% run gives room back to blocked senders often.
+-define(LARGE_RUN, 16).
 
 -record(nq, {status = ready :: status(),
              q = queue:new() :: queue:queue(term()),
@@ -73,8 +81,9 @@ append(Entries, Q) ->
     end.
 
 %% @doc Take the next chunk of `Node''s queue: at most `Max' messages, with the
-%% control entries among them, from the head; a large message makes a chunk of its
-%% own. The queue must be ready; a node without a queue gives nothing.
+%% control entries among them, from the head; large messages make chunks of their
+%% own (up to `LARGE_RUN' in a row). The queue must be ready; a node without a
+%% queue gives nothing.
 -spec take(node(), pos_integer(), core()) -> {[term()], core()}.
 take(Node, Max, Core) ->
     case Core of
@@ -93,24 +102,30 @@ take_chunk(Max, NQ = #nq{q = Q, msgs = Msgs, large = 0}) ->
     {Chunk, Rest} = split(Max, Q, []),
     {Chunk, NQ#nq{q = Rest, msgs = Msgs - Max}};
 take_chunk(Max, NQ = #nq{q = Q, msgs = Msgs, large = Large}) ->
-    {Chunk, Rest} = split_large(Max, Q, [], false),
+    {Chunk, Rest} = split_large(Max, Q, [], none),
     {Chunk, NQ#nq{q = Rest, msgs = Msgs - count_messages(Chunk),
                   large = Large - count_large(Chunk)}}.
 
-%% Like split/3, but a large message ends the chunk before it, or is the chunk's
-%% only message. Seen: whether the chunk holds a message yet.
-split_large(0, Q, Acc, _Seen) ->
+%% Like split/3, but large messages and the others never share a chunk: a chunk
+%% is a run of small messages or a run of large ones (the lane ships each large
+%% message alone, a run of them in one go). Kind: what the chunk holds so far
+%% (none, small or large).
+split_large(0, Q, Acc, _Kind) ->
     {lists:reverse(Acc), Q};
-split_large(N, Q, Acc, Seen) ->
+split_large(N, Q, Acc, Kind) ->
     case queue:out(Q) of
         {empty, Q} ->
             {lists:reverse(Acc), Q};
-        {{value, {'$convoy_large', _, _} = E}, Q1} when not Seen ->
-            {lists:reverse([E | Acc]), Q1};
+        {{value, {'$convoy_large', _, _} = E}, Q1} when Kind =/= small ->
+            split_large(min(N, ?LARGE_RUN) - 1, Q1, [E | Acc], large);
         {{value, {'$convoy_large', _, _}}, _Q1} ->
             {lists:reverse(Acc), Q};
         {{value, E}, Q1} ->
-            split_large(N - count(E), Q1, [E | Acc], Seen orelse is_message(E))
+            case is_message(E) of
+                false -> split_large(N, Q1, [E | Acc], Kind);
+                true when Kind =:= large -> {lists:reverse(Acc), Q};
+                true -> split_large(N - 1, Q1, [E | Acc], small)
+            end
     end.
 
 count_large(Entries) -> count_large(Entries, 0).
@@ -266,19 +281,31 @@ max_delay_test() ->
 large_ships_alone_test() ->
     L = {'$convoy_large', p, big},
     C0 = lists:foldl(fun(E, C) -> push(n, E, 0, C) end, new(),
-                     [{p, 1}, {p, 2}, L, {p, 3}, L, L]),
+                     [{p, 1}, {p, 2}, L, {p, 3}, L, {'$convoy_mark', 1, n}, L, {p, 4}]),
     {A, C1} = take(n, 10, C0),
     ?assertEqual([{p, 1}, {p, 2}], A),
     {B, C2} = take(n, 10, C1),
     ?assertEqual([L], B),
     {D, C3} = take(n, 10, C2),
     ?assertEqual([{p, 3}], D),
+    %% Large messages in a row (a mark between them) leave together.
     {E, C4} = take(n, 10, C3),
-    ?assertEqual([L], E),
+    ?assertEqual([L, {'$convoy_mark', 1, n}, L], E),
     ?assertEqual(1, buffered(n, C4)),
     {F, C5} = take(n, 10, requeue(n, E, C4)),
-    ?assertEqual([L], F),
-    ?assertEqual(1, buffered(n, C5)).
+    ?assertEqual(E, F),
+    ?assertEqual(1, buffered(n, C5)),
+    {G, _} = take(n, 10, C5),
+    ?assertEqual([{p, 4}], G).
+
+large_runs_are_bounded_test() ->
+    L = {'$convoy_large', p, big},
+    C0 = lists:foldl(fun(E, C) -> push(n, E, 0, C) end, new(), lists:duplicate(40, L)),
+    {A, C1} = take(n, 1000, C0),
+    ?assertEqual(?LARGE_RUN, length(A)),
+    {B, C2} = take(n, 5, C1),
+    ?assertEqual(5, length(B)),
+    ?assertEqual(40 - ?LARGE_RUN - 5, buffered(n, C2)).
 
 requeue_test() ->
     C0 = push(n, {p, 3}, 0, new()),

@@ -350,15 +350,19 @@ table_route() ->
         _ -> plain
     end.
 
-%% A large message ships alone; its copy in the lane's heap is collected at the end
-%% of the cycle rather than whenever the heap next grows.
-ship(Node, Route, [{'$convoy_large', _, _}] = Wire, S) ->
+%% Large messages ship alone (a chunk is a run of them); their copies in the
+%% lane's heap are collected at the end of the cycle rather than whenever the heap
+%% next grows.
+ship(Node, Route, [{'$convoy_large', _, _} | _] = Wire, S) ->
     ship_route(Node, Route, Wire, S#s{gc = true});
 ship(Node, Route, Wire, S) ->
     ship_route(Node, Route, Wire, S).
 
 ship_route(_Node, unknown, _Wire, S) ->
     {unroutable, S};
+ship_route(Node, {convoy, Vsn, Inboxes}, [{'$convoy_large', _, _} | _] = Wire, S = #s{index = I}) ->
+    Target = {convoy_wire:lane_inbox(I, Inboxes), Node},
+    alone(Node, Target, Vsn, Wire, 0, S);
 ship_route(Node, {convoy, Vsn, Inboxes}, Wire, S = #s{index = I}) ->
     Target = {convoy_wire:lane_inbox(I, Inboxes), Node},
     Batch = convoy_wire:batch(node(), wire_entries(Wire, Vsn, Node)),
@@ -373,6 +377,24 @@ ship_route(Node, {convoy, Vsn, Inboxes}, Wire, S = #s{index = I}) ->
     end;
 ship_route(Node, plain, Wire, S) ->
     plain(Node, Wire, 0, 0, S).
+
+%% A run of large messages, each in a batch of its own, one after the other; a
+%% busy connection hands the rest of the run to one courier.
+alone(_Node, _Target, _Vsn, [], Sent, S) ->
+    {{sent, Sent, convoy}, S};
+alone(Node, Target, Vsn, [E | Rest] = Wire, Sent, S) ->
+    case erlang:send(Target, alone_batch(E, Vsn, Node), ?SEND_OPTS) of
+        ok ->
+            alone(Node, Target, Vsn, Rest, Sent + 1, S);
+        nosuspend ->
+            {{courier, Sent, Sent, convoy},
+             courier(Node, [{Target, alone_batch(W, Vsn, Node), 1} || W <- Wire], S)};
+        noconnect ->
+            {{unconnected, Sent, Sent, Wire, convoy}, S}
+    end.
+
+alone_batch(E, Vsn, Node) ->
+    convoy_wire:batch(node(), wire_entries([E], Vsn, Node)).
 
 %% Entries the lane keeps in its own form (a large message, a publish) become
 %% wire entries; a chunk without any is shipped as it is.

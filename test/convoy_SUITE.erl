@@ -8,7 +8,8 @@
 -export([all/0, groups/0, init_per_suite/1, end_per_suite/1,
          init_per_testcase/2, end_per_testcase/2]).
 -export([order_many_senders/1, order_fragmented_batches/1, order_with_lanes/1,
-         large_messages_in_order/1, multicast_one_copy_per_node/1,
+         large_messages_in_order/1, large_runs_through_busy_connection/1,
+         multicast_one_copy_per_node/1,
          peer_without_convoy/1, peer_starts_convoy_later/1, peer_stops_convoy/1,
          stalled_node_does_not_delay_others/1, node_down_accounting/1,
          netsplit_and_reconnect/1, lanes_change_under_traffic/1,
@@ -27,7 +28,8 @@ all() ->
 
 groups() ->
     [{ordering, [], [order_many_senders, order_fragmented_batches, order_with_lanes,
-                     large_messages_in_order, multicast_one_copy_per_node]},
+                     large_messages_in_order, large_runs_through_busy_connection,
+                     multicast_one_copy_per_node]},
      {peers, [], [peer_without_convoy, peer_starts_convoy_later, peer_stops_convoy]},
      {failures, [], [stalled_node_does_not_delay_others, node_down_accounting,
                      netsplit_and_reconnect]},
@@ -206,6 +208,32 @@ large_messages_in_order(_Config) ->
     check_collectors(Expected),
     #{direct := Direct} = node_stats(Node),
     ?assert(Direct > 0).
+
+%% Large messages queued in a row leave the lane as a run, one send each; a busy
+%% connection hands the rest of a run to a courier. Senders mixing small and
+%% large messages while the peer is stopped (its connection fills up, the lane
+%% queues), then resumed: every message arrives once, in order, all counted.
+large_runs_through_busy_connection(Config) ->
+    {module, telemetry} = code:ensure_loaded(telemetry),
+    true = register(telemetry_sink, self()),
+    {Peer, Node, _Sink} = stalled_peer(Config, #{large_threshold => 2000}),
+    Cs = start_collectors(Node, 2),
+    Self = self(),
+    _ = spawn_link(fun() -> Self ! {expected, run_senders(3, Cs, 600, [10, 3000, 100000])} end),
+    with_stalled(Peer, fun() -> timer:sleep(1500) end),
+    Expected = receive {expected, E} -> E after 120000 -> ct:fail(senders_stuck) end,
+    check_collectors(Expected),
+    #{accepted := A, messages := M, dropped := D} = node_stats(Node),
+    ?assertEqual({A, 0}, {M, D}),
+    %% Some run left with several sends (small messages leave one batch a send).
+    Runs = [Sends || {telemetry, [convoy, batch, sent], #{sends := Sends}, #{route := convoy}}
+                         <- flush_mailbox_list(), Sends > 1],
+    ct:pal("runs of large messages (sends each): ~p", [Runs]),
+    unregister(telemetry_sink),
+    ?assertNotEqual([], Runs).
+
+flush_mailbox_list() ->
+    receive M -> [M | flush_mailbox_list()] after 0 -> [] end.
 
 multicast_one_copy_per_node(Config) ->
     {PeerB, B} = peer(Config, ?CT_PEER_NAME(multicast_b)),

@@ -7,7 +7,7 @@
 %%
 %% After every step: order per sender and node kept, nothing delivered twice,
 %% handed = sent + dropped + held by the core (exactly), no chunk over max_batch,
-%% a large message alone, nothing shipped for a held node, a flush answered only
+%% large messages never in a chunk with others, nothing shipped for a held node, a flush answered only
 %% once everything handed before it left, a blocked sender woken once, and
 %% retirement only once everything is disposed of. After settling the network:
 %% nothing left, every byte given back, every flush answered, every undelivered
@@ -173,7 +173,8 @@ act({ship, Node, Wire, _Reason}, St = #{core := C, max_batch := MB, shutdown := 
     Msgs = convoy_batch:count_messages(Wire),
     Msgs =< MB orelse throw({chunk_over_max_batch, Node, Wire}),
     Large = [E || {'$convoy_large', _, _} = E <- Wire],
-    (Large =:= [] orelse length(Wire) =:= 1) orelse throw({large_not_alone, Wire}),
+    %% Large messages never share a chunk with others (a run of them may).
+    (Large =:= [] orelse length(Large) =:= length(Wire)) orelse throw({large_not_alone, Wire}),
     [] =:= [E || E <- Wire, element(1, E) =:= '$convoy_mark'] orelse throw({mark_shipped, Wire}),
     Down orelse not is_held(Node, C) orelse throw({shipped_held_node, Node}),
     {Outcome, St1} = network(Node, Wire, St),
@@ -238,6 +239,12 @@ network(Node, Wire, St = #{modes := Modes}) ->
     case maps:get(Node, Modes, ok) of
         ok ->
             {{sent, 1, convoy}, deliver(Node, Wire, St)};
+        busy when element(1, hd(Wire)) =:= '$convoy_large' ->
+            %% A run of large messages: the first leave, one send each, until the
+            %% connection is busy.
+            {Out, Rest} = lists:split(length(Wire) div 2, Wire),
+            {{courier, length(Out), length(Out), convoy},
+             to_courier(Node, Rest, deliver(Node, Out, St))};
         busy ->
             {{courier, 0, 0, convoy}, to_courier(Node, Wire, St)};
         unconnected ->
