@@ -9,15 +9,20 @@
 %% `gen_server:reply/2'); the answer comes back to the caller as the server sends
 %% it, not through convoy.
 %%
-%% A call keeps OTP 25's `gen' protocol for a server on another node: the caller
-%% monitors the server (a pid or `{Name, Node}') with `[{alias, demonitor}]' and
-%% tags the request `[alias | Mref]', so the server's answer goes to that alias.
-%% The alias dies with the monitor, when the call returns or times out, so an
-%% answer that comes late is dropped by the runtime instead of landing in the
-%% caller's mailbox. The monitor gives the exits: `noproc' (no such process or
-%% name), `{nodedown, Node}' (connection lost: a `noconnection' DOWN), the
-%% server's exit reason, and `timeout'; global and via names whose process is on
-%% a node that went down give `noproc', as `gen' does. Exits are
+%% A call keeps what OTP 25's `gen' gives for a server on another node, with one
+%% change of means. `gen' monitors the server for each call (a monitor and a
+%% demonitor signal beside the request) and tags the request with the monitor's
+%% alias. Here the request is tagged `[alias | Alias]' with an alias of the
+%% call's own, and the server is watched by one monitor shared by every caller
+%% on this node (`convoy_calls'), so many concurrent calls to a server cost a
+%% request and a reply each, not four signals. The alias is deactivated when the
+%% call returns or times out, so an answer that comes late is dropped by the
+%% runtime instead of landing in the caller's mailbox. The monitor gives the
+%% exits: `noproc' (no such process or name), `{nodedown, Node}' (connection
+%% lost: a `noconnection' DOWN), the server's exit reason, and `timeout' (without
+%% `convoy_calls', the call monitors the server itself, as `gen' does); global
+%% and via names whose process is on a node that went down give `noproc', as
+%% `gen' does. Exits are
 %% `{Reason, {gen_server, call, Args}}' with gen_server's own `Args'. Everything
 %% that does not go to another node through a running convoy (a server on this
 %% node, convoy not running here, a name that resolves to no remote process, a
@@ -34,8 +39,9 @@
 %% within its own Timeout whatever the `overload' policy (the caller waits for an
 %% answer anyway), so convoy's bound never holds a call past its Timeout, and a
 %% request that finds no room in time ends in `timeout' (counted in `refused').
-%% (The monitor, as in gen_server:call, is a distribution signal: it waits while
-%% the node's distribution buffer is full.) A cast is a `convoy:send/2' and
+%% (A new monitor, as in gen_server:call, is a distribution signal: it waits
+%% while the node's distribution buffer is full; a shared one is taken once per
+%% server.) A cast is a `convoy:send/2' and
 %% follows the `overload' setting.
 -module(convoy_gen).
 
@@ -51,7 +57,7 @@
 %% a call that may wait longer tries again.
 -define(MAX_BLOCK_MS, 3600000).
 
--dialyzer({no_improper_lists, [do_call/3, await/3]}).
+-dialyzer({no_improper_lists, [watch/1, await/3, late_reply/1]}).
 
 %% @doc See `convoy:cast/2'.
 -spec cast(convoy:server_ref(), term()) -> ok.
@@ -141,49 +147,130 @@ where(Fun) ->
 %% gen's do_call for a remote process, the request sent through convoy.
 do_call({Process, How}, Request, Timeout) ->
     Deadline = deadline(Timeout),
-    Mref = erlang:monitor(process, Process, [{alias, demonitor}]),
-    Msg = {'$gen_call', {self(), [alias | Mref]}, Request},
-    Outcome = request(Process, Msg, Mref, Deadline),
+    {Tag, Watch} = watch(Process),
+    Msg = {'$gen_call', {self(), Tag}, Request},
+    {Outcome, Watched} = request(Process, Msg, Watch, Deadline),
+    unwatch(Process, Watched),
     case {How, Outcome} of
         {registered, {exit, {nodedown, _}}} -> {exit, noproc};
         _ -> Outcome
     end.
 
+%% How the call learns that the server is gone: from the monitor convoy_calls
+%% shares among callers (`shared': no monitor signal per call), or from a monitor
+%% of its own as gen_server:call takes it (`own') when convoy_calls is not there.
+%% The reply comes to an alias either way, inactive once the call is over.
+watch(Process) ->
+    Alias = erlang:alias([explicit_unalias]),
+    case convoy_calls:watch(Process, Alias) of
+        {ok, Helper} ->
+            {[alias | Alias], {shared, Alias, Helper}};
+        unavailable ->
+            true = erlang:unalias(Alias),
+            Mref = erlang:monitor(process, Process, [{alias, demonitor}]),
+            {[alias | Mref], {own, Mref}}
+    end.
+
+%% Nothing of the call is left: the alias is inactive (a late reply or `DOWN' is
+%% dropped by the runtime) and what reached the mailbox before is taken out.
+unwatch(_Process, {own, Mref}) ->
+    erlang:demonitor(Mref, [flush]),
+    ok;
+unwatch(Process, {shared, Alias, Helper}) ->
+    _ = erlang:unalias(Alias),
+    ok = convoy_calls:unwatch(Process, Alias),
+    erlang:demonitor(Helper, [flush]),
+    flush_down(Alias);
+unwatch(_Process, {fallback, Alias, Mref}) ->
+    _ = erlang:unalias(Alias),
+    erlang:demonitor(Mref, [flush]),
+    flush_down(Alias).
+
+flush_down(Alias) ->
+    receive
+        {'$convoy_call_down', Alias, _} -> flush_down(Alias)
+    after 0 ->
+        ok
+    end.
+
 %% Hand the request to convoy. If the node's bound is reached, wait for room no
 %% longer than the call may last (the caller waits for the answer anyway); a
 %% request refused with time left is tried again unless the server is gone.
-request(Process, Msg, Mref, Deadline) ->
+%% Returns the outcome and how the server was watched in the end.
+request(Process, Msg, Watch, Deadline) ->
     Wait = min(left(Deadline), ?MAX_BLOCK_MS),
     case convoy_route:send(Process, Msg, #{overload => block, block_timeout => Wait}) of
         ok ->
-            await(Mref, Process, Deadline);
+            await(Watch, Process, Deadline);
         {error, overload} ->
-            receive
-                {'DOWN', Mref, _, _, Reason} -> {exit, down(Reason, Process)}
-            after 0 ->
-                case left(Deadline) of
-                    0 -> await(Mref, Process, Deadline);
-                    _ -> request(Process, Msg, Mref, Deadline)
-                end
+            case gone(Watch, Process) of
+                {exit, _} = Exit ->
+                    {Exit, Watch};
+                no ->
+                    case left(Deadline) of
+                        0 -> await(Watch, Process, Deadline);
+                        _ -> request(Process, Msg, Watch, Deadline)
+                    end
             end
     end.
 
-await(Mref, Process, Deadline) ->
+gone({own, Mref}, Process) ->
+    receive
+        {'DOWN', Mref, _, _, Reason} -> {exit, down(Reason, Process)}
+    after 0 -> no
+    end;
+gone({_, Alias, _}, Process) ->
+    receive
+        {'$convoy_call_down', Alias, Reason} -> {exit, down(Reason, Process)}
+    after 0 -> no
+    end.
+
+await({own, Mref} = W, Process, Deadline) ->
     receive
         {[alias | Mref], Reply} ->
-            erlang:demonitor(Mref, [flush]),
-            {ok, Reply};
+            {{ok, Reply}, W};
         {'DOWN', Mref, _, _, Reason} ->
-            {exit, down(Reason, Process)}
+            {{exit, down(Reason, Process)}, W}
     after left(Deadline) ->
         %% Demonitoring deactivates the alias: nothing can arrive after this
         %% but an answer already here.
         erlang:demonitor(Mref, [flush]),
-        receive
-            {[alias | Mref], Reply} -> {ok, Reply}
-        after 0 ->
-            {exit, timeout}
-        end
+        {late_reply(Mref), W}
+    end;
+await({shared, Alias, Helper} = W, Process, Deadline) ->
+    receive
+        {[alias | Alias], Reply} ->
+            {{ok, Reply}, W};
+        {'$convoy_call_down', Alias, Reason} ->
+            {{exit, down(Reason, Process)}, W};
+        {'DOWN', Helper, process, _, _} ->
+            %% convoy_calls is gone (and with it the shared monitor): the call
+            %% watches the server itself from now on (`noproc' if the server died
+            %% in between, whatever its reason).
+            await({fallback, Alias, erlang:monitor(process, Process)}, Process, Deadline)
+    after left(Deadline) ->
+        _ = erlang:unalias(Alias),
+        {late_reply(Alias), W}
+    end;
+await({fallback, Alias, Mref} = W, Process, Deadline) ->
+    receive
+        {[alias | Alias], Reply} ->
+            {{ok, Reply}, W};
+        {'$convoy_call_down', Alias, Reason} ->
+            {{exit, down(Reason, Process)}, W};
+        {'DOWN', Mref, _, _, Reason} ->
+            {{exit, down(Reason, Process)}, W}
+    after left(Deadline) ->
+        _ = erlang:unalias(Alias),
+        {late_reply(Alias), W}
+    end.
+
+%% The alias is inactive: only an answer already in the mailbox can be there.
+late_reply(Tag) ->
+    receive
+        {[alias | Tag], Reply} -> {ok, Reply}
+    after 0 ->
+        {exit, timeout}
     end.
 
 down(noconnection, Process) -> {nodedown, node_of(Process)};

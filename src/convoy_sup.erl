@@ -1,6 +1,7 @@
 %% @private
 %% Top supervisor. one_for_all: the lanes, their counters and the peer table only
-%% make sense together. Nothing in convoy crashes on input or on a lane's death (a
+%% make sense together (`convoy_calls', an optimisation of calls, is restarted on
+%% its own by `convoy_calls_sup'). Nothing in convoy crashes on input or on a lane's death (a
 %% lane is replaced by convoy_control), so a restart here means convoy itself is
 %% broken.
 %%
@@ -38,6 +39,8 @@ init(Config = #{lanes := Lanes}) ->
            type => supervisor},
          #{id => convoy_lane_sup, start => {convoy_lane_sup, start_link, []},
            type => supervisor},
+         #{id => convoy_calls_sup, start => {convoy_calls_sup, start_link, []},
+           type => supervisor},
          #{id => convoy_control, start => {convoy_control, start_link, [Config]},
            shutdown => ?CONTROL_SHUTDOWN}],
     {ok, {#{strategy => one_for_all, intensity => 5, period => 10}, Children}}.
@@ -60,5 +63,6 @@ await_down({Mon, Pid}, Deadline) ->
     end.
 
 is_convoy_name(Name) ->
-    lists:member(Name, [convoy_peers, convoy_inbox_sup, convoy_lane_sup, convoy_control])
+    lists:member(Name, [convoy_peers, convoy_inbox_sup, convoy_lane_sup, convoy_calls_sup,
+                        convoy_calls, convoy_control])
         orelse lists:prefix("convoy_inbox_", atom_to_list(Name)).

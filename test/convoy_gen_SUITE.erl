@@ -17,7 +17,9 @@
          noproc_each_form/1, nodedown/1, timeout_leaves_no_late_reply/1,
          default_timeout/1, server_stops_during_call/1, server_killed_mid_call/1,
          node_killed_mid_call/1, order_send_cast_call/1, concurrent_callers/1,
-         malformed_like_gen_server/1, call_waits_for_room/1, local_forms/1]).
+         malformed_like_gen_server/1, call_waits_for_room/1, local_forms/1,
+         one_shared_monitor/1, server_dies_after_calls/1, calls_helper_killed_mid_call/1,
+         idle_monitors_dropped/1, calls_helper_rejects_strays/1]).
 
 -define(SHARED, [cast_each_form, call_each_form, server_sees_gen_messages,
                  noproc_each_form, nodedown, timeout_leaves_no_late_reply,
@@ -29,7 +31,9 @@ all() ->
 
 groups() ->
     [{convoy_peer, [], ?SHARED ++ [default_timeout, malformed_like_gen_server,
-                                   call_waits_for_room]},
+                                   call_waits_for_room, one_shared_monitor,
+                                   server_dies_after_calls, calls_helper_killed_mid_call,
+                                   idle_monitors_dropped, calls_helper_rejects_strays]},
      {plain_peer, [], ?SHARED},
      {not_running, [], ?SHARED},
      {local, [], [local_forms, malformed_like_gen_server]}].
@@ -134,6 +138,7 @@ strays() ->
 
 is_stray({[alias | Ref], _}) when is_reference(Ref) -> true;
 is_stray({'DOWN', _, process, _, _}) -> true;
+is_stray({'$convoy_call_down', _, _}) -> true;
 is_stray({Ref, _}) when is_reference(Ref) -> true;
 is_stray(_) -> false.
 
@@ -276,6 +281,98 @@ server_killed_mid_call(Config) ->
     [Gen, Convoy] = [result_of(C) || C <- Callers],
     ?assertEqual({killed, {gen_server, call, [S1, hold, infinity]}}, Gen),
     ?assertEqual({killed, {gen_server, call, [S2, hold, infinity]}}, Convoy).
+
+%% Many concurrent callers of one server: one monitor of it from this node,
+%% convoy_calls's, not one per call (gen_server:call's way: two signals a call).
+one_shared_monitor(Config) ->
+    #{peer := Peer, server := Srv} = setup(Config),
+    Callers = [in_process(fun() -> [I = convoy:call(Srv, {echo, I}) || I <- lists:seq(1, 200)], ok end)
+               || _ <- lists:seq(1, 20)],
+    [{returned, ok} = result_of(C) || C <- Callers],
+    ?assertEqual([whereis(convoy_calls)], monitors_from_here(Peer, Srv)).
+
+%% Monitors of Srv (on Peer) held by processes of this node, but global's (a
+%% globally registered server is monitored by global_name_server).
+monitors_from_here(Peer, Srv) ->
+    {monitored_by, By} = peer:call(Peer, erlang, process_info, [Srv, monitored_by]),
+    [P || P <- By, is_pid(P), node(P) =:= node(), P =/= whereis(global_name_server)].
+
+%% A server that dies after the calls are over: its DOWN goes to convoy_calls,
+%% nothing reaches the callers.
+server_dies_after_calls(Config) ->
+    #{server := Srv} = setup(Config),
+    [{echo, I} = convoy:call(Srv, {echo, {echo, I}}) || I <- lists:seq(1, 10)],
+    Mon = monitor(process, Srv),
+    exit(Srv, kill),
+    receive {'DOWN', Mon, process, Srv, killed} -> ok end,
+    %% convoy_calls's DOWN may come a little after ours (a call made before it
+    %% does exits `killed', as one made just before the death would).
+    convoy_ct_peers:await(fun() -> ets:member(convoy_call_watched, Srv) end,
+                          fun(W) -> not W end, 5000),
+    ?assertEqual([], strays()),
+    ?assertEqual({noproc, {gen_server, call, [Srv, x]}}, exit_of(fun() -> convoy:call(Srv, x) end)).
+
+%% convoy_calls killed while calls wait: each caller watches its server itself
+%% from then on (the server's exit reason reaches it, no hang; a reply still
+%% comes, and that monitor leaves nothing behind), convoy_calls is restarted
+%% alone (the lanes stay) and calls go on.
+calls_helper_killed_mid_call(Config) ->
+    #{peer := Peer} = setup(Config),
+    [{ok, S}, {ok, Late}] = [peer:call(Peer, convoy_ct_server, start, [self()]) || _ <- [1, 2]],
+    Lanes = [P || #{pid := P} <- maps:get(lanes, convoy:info())],
+    Self = self(),
+    Held = in_process(fun() -> convoy:call(S, hold, infinity) end),
+    Answered = in_process(fun() ->
+                                  R = exit_of(fun() -> convoy:call(Late, {late, 1000}) end),
+                                  Self ! {answered, self()},
+                                  receive checked -> {R, strays()} end
+                          end),
+    receive {holding, S} -> ok after 10000 -> ct:fail(not_held) end,
+    Helper = whereis(convoy_calls),
+    exit(Helper, kill),
+    convoy_ct_peers:await(fun() -> whereis(convoy_calls) end,
+                          fun(P) -> is_pid(P) andalso P =/= Helper end, 10000),
+    exit(S, boom),
+    ?assertEqual({boom, {gen_server, call, [S, hold, infinity]}}, result_of(Held)),
+    {AnsweredPid, _} = Answered,
+    receive {answered, AnsweredPid} -> ok after 10000 -> ct:fail(not_answered) end,
+    LateMon = monitor(process, Late),
+    exit(Late, kill),
+    receive {'DOWN', LateMon, process, Late, _} -> ok end,
+    timer:sleep(200), % a DOWN to the caller, if any, has arrived
+    AnsweredPid ! checked,
+    ?assertEqual({returned, {{returned, late}, []}}, result_of(Answered)),
+    ?assertEqual(Lanes, [P || #{pid := P} <- maps:get(lanes, convoy:info())]),
+    {ok, S2} = peer:call(Peer, convoy_ct_server, start, [self()]),
+    ?assertEqual(2, convoy:call(S2, {echo, 2})),
+    ?assertEqual([whereis(convoy_calls)], monitors_from_here(Peer, S2)).
+
+%% A server nobody calls any more is no longer monitored (within two sweeps).
+idle_monitors_dropped(Config) ->
+    #{peer := Peer, server := Srv} = setup(Config),
+    1 = convoy:call(Srv, {echo, 1}),
+    ?assertEqual([whereis(convoy_calls)], monitors_from_here(Peer, Srv)),
+    convoy_ct_peers:await(fun() -> monitors_from_here(Peer, Srv) end,
+                          fun(Ms) -> Ms =:= [] end, 15000),
+    ?assertEqual([], ets:tab2list(convoy_call_watched)),
+    ?assertEqual(1, convoy:call(Srv, {echo, 1})).
+
+%% Stray, malformed and misdirected input to convoy_calls is counted and changes
+%% nothing.
+calls_helper_rejects_strays(Config) ->
+    #{server := Srv} = setup(Config),
+    Helper = whereis(convoy_calls),
+    Before = maps:get(unknown_message, convoy_metrics:rejected(), 0),
+    ?assertEqual({error, badarg}, gen_server:call(Helper, junk)),
+    ?assertEqual({error, badarg}, gen_server:call(Helper, {monitor, self()})), % local
+    ?assertEqual({error, badarg}, gen_server:call(Helper, {monitor, {"x", node(Srv)}})),
+    gen_server:cast(Helper, junk),
+    Helper ! {'DOWN', make_ref(), process, Srv, forged},
+    Helper ! junk,
+    _ = sys:get_state(Helper),
+    ?assertEqual(Before + 6, maps:get(unknown_message, convoy_metrics:rejected(), 0)),
+    ?assertEqual(Helper, whereis(convoy_calls)),
+    ?assertEqual(3, convoy:call(Srv, {echo, 3})).
 
 %% The server's node is killed (SIGKILL) while it holds calls made by every form:
 %% nodedown by pid and `{Name, Node}', noproc by global and via names (as gen

@@ -1,0 +1,181 @@
+%% @private
+%% One monitor per remote server that `convoy:call/2,3' calls, shared by every
+%% caller on this node. `gen_server:call' monitors the server for each call: two
+%% distribution signals (monitor, demonitor) beside the request and the reply,
+%% and they, not the request, limit many concurrent callers. Here a caller
+%% registers in an ETS table instead (local, no signal), and the server's `DOWN'
+%% reaches this process once, which passes it on to each caller then waiting.
+%%
+%% Tables (this process owns both; they go with it):
+%% <ul>
+%% <li>`convoy_call_watched' (protected set): `{Process}' for each server this
+%%   process monitors now, read by callers to skip asking;</li>
+%% <li>`convoy_call_waiters' (public set): `{Alias, Process}' for each call in
+%%   progress, written by the callers themselves (keyed by the call's alias: a
+%%   bag keyed by the server made 256 concurrent callers of one server scan
+%%   each other's entries on every insert and delete).</li>
+%% </ul>
+%% Why no caller misses a `DOWN': a caller registers first, then looks for the
+%% server in `convoy_call_watched' (and asks this process to monitor it if it is
+%% not there). This process, when a monitor ends (`DOWN', or the sweep below),
+%% first removes the server from `convoy_call_watched', then reads the waiters.
+%% A caller that saw the server watched registered before that removal, so it is
+%% among the waiters read; one that did not see it asks, and gets a new monitor
+%% (`noproc' at once if the server is gone, as `gen_server:call' would).
+%%
+%% A call that starts after the server died but before its `DOWN' reached this
+%% process exits with the server's exit reason, not `noproc': as a call made just
+%% before the death would (gen_server:call's own monitor would say `noproc').
+%%
+%% Monitors of servers nobody waits on are dropped every `SWEEP_MS' (a server
+%% called again is monitored again: one signal per sweep at most), so the number
+%% of monitors stays that of servers called lately. The `DOWN' passed on is
+%% ``{'$convoy_call_down', Alias, Reason}'' sent to the caller's alias: once the
+%% call is over the alias is inactive and the message is dropped by the runtime.
+%% A caller also monitors this process during its call: if it goes, the caller
+%% monitors the server itself (`convoy_gen').
+%%
+%% Anything else that reaches this process is counted as rejected
+%% (`unknown_message') and changes nothing.
+-module(convoy_calls).
+-behaviour(gen_server).
+
+-export([start_link/0, watch/2, unwatch/2]).
+-export([init/1, handle_call/3, handle_cast/2, handle_info/2]).
+
+-define(WATCHED, convoy_call_watched).
+-define(WAITERS, convoy_call_waiters).
+-define(SWEEP_MS, 5000).
+%% How long a caller waits for this process to take a monitor before it takes
+%% its own.
+-define(ASK_MS, 5000).
+
+-type process() :: pid() | {atom(), node()}.
+
+-record(s, {monitors = #{} :: #{process() => reference()},
+            refs = #{} :: #{reference() => process()}}).
+
+-spec start_link() -> {ok, pid()} | {error, term()}.
+start_link() ->
+    gen_server:start_link({local, ?MODULE}, ?MODULE, [], []).
+
+%% @doc Called by a caller before it sends its request to `Process' (a process on
+%% another node) tagged with `Alias': from now until `unwatch/2', the server's
+%% `DOWN' reaches the caller as ``{'$convoy_call_down', Alias, Reason}''. Returns
+%% a monitor of this process (its `DOWN' means nothing more will be passed on),
+%% or `unavailable' (convoy is not running, or this process does not answer):
+%% then the caller monitors the server itself.
+-spec watch(process(), reference()) -> {ok, reference()} | unavailable.
+watch(Process, Alias) ->
+    case whereis(?MODULE) of
+        undefined ->
+            unavailable;
+        Pid ->
+            Mon = erlang:monitor(process, Pid),
+            try
+                true = ets:insert(?WAITERS, {Alias, Process}),
+                case ets:member(?WATCHED, Process) orelse ask(Pid, Process) of
+                    true -> {ok, Mon};
+                    false -> gave_up(Process, Alias, Mon)
+                end
+            catch
+                error:badarg -> gave_up(Process, Alias, Mon) % the tables went with their owner
+            end
+    end.
+
+ask(Pid, Process) ->
+    try gen_server:call(Pid, {monitor, Process}, ?ASK_MS) of
+        ok -> true;
+        _ -> false
+    catch
+        exit:_ -> false
+    end.
+
+gave_up(Process, Alias, Mon) ->
+    unwatch(Process, Alias),
+    erlang:demonitor(Mon, [flush]),
+    unavailable.
+
+%% @doc The call to `Process' tagged `Alias' is over.
+-spec unwatch(process(), reference()) -> ok.
+unwatch(Process, Alias) ->
+    try ets:delete_object(?WAITERS, {Alias, Process}) of
+        true -> ok
+    catch
+        error:badarg -> ok
+    end.
+
+%% @private
+-spec init([]) -> {ok, #s{}}.
+init([]) ->
+    _ = ets:new(?WATCHED, [named_table, protected, set, {read_concurrency, true}]),
+    _ = ets:new(?WAITERS, [named_table, public, set, {write_concurrency, true}]),
+    _ = erlang:send_after(?SWEEP_MS, self(), sweep),
+    {ok, #s{}}.
+
+%% @private
+-spec handle_call(term(), {pid(), term()}, #s{}) -> {reply, ok | {error, badarg}, #s{}}.
+handle_call({monitor, Process}, {From, _}, S) when node(From) =:= node() ->
+    case is_remote(Process) of
+        true -> {reply, ok, watched(Process, S)};
+        false -> rejected(S)
+    end;
+handle_call(_Other, _From, S) ->
+    rejected(S).
+
+%% @private
+-spec handle_cast(term(), #s{}) -> {noreply, #s{}}.
+handle_cast(_Other, S) ->
+    convoy_metrics:rejected(unknown_message),
+    {noreply, S}.
+
+%% @private
+-spec handle_info(term(), #s{}) -> {noreply, #s{}}.
+handle_info({'DOWN', Ref, process, _Object, Reason}, S = #s{refs = Refs})
+  when is_map_key(Ref, Refs) ->
+    #{Ref := Process} = Refs,
+    true = ets:delete(?WATCHED, Process),
+    _ = [Alias ! {'$convoy_call_down', Alias, Reason} || Alias <- waiters(Process)],
+    {noreply, forget(Process, Ref, S)};
+handle_info(sweep, S) ->
+    _ = erlang:send_after(?SWEEP_MS, self(), sweep),
+    {noreply, maps:fold(fun sweep/3, S, S#s.monitors)};
+handle_info(_Other, S) ->
+    convoy_metrics:rejected(unknown_message),
+    {noreply, S}.
+
+%% The aliases of the calls waiting on Process (a scan: only when a monitor ends).
+waiters(Process) ->
+    ets:select(?WAITERS, [{{'$1', '$2'}, [{is_reference, '$1'}, {'=:=', '$2', {const, Process}}],
+                           ['$1']}]).
+
+rejected(S) ->
+    convoy_metrics:rejected(unknown_message),
+    {reply, {error, badarg}, S}.
+
+is_remote(Pid) when is_pid(Pid) -> node(Pid) =/= node();
+is_remote({Name, Node}) when is_atom(Name), is_atom(Node) -> Node =/= node();
+is_remote(_) -> false.
+
+watched(Process, S = #s{monitors = Ms}) when is_map_key(Process, Ms) ->
+    S;
+watched(Process, S = #s{monitors = Ms, refs = Refs}) ->
+    Ref = erlang:monitor(process, Process),
+    true = ets:insert(?WATCHED, {Process}),
+    S#s{monitors = Ms#{Process => Ref}, refs = Refs#{Ref => Process}}.
+
+%% No caller waits on Process: drop its monitor. The entry goes first, so a caller
+%% registering now either is seen here or asks again (see the module header).
+sweep(Process, Ref, S) ->
+    true = ets:delete(?WATCHED, Process),
+    case waiters(Process) =/= [] of
+        true ->
+            true = ets:insert(?WATCHED, {Process}),
+            S;
+        false ->
+            erlang:demonitor(Ref, [flush]),
+            forget(Process, Ref, S)
+    end.
+
+forget(Process, Ref, S = #s{monitors = Ms, refs = Refs}) ->
+    S#s{monitors = maps:remove(Process, Ms), refs = maps:remove(Ref, Refs)}.
