@@ -237,29 +237,20 @@ await({own, Mref} = W, Process, Deadline) ->
         erlang:demonitor(Mref, [flush]),
         {late_reply(Mref), W}
     end;
-await({shared, Alias, Helper} = W, Process, Deadline) ->
+await({Kind, Alias, Ref} = W, Process, Deadline) ->
+    %% `shared': Ref monitors convoy_calls; `fallback': Ref monitors the server.
     receive
         {[alias | Alias], Reply} ->
             {{ok, Reply}, W};
         {'$convoy_call_down', Alias, Reason} ->
             {{exit, down(Reason, Process)}, W};
-        {'DOWN', Helper, process, _, _} ->
+        {'DOWN', Ref, process, _, Reason} when Kind =:= fallback ->
+            {{exit, down(Reason, Process)}, W};
+        {'DOWN', Ref, process, _, _} ->
             %% convoy_calls is gone (and with it the shared monitor): the call
             %% watches the server itself from now on (`noproc' if the server died
             %% in between, whatever its reason).
             await({fallback, Alias, erlang:monitor(process, Process)}, Process, Deadline)
-    after left(Deadline) ->
-        _ = erlang:unalias(Alias),
-        {late_reply(Alias), W}
-    end;
-await({fallback, Alias, Mref} = W, Process, Deadline) ->
-    receive
-        {[alias | Alias], Reply} ->
-            {{ok, Reply}, W};
-        {'$convoy_call_down', Alias, Reason} ->
-            {{exit, down(Reason, Process)}, W};
-        {'DOWN', Mref, _, _, Reason} ->
-            {{exit, down(Reason, Process)}, W}
     after left(Deadline) ->
         _ = erlang:unalias(Alias),
         {late_reply(Alias), W}
