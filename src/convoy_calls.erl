@@ -10,10 +10,12 @@
 %% <ul>
 %% <li>`convoy_call_watched' (protected set): `{Process}' for each server this
 %%   process monitors now, read by callers to skip asking;</li>
-%% <li>`convoy_call_waiters' (public set): `{Alias, Process}' for each call in
-%%   progress, written by the callers themselves (keyed by the call's alias: a
-%%   bag keyed by the server made 256 concurrent callers of one server scan
-%%   each other's entries on every insert and delete).</li>
+%% <li>`convoy_call_waiters' (public set): `{Alias, Process, Caller}' for each
+%%   call in progress, written by the callers themselves (keyed by the call's
+%%   alias: a bag keyed by the server made 256 concurrent callers of one server
+%%   scan each other's entries on every insert and delete). A caller killed
+%%   mid-call cannot remove its entry: each sweep removes those of callers that
+%%   are no longer alive.</li>
 %% </ul>
 %% Why no caller misses a `DOWN': a caller registers first, then looks for the
 %% server in `convoy_call_watched' (and asks this process to monitor it if it is
@@ -73,7 +75,7 @@ watch(Process, Alias) ->
         Pid ->
             Mon = erlang:monitor(process, Pid),
             try
-                true = ets:insert(?WAITERS, {Alias, Process}),
+                true = ets:insert(?WAITERS, {Alias, Process, self()}),
                 case ets:member(?WATCHED, Process) orelse ask(Pid, Process) of
                     true -> {ok, Mon};
                     false -> gave_up(Process, Alias, Mon)
@@ -99,7 +101,7 @@ gave_up(Process, Alias, Mon) ->
 %% @doc The call to `Process' tagged `Alias' is over.
 -spec unwatch(process(), reference()) -> ok.
 unwatch(Process, Alias) ->
-    try ets:delete_object(?WAITERS, {Alias, Process}) of
+    try ets:delete_object(?WAITERS, {Alias, Process, self()}) of
         true -> ok
     catch
         error:badarg -> ok
@@ -139,6 +141,7 @@ handle_info({'DOWN', Ref, process, _Object, Reason}, S = #s{refs = Refs})
     {noreply, forget(Process, Ref, S)};
 handle_info(sweep, S) ->
     _ = erlang:send_after(?SWEEP_MS, self(), sweep),
+    ok = forget_dead_callers(),
     {noreply, maps:fold(fun sweep/3, S, S#s.monitors)};
 handle_info(_Other, S) ->
     convoy_metrics:rejected(unknown_message),
@@ -146,8 +149,15 @@ handle_info(_Other, S) ->
 
 %% The aliases of the calls waiting on Process (a scan: only when a monitor ends).
 waiters(Process) ->
-    ets:select(?WAITERS, [{{'$1', '$2'}, [{is_reference, '$1'}, {'=:=', '$2', {const, Process}}],
-                           ['$1']}]).
+    ets:select(?WAITERS, [{{'$1', '$2', '_'},
+                           [{is_reference, '$1'}, {'=:=', '$2', {const, Process}}], ['$1']}]).
+
+%% Entries of callers that died during their call (killed: nothing else skips
+%% unwatch/2).
+forget_dead_callers() ->
+    Dead = [E || {_, _, Pid} = E <- ets:tab2list(?WAITERS),
+                 not (is_pid(Pid) andalso node(Pid) =:= node() andalso is_process_alive(Pid))],
+    lists:foreach(fun(E) -> true = ets:delete_object(?WAITERS, E) end, Dead).
 
 rejected(S) ->
     convoy_metrics:rejected(unknown_message),

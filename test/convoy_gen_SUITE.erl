@@ -347,14 +347,21 @@ calls_helper_killed_mid_call(Config) ->
     ?assertEqual(2, convoy:call(S2, {echo, 2})),
     ?assertEqual([whereis(convoy_calls)], monitors_from_here(Peer, S2)).
 
-%% A server nobody calls any more is no longer monitored (within two sweeps).
+%% A server nobody calls any more is no longer monitored (within two sweeps),
+%% also when a caller was killed in the middle of its call (its entry is swept).
 idle_monitors_dropped(Config) ->
     #{peer := Peer, server := Srv} = setup(Config),
     1 = convoy:call(Srv, {echo, 1}),
     ?assertEqual([whereis(convoy_calls)], monitors_from_here(Peer, Srv)),
+    {Killed, KilledMon} = in_process(fun() -> convoy:call(Srv, hold, infinity) end),
+    receive {holding, Srv} -> ok after 10000 -> ct:fail(not_held) end,
+    exit(Killed, kill),
+    receive {'DOWN', KilledMon, process, Killed, killed} -> ok end,
+    ?assertMatch([_], ets:tab2list(convoy_call_waiters)),
     convoy_ct_peers:await(fun() -> monitors_from_here(Peer, Srv) end,
                           fun(Ms) -> Ms =:= [] end, 15000),
     ?assertEqual([], ets:tab2list(convoy_call_watched)),
+    ?assertEqual([], ets:tab2list(convoy_call_waiters)),
     ?assertEqual(1, convoy:call(Srv, {echo, 1})).
 
 %% Stray, malformed and misdirected input to convoy_calls is counted and changes
