@@ -17,13 +17,18 @@
 %%   mid-call cannot remove its entry: each sweep removes those of callers that
 %%   are no longer alive.</li>
 %% </ul>
+%% A server not watched yet: the caller monitors it itself for that call, as
+%% gen_server:call does, and asks this process (a cast) to watch it from then on.
+%% Taking a monitor is a distribution signal that waits while the node's
+%% distribution buffer is full; no caller ever waits for this process to take
+%% one, so a busy node delays nobody's calls.
+%%
 %% Why no caller misses a `DOWN': a caller registers first, then looks for the
-%% server in `convoy_call_watched' (and asks this process to monitor it if it is
-%% not there). This process, when a monitor ends (`DOWN', or the sweep below),
+%% server in `convoy_call_watched', and relies on the shared monitor only if it
+%% is there. This process, when a monitor ends (`DOWN', or the sweep below),
 %% first removes the server from `convoy_call_watched', then reads the waiters.
 %% A caller that saw the server watched registered before that removal, so it is
-%% among the waiters read; one that did not see it asks, and gets a new monitor
-%% (`noproc' at once if the server is gone, as `gen_server:call' would).
+%% among the waiters read; one that did not see it monitors the server itself.
 %%
 %% A call that starts after the server died but before its `DOWN' reached this
 %% process exits with the server's exit reason, not `noproc': as a call made just
@@ -48,9 +53,6 @@
 -define(WATCHED, convoy_call_watched).
 -define(WAITERS, convoy_call_waiters).
 -define(SWEEP_MS, 5000).
-%% How long a caller waits for this process to take a monitor before it takes
-%% its own.
--define(ASK_MS, 5000).
 
 -type process() :: pid() | {atom(), node()}.
 
@@ -62,41 +64,53 @@ start_link() ->
     gen_server:start_link({local, ?MODULE}, ?MODULE, [], []).
 
 %% @doc Called by a caller before it sends its request to `Process' (a process on
-%% another node) tagged with `Alias': from now until `unwatch/2', the server's
-%% `DOWN' reaches the caller as ``{'$convoy_call_down', Alias, Reason}''. Returns
-%% a monitor of this process (its `DOWN' means nothing more will be passed on),
-%% or `unavailable' (convoy is not running, or this process does not answer):
-%% then the caller monitors the server itself.
+%% another node) tagged with `Alias'. If this process watches `Process', from now
+%% until `unwatch/2' the server's `DOWN' reaches the caller as
+%% ``{'$convoy_call_down', Alias, Reason}'', and the result is a monitor of this
+%% process (its `DOWN' means nothing more will be passed on). Otherwise
+%% `unavailable' (convoy is not running, or the server is not watched yet: this
+%% process is asked to watch it for later calls): the caller monitors the server
+%% itself.
 -spec watch(process(), reference()) -> {ok, reference()} | unavailable.
 watch(Process, Alias) ->
     case whereis(?MODULE) of
         undefined ->
             unavailable;
         Pid ->
-            Mon = erlang:monitor(process, Pid),
-            try
-                true = ets:insert(?WAITERS, {Alias, Process, self()}),
-                case ets:member(?WATCHED, Process) orelse ask(Pid, Process) of
-                    true -> {ok, Mon};
-                    false -> gave_up(Process, Alias, Mon)
-                end
+            try ets:member(?WATCHED, Process) of
+                true -> join(Pid, Process, Alias);
+                false -> not_watched(Pid, Process)
             catch
-                error:badarg -> gave_up(Process, Alias, Mon) % the tables went with their owner
+                error:badarg -> unavailable % the tables went with their owner
             end
     end.
 
-ask(Pid, Process) ->
-    try gen_server:call(Pid, {monitor, Process}, ?ASK_MS) of
-        ok -> true;
-        _ -> false
+%% Registered first, then looked up again (see the module header).
+join(Pid, Process, Alias) ->
+    Mon = erlang:monitor(process, Pid),
+    try
+        true = ets:insert(?WAITERS, {Alias, Process, self()}),
+        case ets:member(?WATCHED, Process) of
+            true ->
+                {ok, Mon};
+            false ->
+                gave_up(Process, Alias, Mon),
+                not_watched(Pid, Process)
+        end
     catch
-        exit:_ -> false
+        error:badarg ->
+            gave_up(Process, Alias, Mon),
+            unavailable
     end.
 
-gave_up(Process, Alias, Mon) ->
-    unwatch(Process, Alias),
-    erlang:demonitor(Mon, [flush]),
+not_watched(Pid, Process) ->
+    gen_server:cast(Pid, {watch, Process}),
     unavailable.
+
+gave_up(Process, Alias, Mon) ->
+    ok = unwatch(Process, Alias),
+    true = erlang:demonitor(Mon, [flush]),
+    ok.
 
 %% @doc The call to `Process' tagged `Alias' is over.
 -spec unwatch(process(), reference()) -> ok.
@@ -116,20 +130,20 @@ init([]) ->
     {ok, #s{}}.
 
 %% @private
--spec handle_call(term(), {pid(), term()}, #s{}) -> {reply, ok | {error, badarg}, #s{}}.
-handle_call({monitor, Process}, {From, _}, S) when node(From) =:= node() ->
-    case is_remote(Process) of
-        true -> {reply, ok, watched(Process, S)};
-        false -> rejected(S)
-    end;
+-spec handle_call(term(), {pid(), term()}, #s{}) -> {reply, {error, badarg}, #s{}}.
 handle_call(_Other, _From, S) ->
-    rejected(S).
+    convoy_metrics:rejected(unknown_message),
+    {reply, {error, badarg}, S}.
 
 %% @private
 -spec handle_cast(term(), #s{}) -> {noreply, #s{}}.
+handle_cast({watch, Process}, S) ->
+    case is_remote(Process) of
+        true -> {noreply, watched(Process, S)};
+        false -> rejected(S)
+    end;
 handle_cast(_Other, S) ->
-    convoy_metrics:rejected(unknown_message),
-    {noreply, S}.
+    rejected(S).
 
 %% @private
 -spec handle_info(term(), #s{}) -> {noreply, #s{}}.
@@ -144,8 +158,7 @@ handle_info(sweep, S) ->
     ok = forget_dead_callers(),
     {noreply, maps:fold(fun sweep/3, S, S#s.monitors)};
 handle_info(_Other, S) ->
-    convoy_metrics:rejected(unknown_message),
-    {noreply, S}.
+    rejected(S).
 
 %% The aliases of the calls waiting on Process (a scan: only when a monitor ends).
 waiters(Process) ->
@@ -161,7 +174,7 @@ forget_dead_callers() ->
 
 rejected(S) ->
     convoy_metrics:rejected(unknown_message),
-    {reply, {error, badarg}, S}.
+    {noreply, S}.
 
 is_remote(Pid) when is_pid(Pid) -> node(Pid) =/= node();
 is_remote({Name, Node}) when is_atom(Name), is_atom(Node) -> Node =/= node();

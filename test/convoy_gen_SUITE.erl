@@ -289,7 +289,16 @@ one_shared_monitor(Config) ->
     Callers = [in_process(fun() -> [I = convoy:call(Srv, {echo, I}) || I <- lists:seq(1, 200)], ok end)
                || _ <- lists:seq(1, 20)],
     [{returned, ok} = result_of(C) || C <- Callers],
+    ?assert(ets:member(convoy_call_watched, Srv)),
     ?assertEqual([whereis(convoy_calls)], monitors_from_here(Peer, Srv)).
+
+%% A first call monitors the server itself and has convoy_calls watch it: wait
+%% until it does (later calls share its monitor).
+await_watched(Srv) ->
+    ok = gen_server:call(Srv, {echo, ok}),
+    ok = convoy:call(Srv, {echo, ok}),
+    convoy_ct_peers:await(fun() -> ets:member(convoy_call_watched, Srv) end,
+                          fun(W) -> W end, 5000).
 
 %% Monitors of Srv (on Peer) held by processes of this node, but global's (a
 %% globally registered server is monitored by global_name_server).
@@ -302,6 +311,7 @@ monitors_from_here(Peer, Srv) ->
 server_dies_after_calls(Config) ->
     #{server := Srv} = setup(Config),
     [{echo, I} = convoy:call(Srv, {echo, {echo, I}}) || I <- lists:seq(1, 10)],
+    await_watched(Srv),
     Mon = monitor(process, Srv),
     exit(Srv, kill),
     receive {'DOWN', Mon, process, Srv, killed} -> ok end,
@@ -319,6 +329,7 @@ server_dies_after_calls(Config) ->
 calls_helper_killed_mid_call(Config) ->
     #{peer := Peer} = setup(Config),
     [{ok, S}, {ok, Late}] = [peer:call(Peer, convoy_ct_server, start, [self()]) || _ <- [1, 2]],
+    [await_watched(P) || P <- [S, Late]],
     Lanes = [P || #{pid := P} <- maps:get(lanes, convoy:info())],
     Self = self(),
     Held = in_process(fun() -> convoy:call(S, hold, infinity) end),
@@ -344,6 +355,7 @@ calls_helper_killed_mid_call(Config) ->
     ?assertEqual({returned, {{returned, late}, []}}, result_of(Answered)),
     ?assertEqual(Lanes, [P || #{pid := P} <- maps:get(lanes, convoy:info())]),
     {ok, S2} = peer:call(Peer, convoy_ct_server, start, [self()]),
+    await_watched(S2),
     ?assertEqual(2, convoy:call(S2, {echo, 2})),
     ?assertEqual([whereis(convoy_calls)], monitors_from_here(Peer, S2)).
 
@@ -351,7 +363,7 @@ calls_helper_killed_mid_call(Config) ->
 %% also when a caller was killed in the middle of its call (its entry is swept).
 idle_monitors_dropped(Config) ->
     #{peer := Peer, server := Srv} = setup(Config),
-    1 = convoy:call(Srv, {echo, 1}),
+    await_watched(Srv),
     ?assertEqual([whereis(convoy_calls)], monitors_from_here(Peer, Srv)),
     {Killed, KilledMon} = in_process(fun() -> convoy:call(Srv, hold, infinity) end),
     receive {holding, Srv} -> ok after 10000 -> ct:fail(not_held) end,
@@ -371,8 +383,8 @@ calls_helper_rejects_strays(Config) ->
     Helper = whereis(convoy_calls),
     Before = maps:get(unknown_message, convoy_metrics:rejected(), 0),
     ?assertEqual({error, badarg}, gen_server:call(Helper, junk)),
-    ?assertEqual({error, badarg}, gen_server:call(Helper, {monitor, self()})), % local
-    ?assertEqual({error, badarg}, gen_server:call(Helper, {monitor, {"x", node(Srv)}})),
+    gen_server:cast(Helper, {watch, self()}), % local
+    gen_server:cast(Helper, {watch, {"x", node(Srv)}}),
     gen_server:cast(Helper, junk),
     Helper ! {'DOWN', make_ref(), process, Srv, forged},
     Helper ! junk,
