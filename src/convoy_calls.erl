@@ -9,7 +9,7 @@
 %% Tables (this process owns both; they go with it):
 %% <ul>
 %% <li>`convoy_call_watched' (protected set): `{Process}' for each server this
-%%   process monitors now, read by callers to skip asking;</li>
+%%   process monitors now, read by callers (a server there is watched);</li>
 %% <li>`convoy_call_waiters' (public set): `{Alias, Process, Caller}' for each
 %%   call in progress, written by the callers themselves (keyed by the call's
 %%   alias: a bag keyed by the server made 256 concurrent callers of one server
@@ -21,7 +21,7 @@
 %% gen_server:call does, and asks this process (a cast) to watch it from then on.
 %% Taking a monitor is a distribution signal that waits while the node's
 %% distribution buffer is full; no caller ever waits for this process to take
-%% one, so a busy node delays nobody's calls.
+%% one, so a busy node delays only the calls to it, as with gen_server:call.
 %%
 %% Why no caller misses a `DOWN': a caller registers first, then looks for the
 %% server in `convoy_call_watched', and relies on the shared monitor only if it
