@@ -19,7 +19,8 @@
          node_killed_mid_call/1, order_send_cast_call/1, concurrent_callers/1,
          malformed_like_gen_server/1, call_waits_for_room/1, local_forms/1,
          one_shared_monitor/1, server_dies_after_calls/1, calls_helper_killed_mid_call/1,
-         idle_monitors_dropped/1, calls_helper_rejects_strays/1]).
+         idle_monitors_dropped/1, calls_helper_rejects_strays/1,
+         busy_node_holds_no_other_calls/1]).
 
 -define(SHARED, [cast_each_form, call_each_form, server_sees_gen_messages,
                  noproc_each_form, nodedown, timeout_leaves_no_late_reply,
@@ -33,7 +34,8 @@ groups() ->
     [{convoy_peer, [], ?SHARED ++ [default_timeout, malformed_like_gen_server,
                                    call_waits_for_room, one_shared_monitor,
                                    server_dies_after_calls, calls_helper_killed_mid_call,
-                                   idle_monitors_dropped, calls_helper_rejects_strays]},
+                                   idle_monitors_dropped, calls_helper_rejects_strays,
+                                   busy_node_holds_no_other_calls]},
      {plain_peer, [], ?SHARED},
      {not_running, [], ?SHARED},
      {local, [], [local_forms, malformed_like_gen_server]}].
@@ -358,6 +360,41 @@ calls_helper_killed_mid_call(Config) ->
     await_watched(S2),
     ?assertEqual(2, convoy:call(S2, {echo, 2})),
     ?assertEqual([whereis(convoy_calls)], monitors_from_here(Peer, S2)).
+
+%% A node whose distribution buffer is full holds a call's monitor, there as in
+%% gen_server:call. convoy_calls, asked to watch a server there, is held too; calls
+%% to another node's servers, watched or not yet, go on (no caller waits for it).
+busy_node_holds_no_other_calls(Config) ->
+    #{server := SrvC, peer := PeerC} = setup(Config),
+    await_watched(SrvC),
+    {PeerB, B} = convoy_ct_peers:start(?MODULE, ?CT_PEER_NAME(busy_b), #{}),
+    ok = convoy_ct_peers:start_convoy(PeerB, #{}),
+    {ok, SrvB} = peer:call(PeerB, convoy_ct_server, start, [self()]),
+    Sink = spawn(B, fun() -> receive after infinity -> ok end end),
+    OsPid = peer:call(PeerB, os, getpid, []),
+    os:cmd("kill -STOP " ++ OsPid),
+    try
+        %% Plain sends until the distribution buffer to B is full (the socket
+        %% buffers take several megabytes first).
+        Big = binary:copy(<<"b">>, 1 bsl 20),
+        Filler = spawn(fun() -> [Sink ! Big || _ <- lists:seq(1, 200)] end),
+        convoy_ct_peers:await(fun() -> process_info(Filler, status) end,
+                              fun(St) -> St =:= {status, suspended} end, 20000),
+        HeldCall = in_process(fun() -> convoy:call(SrvB, {echo, b}, 60000) end),
+        Helper = whereis(convoy_calls),
+        convoy_ct_peers:await(fun() -> process_info(Helper, status) end,
+                              fun(St) -> St =:= {status, suspended} end, 10000),
+        {ok, SrvC2} = peer:call(PeerC, convoy_ct_server, start, [self()]),
+        T0 = erlang:monotonic_time(millisecond),
+        ?assertEqual(c, convoy:call(SrvC, {echo, c}, 5000)),
+        ?assertEqual(c2, convoy:call(SrvC2, {echo, c2}, 5000)),
+        ?assert(erlang:monotonic_time(millisecond) - T0 < 2000),
+        os:cmd("kill -CONT " ++ OsPid),
+        ?assertEqual({returned, b}, result_of(HeldCall))
+    after
+        os:cmd("kill -CONT " ++ OsPid)
+    end,
+    peer:stop(PeerB).
 
 %% A server nobody calls any more is no longer monitored (within two sweeps),
 %% also when a caller was killed in the middle of its call (its entry is swept).
