@@ -43,6 +43,12 @@
 -include_lib("kernel/include/logger.hrl").
 
 -define(DRAIN_BUDGET, 10000).
+%% A lane that shipped a large message collects its heap once it has been idle
+%% this long (ms): a stream of large messages is left to the ordinary collections
+%% its heap growth triggers (a full sweep per cycle cost more than a distribution
+%% send of a 64 KiB message), while a lane that goes quiet does not keep the last
+%% copies.
+-define(GC_IDLE_MS, 10).
 %% At shutdown, how long to wait for a sender admitted just before the lane closed
 %% (it is between its admission and its send: microseconds, unless descheduled).
 -define(LATE_SENDER_MS, 200).
@@ -74,7 +80,7 @@
             workers = #{} :: #{pid() => {courier, node(), integer()}
                                           | {connector, node()}
                                           | {barrier, node()}},
-            %% a large message left this cycle: collect its copy at the cycle's end
+            %% a large message left: collect its copy once the lane is idle (GC_IDLE_MS)
             gc = false :: boolean(),
             %% the route each node had when this lane last shipped to it
             routes = #{} :: #{node() => plain | {convoy, pos_integer(), tuple()}},
@@ -118,13 +124,17 @@ init(Parent, Index, Held, RT = #runtime{max_batch = MB, max_delay = MD}, Control
 %% set_config/1 that has returned applies to everything the lane does next. One
 %% clock reading serves a whole drain (it stamps when queued messages arrived).
 loop(S) ->
+    CoreTimeout = convoy_lane_core:timeout(now_us(), S#s.core),
     receive
         Msg ->
             Now = now_us(),
             drain(handle(Msg, Now, refresh(S)), Now, ?DRAIN_BUDGET)
-    after convoy_lane_core:timeout(now_us(), S#s.core) ->
-        loop(cycle(S))
+    after idle_timeout(CoreTimeout, S) ->
+        loop(collect(CoreTimeout, cycle(S)))
     end.
+
+idle_timeout(CoreTimeout, #s{gc = true}) -> min(CoreTimeout, ?GC_IDLE_MS);
+idle_timeout(CoreTimeout, _S) -> CoreTimeout.
 
 refresh(S = #s{rt = Own}) ->
     case persistent_term:get(?RUNTIME_KEY, Own) of
@@ -174,13 +184,14 @@ cycle(S0) ->
             Control ! {'$convoy_retired', Secret, self()},
             exit(normal);
         _ ->
-            collect(S2)
+            S2
     end.
 
-collect(S = #s{gc = true}) ->
+%% The lane was idle for GC_IDLE_MS (not woken for the core's own timeout).
+collect(CoreTimeout, S = #s{gc = true}) when CoreTimeout > ?GC_IDLE_MS ->
     true = erlang:garbage_collect(),
     S#s{gc = false};
-collect(S) ->
+collect(_CoreTimeout, S) ->
     S.
 
 %% Hand an event to the core and carry out its actions, in order.
@@ -351,8 +362,7 @@ table_route() ->
     end.
 
 %% Large messages ship alone (a chunk is a run of them); their copies in the
-%% lane's heap are collected at the end of the cycle rather than whenever the heap
-%% next grows.
+%% lane's heap are collected once the lane is idle (see GC_IDLE_MS).
 ship(Node, Route, [{'$convoy_large', _, _} | _] = Wire, S) ->
     ship_route(Node, Route, Wire, S#s{gc = true});
 ship(Node, Route, Wire, S) ->
