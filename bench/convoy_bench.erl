@@ -159,6 +159,10 @@ usage() ->
      "                      \"convoy vs plain: N of M cells within tolerance\" and the failing\n"
      "                      cells, writes them to results.json ('check'), and exits 1 when\n"
      "                      N < M. Works with --full, --scenario, --variants, tune, ...\n"
+     "  --confirm N         with --check: each scenario with cells outside tolerance runs\n"
+     "                      again at those points, baseline and convoy variants only, N\n"
+     "                      more repeats (default 3; 0: none); the cells are judged on all\n"
+     "                      their repeats, and the table names the re-measured ones\n"
      "  --quiet             no progress on stderr and no table on stdout\n"
      "  --help              this text\n"].
 
@@ -169,7 +173,7 @@ defaults() ->
     #{command => bench, scenarios => default, size => normal, repeat => 3,
       convoy => [], only => all, params => #{}, nodes => none, cookie => undefined,
       out => undefined, plots => true, peer_args => [], quiet => false,
-      nodes_note => undefined, check => false}.
+      nodes_note => undefined, check => false, confirm => 3}.
 
 %% @doc Parse command-line arguments.
 -spec parse([string()]) -> {ok, opts()} | {error, binary()}.
@@ -201,6 +205,7 @@ parse(["--out", D | R], O) -> parse(R, O#{out => D});
 parse(["--no-plots" | R], O) -> parse(R, O#{plots => false});
 parse(["--quiet" | R], O) -> parse(R, O#{quiet => true});
 parse(["--check" | R], O) -> parse(R, O#{check => true});
+parse(["--confirm", N | R], O) -> parse(R, O#{confirm => non_neg_int("--confirm", N)});
 parse(["--peer-args", A | R], O) -> parse(R, O#{peer_args => string:lexemes(A, " ")});
 parse(["--nodes-note", N | R], O) -> parse(R, O#{nodes_note => list_to_binary(N)});
 parse(["--netns" | _], _O) ->
@@ -244,6 +249,12 @@ pos_int(Opt, S) ->
     case string:to_integer(S) of
         {N, ""} when N > 0 -> N;
         _ -> throw({bad_arg, "~s needs a positive integer, not ~s", [Opt, S]})
+    end.
+
+non_neg_int(Opt, S) ->
+    case string:to_integer(S) of
+        {N, ""} when N >= 0 -> N;
+        _ -> throw({bad_arg, "~s needs a non-negative integer, not ~s", [Opt, S]})
     end.
 
 %% "max_batch=5000,lanes=2" -> {"max_batch=5000,lanes=2", #{...}}, validated by
@@ -361,13 +372,14 @@ body(Opts = #{command := bench, scenarios := Sel}, Variants, RunOpts, Nodes0) ->
                 default -> convoy_bench_scenarios:default_selection();
                 L -> L
             end,
-    {Scenarios, Nodes} =
+    {Scenarios, Nodes1} =
         lists:mapfoldl(fun(Name, N0) ->
                                Spec = spec(Name, Opts),
                                scenario(Spec, convoy_bench_runner:variants_for(Spec, Variants),
                                         RunOpts, N0)
                        end, Nodes0, Names),
-    {#{scenarios => Scenarios, variants => Variants}, Nodes};
+    {Confirmed, Nodes} = confirm(Opts, Variants, RunOpts, Scenarios, Nodes1),
+    {#{scenarios => Confirmed, variants => Variants}, Nodes};
 body(Opts = #{command := tune, tune := Name}, _Variants, RunOpts, Nodes0) ->
     Spec = spec(Name, Opts),
     BaseName = convoy_bench_runner:baseline(Spec),
@@ -375,6 +387,13 @@ body(Opts = #{command := tune, tune := Name}, _Variants, RunOpts, Nodes0) ->
     {Tune, {Used, _, _} = Final, Nodes} = convoy_bench_tune:tune(Spec, Base, RunOpts, Nodes0),
     {#{scenarios => [scenario_result(Spec, Final, RunOpts)], tune => Tune, variants => Used},
      Nodes}.
+
+%% --check --confirm N: cells outside tolerance measured N more times (see
+%% convoy_bench_confirm).
+confirm(#{check := true, confirm := N}, Variants, RunOpts, Scenarios, Nodes) when N > 0 ->
+    convoy_bench_confirm:confirm(N, Variants, RunOpts, Scenarios, Nodes);
+confirm(_Opts, _Variants, _RunOpts, Scenarios, Nodes) ->
+    {Scenarios, Nodes}.
 
 spec(Name, #{size := Size, params := P}) ->
     convoy_bench_scenarios:spec(Name, Size, P).

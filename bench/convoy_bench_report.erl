@@ -62,8 +62,8 @@ variant_text(#{name := N, flags := Flags}) ->
 settings_text(S) ->
     lists:join(" ", [io_lib:format("~s=~p", [K, V]) || {K, V} <- lists:sort(maps:to_list(S))]).
 
-scenario_table(#{name := Name, title := Title, spec := Spec, summary := Summary,
-                 baseline := Base, seconds := Secs}) ->
+scenario_table(Result = #{name := Name, title := Title, spec := Spec, summary := Summary,
+                          baseline := Base, seconds := Secs}) ->
     #{figures := Figs, ratio := RatioFigs, points := Points} = Spec,
     MultiPoint = length(Points) > 1,
     CeilingFigs = case Spec of
@@ -77,7 +77,16 @@ scenario_table(#{name := Name, title := Title, spec := Spec, summary := Summary,
     Rows = [row(S, MultiPoint, Figs, RatioFigs, CeilingFigs) || S <- Summary],
     [io_lib:format("== ~s: ~s (~.1f s)~n", [Name, Title, Secs]),
      format_rows([Header | Rows]),
-     notes(Summary)].
+     notes(Summary),
+     confirmed(Result)].
+
+%% --confirm: which rows have more repeats than the header says, and why.
+confirmed(#{confirmed := #{points := Ps, variants := Vs, repeats := N}, baseline := Base}) ->
+    io_lib:format("  re-measured (--confirm ~b: outside tolerance at first): ~s, for ~s; "
+                  "their cells are over every repeat~n",
+                  [N, lists:join(", ", Ps), lists:join(", ", [Base | Vs])]);
+confirmed(_) ->
+    [].
 
 label_of(F, Figs) ->
     {F, L, _} = lists:keyfind(F, 1, Figs),

@@ -32,16 +32,18 @@ arguments(_Config) ->
      || Opt <- ["--scenario", "--full", "--quick", "--tiny", "--repeat", "--convoy",
                 "--variants", "--param", "--tune", "tune SCENARIO", "--nodes", "--cookie",
                 "--netns", "--rate", "--peer-args", "--out", "--no-plots", "--quiet",
-                "--check", "deadline_ms", "--help"]],
+                "--check", "--confirm", "deadline_ms", "--help"]],
     [?assertMatch({error, <<_/binary>>}, convoy_bench:main(Args), Args)
      || Args <- [["--bogus"], ["--scenario", "nope"], ["--repeat", "0"],
                  ["--convoy", "lane=2"], ["--convoy", "lanes=0"], ["--convoy", "lanes"],
                  ["--variants", "nope"], ["--param", "nope=1"],
-                 ["--nodes", "a@h"], ["--netns"]]],
+                 ["--nodes", "a@h"], ["--netns"], ["--confirm", "-1"], ["--confirm"]]],
     {ok, #{convoy := [{<<"max_batch=5000,lanes=2">>, #{max_batch := 5000, lanes := 2}}]}} =
         convoy_bench:parse(["--convoy", "max_batch=5000,lanes=2"]),
     {ok, #{check := true, params := #{deadline_ms := 5}}} =
         convoy_bench:parse(["--check", "--param", "deadline_ms=5"]),
+    {ok, #{confirm := 3}} = convoy_bench:parse(["--check"]),
+    {ok, #{confirm := 0}} = convoy_bench:parse(["--check", "--confirm", "0"]),
     ?assertEqual(0, convoy_bench:exit_status({ok, #{}})),
     ?assertEqual(0, convoy_bench:exit_status({ok, #{check => #{within => 3, cells => 3}}})),
     ?assertEqual(1, convoy_bench:exit_status({ok, #{check => #{within => 2, cells => 3}}})),
@@ -187,8 +189,9 @@ variants() ->
 %%--------------------------------------------------------------------
 %% Checks
 
-check_scenario(#{name := Name, spec := Spec, runs := Runs, summary := Summary,
-                 variants := Variants}) ->
+check_scenario(Result = #{name := Name, spec := Spec, runs := Runs0, summary := Summary,
+                          variants := Variants}) ->
+    Runs = first_runs(Result, Runs0),
     #{points := Points, figures := Figs, convoy := ConvoyStatus} = Spec,
     Keys = [K || {K, _, _} <- Figs],
     Required = Keys -- maps:get(optional, Spec, []),
@@ -237,6 +240,21 @@ check_scenario(#{name := Name, spec := Spec, runs := Runs, summary := Summary,
                   end, lists:sort(maps:keys(CR)), {Name, V})
      || #{variant := V, status := ok, ceiling_ratios := CR} <- Summary],
     ok.
+
+%% The runs of the two repeats asked for; --confirm's (numbered after them) are
+%% only at the points and for the variants it names, and only when it names some.
+first_runs(Result = #{spec := Spec}, Runs) ->
+    {First, Again} = lists:partition(fun(#{repeat := R}) -> R =< 2 end, Runs),
+    Base = convoy_bench_runner:baseline(Spec),
+    case maps:get(confirmed, Result, none) of
+        none ->
+            ?assertEqual([], Again);
+        #{points := Ps, variants := Vs, repeats := N} ->
+            ?assertEqual(length(Ps) * (1 + length(Vs)) * N, length(Again)),
+            [?assert(lists:member(P, Ps) andalso lists:member(V, [Base | Vs]))
+             || #{point := P, variant := V} <- Again]
+    end,
+    First.
 
 is_convoy(<<"convoy", _/binary>>) -> true;
 is_convoy(_) -> false.

@@ -1,0 +1,84 @@
+%% `--check''s second look (`--confirm N'). On a shared 2-core machine a cell can
+%% fall outside tolerance because one repeat met a busy scheduler: the same cell
+%% moves by 20-50% between runs. Each scenario with cells outside tolerance is run
+%% again, at those points only, for its baseline and the convoy variants concerned:
+%% N more repeats, interleaved as the first ones were. The new runs join the first
+%% (numbered after them), and the scenario is summarised and checked again over all
+%% its repeats: a cell is never judged on the new repeats alone, and one that was
+%% slower every time stays outside. Cells that failed outright (FAILED, not
+%% measured, no ratio) are not run again. The scenario's result records what was
+%% re-measured (`confirmed'), and the table says so.
+-module(convoy_bench_confirm).
+
+-export([confirm/5, targets/1, renumber/2]).
+
+-type target() :: #{points := [binary()], variants := [binary()]}.
+-export_type([target/0]).
+
+%% @doc Run again, `Extra' more repeats, every scenario with cells of the convoy
+%% variants outside tolerance; returns the scenarios with their runs joined and
+%% summarised again.
+-spec confirm(pos_integer(), [convoy_bench_runner:variant()], convoy_bench_runner:opts(),
+              [map()], convoy_bench_nodes:state()) -> {[map()], convoy_bench_nodes:state()}.
+confirm(Extra, Variants, RunOpts, Scenarios, Nodes0) ->
+    Convoy = [N || #{name := N, kind := convoy} <- Variants],
+    #{failures := Failures} = convoy_bench_check:check(Scenarios, Convoy),
+    Targets = targets(Failures),
+    lists:mapfoldl(fun(S = #{name := Name}, N0) ->
+                           case Targets of
+                               #{Name := T} -> again(S, T, Extra, Variants, RunOpts, N0);
+                               _ -> {S, N0}
+                           end
+                   end, Nodes0, Scenarios).
+
+%% @doc Per scenario, the points and convoy variants of the cells worth measuring
+%% again: outside tolerance with a ratio (a FAILED or unmeasured cell is not noise).
+-spec targets([map()]) -> #{atom() => target()}.
+targets(Failures) ->
+    lists:foldl(fun(#{scenario := S, point := P, variant := V}, Acc) ->
+                        #{points := Ps, variants := Vs} =
+                            maps:get(S, Acc, #{points => [], variants => []}),
+                        Acc#{S => #{points => lists:usort([P | Ps]),
+                                    variants => lists:usort([V | Vs])}}
+                end, #{}, [F || F = #{ratio := R} <- Failures, R =/= null]).
+
+%% @doc `New' runs numbered after the `Old' ones: a repeat keeps pairing a variant
+%% with the baseline measured beside it.
+-spec renumber([convoy_bench_runner:run()], [convoy_bench_runner:run()]) ->
+          [convoy_bench_runner:run()].
+renumber(New, Old) ->
+    Last = lists:max([0 | [R || #{repeat := R} <- Old]]),
+    [Run#{repeat := R + Last} || Run = #{repeat := R} <- New].
+
+again(S = #{spec := Spec = #{points := Points}, runs := Runs, variants := Names,
+            baseline := Base, seconds := Secs},
+      T = #{points := Labels, variants := Again}, Extra, Variants, RunOpts, Nodes0) ->
+    Only = Spec#{points := [P || P = #{label := L} <- Points, lists:member(L, Labels)]},
+    Measured = [V || V = #{name := N} <- Variants, N =:= Base orelse lists:member(N, Again)],
+    T0 = erlang:monotonic_time(),
+    {New, Nodes} = convoy_bench_runner:run(Only, Measured, RunOpts#{repeat := Extra}, Nodes0),
+    Dt = erlang:convert_time_unit(erlang:monotonic_time() - T0, native, millisecond) / 1000,
+    All = Runs ++ renumber(New, Runs),
+    Own = [V || V = #{name := N} <- Variants, lists:member(N, Names)],
+    {S#{runs := All, seconds := Secs + Dt,
+        summary := convoy_bench_runner:summarise(Spec, Own, All),
+        confirmed => T#{repeats => Extra}},
+     Nodes}.
+
+-ifdef(TEST).
+-include_lib("eunit/include/eunit.hrl").
+
+targets_test() ->
+    F = fun(S, P, V, R) -> #{scenario => S, point => P, variant => V, ratio => R} end,
+    ?assertEqual(#{pairs => #{points => [<<"16 pairs">>, <<"4 pairs">>],
+                              variants => [<<"convoy">>, <<"convoy[lanes=2]">>]}},
+                 targets([F(pairs, <<"4 pairs">>, <<"convoy">>, 0.8),
+                          F(pairs, <<"16 pairs">>, <<"convoy[lanes=2]">>, 0.9),
+                          F(pairs, <<"4 pairs">>, <<"convoy">>, 1.3),
+                          F(flood, <<"200k">>, <<"convoy">>, null)])).
+
+renumber_test() ->
+    Old = [#{repeat => 1}, #{repeat => 3}, #{repeat => 2}],
+    ?assertEqual([#{repeat => 4}, #{repeat => 5}], renumber([#{repeat => 1}, #{repeat => 2}], Old)),
+    ?assertEqual([#{repeat => 1}], renumber([#{repeat => 1}], [])).
+-endif.
