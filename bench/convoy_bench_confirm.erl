@@ -55,6 +55,13 @@ again(S = #{spec := Spec = #{points := Points}, runs := Runs, variants := Names,
       T = #{points := Labels, variants := Again}, Extra, Variants, RunOpts, Nodes0) ->
     Only = Spec#{points := [P || P = #{label := L} <- Points, lists:member(L, Labels)]},
     Measured = [V || V = #{name := N} <- Variants, N =:= Base orelse lists:member(N, Again)],
+    case RunOpts of
+        #{progress := true} ->
+            io:format(standard_error, "--confirm: ~s again at ~s, ~b more repeats~n",
+                      [maps:get(name, S), lists:join(", ", Labels), Extra]);
+        _ ->
+            ok
+    end,
     T0 = erlang:monotonic_time(),
     {New, Nodes} = convoy_bench_runner:run(Only, Measured, RunOpts#{repeat := Extra}, Nodes0),
     Dt = erlang:convert_time_unit(erlang:monotonic_time() - T0, native, millisecond) / 1000,
