@@ -71,21 +71,3 @@ again(S = #{spec := Spec = #{points := Points}, runs := Runs, variants := Names,
         summary := convoy_bench_runner:summarise(Spec, Own, All),
         confirmed => T#{repeats => Extra}},
      Nodes}.
-
--ifdef(TEST).
--include_lib("eunit/include/eunit.hrl").
-
-targets_test() ->
-    F = fun(S, P, V, R) -> #{scenario => S, point => P, variant => V, ratio => R} end,
-    ?assertEqual(#{pairs => #{points => [<<"16 pairs">>, <<"4 pairs">>],
-                              variants => [<<"convoy">>, <<"convoy[lanes=2]">>]}},
-                 targets([F(pairs, <<"4 pairs">>, <<"convoy">>, 0.8),
-                          F(pairs, <<"16 pairs">>, <<"convoy[lanes=2]">>, 0.9),
-                          F(pairs, <<"4 pairs">>, <<"convoy">>, 1.3),
-                          F(flood, <<"200k">>, <<"convoy">>, null)])).
-
-renumber_test() ->
-    Old = [#{repeat => 1}, #{repeat => 3}, #{repeat => 2}],
-    ?assertEqual([#{repeat => 4}, #{repeat => 5}], renumber([#{repeat => 1}, #{repeat => 2}], Old)),
-    ?assertEqual([#{repeat => 1}], renumber([#{repeat => 1}], [])).
--endif.
