@@ -361,8 +361,9 @@ table_route() ->
         _ -> plain
     end.
 
-%% Large messages ship alone (a chunk is a run of them); their copies in the
-%% lane's heap are collected once the lane is idle (see GC_IDLE_MS).
+%% Large messages never share a batch with small ones (a chunk is a run of them);
+%% their copies in the lane's heap are collected once the lane is idle (see
+%% GC_IDLE_MS).
 ship(Node, Route, [{'$convoy_large', _, _} | _] = Wire, S) ->
     ship_route(Node, Route, Wire, S#s{gc = true});
 ship(Node, Route, Wire, S) ->
@@ -372,7 +373,7 @@ ship_route(_Node, unknown, _Wire, S) ->
     {unroutable, S};
 ship_route(Node, {convoy, Vsn, Inboxes}, [{'$convoy_large', _, _} | _] = Wire, S = #s{index = I}) ->
     Target = {convoy_wire:lane_inbox(I, Inboxes), Node},
-    alone(Node, Target, Vsn, Wire, 0, S);
+    ship_run(Node, Target, Vsn, convoy_batch:run_groups(Wire), 0, 0, S);
 ship_route(Node, {convoy, Vsn, Inboxes}, Wire, S = #s{index = I}) ->
     Target = {convoy_wire:lane_inbox(I, Inboxes), Node},
     Batch = convoy_wire:batch(node(), wire_entries(Wire, Vsn, Node)),
@@ -388,23 +389,24 @@ ship_route(Node, {convoy, Vsn, Inboxes}, Wire, S = #s{index = I}) ->
 ship_route(Node, plain, Wire, S) ->
     plain(Node, Wire, 0, 0, S).
 
-%% A run of large messages, each in a batch of its own, one after the other; a
-%% busy connection hands the rest of the run to one courier.
-alone(_Node, _Target, _Vsn, [], Sent, S) ->
-    {{sent, Sent, convoy}, S};
-alone(Node, Target, Vsn, [E | Rest] = Wire, Sent, S) ->
-    case erlang:send(Target, alone_batch(E, Vsn, Node), ?SEND_OPTS) of
+%% A run of large messages, in groups of one distribution message each
+%% (convoy_batch:run_groups/1), one after the other; a busy connection hands the
+%% rest of the run to one courier.
+ship_run(_Node, _Target, _Vsn, [], _Msgs, Sends, S) ->
+    {{sent, Sends, convoy}, S};
+ship_run(Node, Target, Vsn, [G | Rest] = Groups, Msgs, Sends, S) ->
+    case erlang:send(Target, run_batch(G, Vsn, Node), ?SEND_OPTS) of
         ok ->
-            alone(Node, Target, Vsn, Rest, Sent + 1, S);
+            ship_run(Node, Target, Vsn, Rest, Msgs + length(G), Sends + 1, S);
         nosuspend ->
-            {{courier, Sent, Sent, convoy},
-             courier(Node, [{Target, alone_batch(W, Vsn, Node), 1} || W <- Wire], S)};
+            {{courier, Msgs, Sends, convoy},
+             courier(Node, [{Target, run_batch(W, Vsn, Node), length(W)} || W <- Groups], S)};
         noconnect ->
-            {{unconnected, Sent, Sent, Wire, convoy}, S}
+            {{unconnected, Msgs, Sends, lists:append(Groups), convoy}, S}
     end.
 
-alone_batch(E, Vsn, Node) ->
-    convoy_wire:batch(node(), wire_entries([E], Vsn, Node)).
+run_batch(Group, Vsn, Node) ->
+    convoy_wire:batch(node(), wire_entries(Group, Vsn, Node)).
 
 %% Entries the lane keeps in its own form (a large message, a publish) become
 %% wire entries; a chunk without any is shipped as it is.

@@ -404,8 +404,8 @@ count_direct(C) ->
 %% Hand an admitted message to the lane, within the node's bounds (max_buffered
 %% messages and max_buffered_bytes held by convoy for it, lane mailbox included).
 %% When full, the overload policy decides; a message that does not go to the lane
-%% has its admission disposed of here. Large messages are tagged: the lane ships
-%% them alone, never inside a batch.
+%% has its admission disposed of here. Large messages are tagged: the lane never
+%% ships them in a batch with small ones (see convoy_batch).
 to_lane(RT, L, Node, To, Msg, Size) ->
     {Kind, Bytes} = kind(Msg, Size),
     {C, H} = refs(RT, Node),

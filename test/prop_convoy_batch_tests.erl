@@ -23,7 +23,7 @@
 -module(prop_convoy_batch_tests).
 
 %% For running a property by hand: proper:quickcheck(prop_convoy_batch_tests:prop_queue(delay)).
--export([prop_queue/1]).
+-export([prop_queue/1, prop_run_groups/0]).
 
 -include_lib("proper/include/proper.hrl").
 -include_lib("eunit/include/eunit.hrl").
@@ -45,6 +45,9 @@ queue_zero_delay_strict_requeue_test_() ->
 
 queue_with_delay_test_() ->
     ?RUN(prop_queue(delay), 2000).
+
+run_groups_test_() ->
+    ?RUN(prop_run_groups(), 1000).
 
 run(Prop, N) ->
     {timeout, 120,
@@ -285,3 +288,44 @@ take_stops_at_max_messages_test() ->
     ?assertEqual(2, convoy_batch:count_messages(Chunk)),
     ?assertEqual(lists:sublist([B, {d, 1}, B, {d, 2}, B, {d, 3}], length(Chunk)), Chunk),
     ?assertEqual(1, convoy_batch:buffered(n, C1)).
+
+%%--------------------------------------------------------------------
+%% run_groups/2: a run of large messages (and marks) cut into the groups that
+%% each leave in one distribution message.
+
+%% The groups, joined, are the run in order; no group is empty; a group of several
+%% messages holds only messages of at most ShareBytes, adding up to at most
+%% GroupBytes; and a group is cut only where the next message would not fit (so
+%% the cutting is as coarse as the bounds allow).
+prop_run_groups() ->
+    ?FORALL({Run, GroupBytes, ShareBytes},
+            {list(frequency([{6, {'$convoy_large', p, binary(), nat()}}, {1, mark}])),
+             range(0, 400), range(0, 200)},
+            begin
+                Entries = [entry(E) || E <- Run],
+                Groups = convoy_batch:run_groups(Entries, {GroupBytes, ShareBytes}),
+                Sizes = fun(G) -> [convoy_size:bytes(M) || {'$convoy_large', _, M} <- G] end,
+                Shared = fun(G) -> length(Sizes(G)) > 1 end,
+                lists:append(Groups) =:= Entries
+                    andalso lists:all(fun(G) -> G =/= [] end, Groups)
+                    andalso lists:all(fun(G) -> not Shared(G)
+                                                    orelse (lists:max(Sizes(G)) =< ShareBytes
+                                                            andalso lists:sum(Sizes(G)) =< GroupBytes)
+                                      end, Groups)
+                    andalso coarse(Groups, Sizes, GroupBytes, ShareBytes)
+            end).
+
+entry({'$convoy_large', To, Bin, N}) -> {'$convoy_large', To, {Bin, N}};
+entry(mark) -> {'$convoy_mark', 1, n}.
+
+%% Each cut between two groups has a reason: the group before holds a message
+%% over ShareBytes, or the next group's first message is over it, or it would not
+%% have fitted in the group before.
+coarse([A, B | Rest], Sizes, GroupBytes, ShareBytes) ->
+    Before = Sizes(A),
+    Next = case Sizes(B) of [] -> 0; [N | _] -> N end,
+    (lists:any(fun(X) -> X > ShareBytes end, Before) orelse Next > ShareBytes
+     orelse lists:sum(Before) + Next > GroupBytes)
+        andalso coarse([B | Rest], Sizes, GroupBytes, ShareBytes);
+coarse(_, _Sizes, _GroupBytes, _ShareBytes) ->
+    true.

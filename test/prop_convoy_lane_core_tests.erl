@@ -240,10 +240,11 @@ network(Node, Wire, St = #{modes := Modes}) ->
         ok ->
             {{sent, 1, convoy}, deliver(Node, Wire, St)};
         busy when element(1, hd(Wire)) =:= '$convoy_large' ->
-            %% A run of large messages: the first leave, one send each, until the
-            %% connection is busy.
+            %% A run of large messages: the first leave, in groups of up to two
+            %% a send here (convoy_batch:run_groups/1), until the connection is
+            %% busy.
             {Out, Rest} = lists:split(length(Wire) div 2, Wire),
-            {{courier, length(Out), length(Out), convoy},
+            {{courier, length(Out), (length(Out) + 1) div 2, convoy},
              to_courier(Node, Rest, deliver(Node, Out, St))};
         busy ->
             {{courier, 0, 0, convoy}, to_courier(Node, Wire, St)};
