@@ -245,16 +245,14 @@ scenario(S) ->
                      [S, lists:join(",", [atom_to_list(N) || N <- Known])]})
     end.
 
-pos_int(Opt, S) ->
-    case string:to_integer(S) of
-        {N, ""} when N > 0 -> N;
-        _ -> throw({bad_arg, "~s needs a positive integer, not ~s", [Opt, S]})
-    end.
+pos_int(Opt, S) -> int_from(1, "a positive", Opt, S).
 
-non_neg_int(Opt, S) ->
+non_neg_int(Opt, S) -> int_from(0, "a non-negative", Opt, S).
+
+int_from(Min, What, Opt, S) ->
     case string:to_integer(S) of
-        {N, ""} when N >= 0 -> N;
-        _ -> throw({bad_arg, "~s needs a non-negative integer, not ~s", [Opt, S]})
+        {N, ""} when N >= Min -> N;
+        _ -> throw({bad_arg, "~s needs ~s integer, not ~s", [Opt, What, S]})
     end.
 
 %% "max_batch=5000,lanes=2" -> {"max_batch=5000,lanes=2", #{...}}, validated by

@@ -50,8 +50,8 @@ renumber(New, Old) ->
     Last = lists:max([0 | [R || #{repeat := R} <- Old]]),
     [Run#{repeat := R + Last} || Run = #{repeat := R} <- New].
 
-again(S = #{spec := Spec = #{points := Points}, runs := Runs, variants := Names,
-            baseline := Base, seconds := Secs},
+again(S = #{spec := Spec = #{points := Points}, runs := Runs, baseline := Base,
+            seconds := Secs},
       T = #{points := Labels, variants := Again}, Extra, Variants, RunOpts, Nodes0) ->
     Only = Spec#{points := [P || P = #{label := L} <- Points, lists:member(L, Labels)]},
     Measured = [V || V = #{name := N} <- Variants, N =:= Base orelse lists:member(N, Again)],
@@ -66,7 +66,7 @@ again(S = #{spec := Spec = #{points := Points}, runs := Runs, variants := Names,
     {New, Nodes} = convoy_bench_runner:run(Only, Measured, RunOpts#{repeat := Extra}, Nodes0),
     Dt = erlang:convert_time_unit(erlang:monotonic_time() - T0, native, millisecond) / 1000,
     All = Runs ++ renumber(New, Runs),
-    Own = [V || V = #{name := N} <- Variants, lists:member(N, Names)],
+    Own = convoy_bench_runner:variants_for(Spec, Variants),
     {S#{runs := All, seconds := Secs + Dt,
         summary := convoy_bench_runner:summarise(Spec, Own, All),
         confirmed => T#{repeats => Extra}},

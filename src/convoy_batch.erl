@@ -164,6 +164,7 @@ run_groups([{'$convoy_large', _, Msg} = E | Rest], Limits = {GroupBytes, ShareBy
     B = convoy_size:bytes(Msg),
     if
         B > ShareBytes ->
+            %% Alone: counted as over GroupBytes, so the next message starts anew.
             run_groups(Rest, Limits, GroupBytes + 1, [E], close(Group, Groups));
         Bytes + B > GroupBytes ->
             run_groups(Rest, Limits, B, [E], close(Group, Groups));
