@@ -9,23 +9,27 @@
 %%   the lane idle (nothing in the lane);</li>
 %% <li>`inbox' (a batch of one to the inbox the sender's lane uses) needs the lane
 %%   idle: it travels behind everything the lane shipped, through the same inbox;</li>
-%% <li>`{barrier, Else}' asks that inbox to confirm it delivered everything before
-%%   (one round trip), then sends directly and drops the marker; `Else' if the
-%%   confirmation does not come in time;</li>
+%% <li>`inbox_barrier' sends the message to that inbox as `inbox' does, with a
+%%   barrier behind it: the inbox confirms it delivered everything up to it, and
+%%   the sender drops its marker (it waits for that, not the message);</li>
+%% <li>`barrier_direct' asks that inbox to confirm it delivered everything before
+%%   (one round trip), then sends directly and drops the marker; the lane takes
+%%   the message if the confirmation does not come in time;</li>
 %% <li>`lane' is always safe.</li>
 %% </ul>
 %% A small message bypasses the lane only when the lane is calm (no small message
 %% took it in the last `bypass_after' microseconds): a flood is batched rather than
 %% leaking out one message at a time. A marked sender whose lane has been calm for
-%% `SETTLED_US' pays one barrier and is back on direct sends: after a burst, an idle
-%% request/response costs what plain `!' costs. Below that, it goes through the
-%% inbox (no round trip), as senders in a steady exchange would pay the barrier
-%% again and again.
+%% `SETTLED_US' sends through the inbox with a barrier behind and is back on
+%% direct sends: after a burst, an idle request/response costs what plain `!'
+%% costs. Below that, it goes through the inbox with no barrier, as senders in a
+%% steady exchange would wait for one again and again. Only a large message waits
+%% for its barrier before it leaves (it must not be copied into a batch).
 %%
 %% Batching is adaptive: for a sender that does not stream, a busy lane whose
 %% recent batches are too small to pay for its extra hops (`unpaid', see
 %% `streams/2' and `pays/2') is bypassed as a calm one is, and a marked sender
-%% then pays one barrier to go direct again: a few concurrent request/response
+%% then sends through the inbox with a barrier behind to go direct again: a few concurrent request/response
 %% pairs travel as plain `!' would.
 -module(convoy_path).
 
@@ -95,12 +99,12 @@ may_bypass(small, busy, true) -> false;
 may_bypass(small, _Calm, true) -> true.
 
 %% @doc How an admitted message that may bypass the lane goes, by the node's route.
--spec bypass(size(), calm(), route()) -> direct | inbox | lane | {barrier, inbox | lane}.
+-spec bypass(size(), calm(), route()) -> direct | inbox | inbox_barrier | barrier_direct | lane.
 bypass(_Size, _Calm, none) -> lane;          % convoy has not dealt with the node yet
 bypass(_Size, _Calm, plain) -> direct;       % no inbox: the lane shipped into the connection
-bypass(large, _Calm, convoy) -> {barrier, lane};
-bypass(small, settled, convoy) -> {barrier, inbox};
-bypass(small, unpaid, convoy) -> {barrier, inbox}; % batching does not pay: back to direct
+bypass(large, _Calm, convoy) -> barrier_direct;
+bypass(small, settled, convoy) -> inbox_barrier;
+bypass(small, unpaid, convoy) -> inbox_barrier; % batching does not pay: back to direct
 bypass(small, _Calm, convoy) -> inbox.
 
 %% @doc Whether a large message of `Bytes' (encoded) goes in pieces: from

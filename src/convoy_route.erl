@@ -23,9 +23,9 @@
 %%   be waiting in an inbox: the process dictionary key `{'$convoy_inbox', Node}'
 %%   marks a sender whose traffic to `Node' went through a lane or an inbox since
 %%   its last barrier. A barrier (an entry the inbox answers once everything before
-%%   it is delivered) clears it: a marked sender pays one when it sends a large
-%%   message, or a small one after its lane has been calm for a while (see
-%%   `convoy_path'). Idle round trips thus cost what plain `!' costs, after a
+%%   it is delivered) clears it: a marked sender waits for one before it sends a
+%%   large message, and sends one behind a small message after its lane has been
+%%   calm for a while (see `convoy_path'). Idle round trips thus cost what plain `!' costs, after a
 %%   burst as before it.</li>
 %% </ol>
 %% The decision of each message's path is `convoy_path''s (pure); this module
@@ -242,18 +242,47 @@ bypass_by_route(RT, L, Node, To, Msg, Size, Calm) ->
             admitted_direct(RT, L, Node, C, To, Msg, Size);
         inbox ->
             via_inbox(RT, L, Node, Inboxes, C, {To, Msg}, To, Msg, Size);
+        inbox_barrier ->
+            inbox_then_barrier(RT, L, Node, Inboxes, C, To, Msg, Size);
         lane ->
             to_lane(RT, L, Node, To, Msg, Size);
-        {barrier, Else} ->
-            case barrier(RT, L, Node, Inboxes) of
-                ok ->
-                    unmark(Node),
-                    admitted_direct(RT, L, Node, C, To, Msg, Size);
-                timeout when Else =:= inbox ->
-                    via_inbox(RT, L, Node, Inboxes, C, {To, Msg}, To, Msg, Size);
-                timeout ->
+        barrier_direct ->
+            case barrier(RT, L, Node, Inboxes, []) of
+                {sent, Wait} ->
+                    case await_barrier(RT, Wait) of
+                        ok ->
+                            unmark(Node),
+                            admitted_direct(RT, L, Node, C, To, Msg, Size);
+                        timeout ->
+                            to_lane(RT, L, Node, To, Msg, Size)
+                    end;
+                not_sent ->
                     to_lane(RT, L, Node, To, Msg, Size)
             end
+    end.
+
+%% The message goes to the inbox with a barrier behind it, and the sender waits
+%% (at most barrier_timeout ms) for the barrier's answer, which comes once the
+%% inbox delivered the message and everything before it: the marker goes and the
+%% sender's next messages may go directly. The message itself never waits for
+%% the barrier: behind a busy connection a barrier costs a whole drain of it, and
+%% a barrier first, then the message, waited two. If no answer comes in time the
+%% message is on its way all the same; the sender stays marked. The admission is
+%% disposed of only after the wait, as when the barrier goes first: meanwhile the
+%% lane is not idle, so its other senders go through it and their messages form
+%% batches (disposed of at once, 64 to 1024 request/response pairs measured
+%% 0.71x-0.99x plain, against 1.00x-1.38x).
+inbox_then_barrier(RT, L, Node, Inboxes, C, To, Msg, Size) ->
+    mark(Node),
+    case barrier(RT, L, Node, Inboxes, [{To, Msg}]) of
+        {sent, Wait} ->
+            case await_barrier(RT, Wait) of
+                ok -> unmark(Node);
+                timeout -> ok
+            end,
+            ok = disposed(RT, L, C);
+        not_sent ->
+            to_lane(RT, L, Node, To, Msg, Size)
     end.
 
 %% The lane holds messages: they go to it, except a large message to a peer that
@@ -516,22 +545,31 @@ mark(Node) ->
         undefined -> put(Key, true)
     end.
 
-%% Wait until the inbox has delivered everything this sender sent before.
-barrier(#runtime{lanes = Lanes, barrier_timeout = Timeout}, L, Node, Inboxes) ->
+%% Send Entries with a barrier behind them to the inbox this sender's lane uses
+%% (never suspending); the barrier is answered once the inbox has delivered them
+%% and everything this sender sent before. The lane is monitored: if it goes, its
+%% inbox may not answer.
+barrier(#runtime{lanes = Lanes}, L, Node, Inboxes, Entries) ->
     Mon = erlang:monitor(process, element(L, Lanes), [{alias, demonitor}]),
     Tag = {'$convoy_barrier', Mon},
     Inbox = {convoy_wire:lane_inbox(L, Inboxes), Node},
-    Batch = convoy_wire:batch(node(), [convoy_wire:barrier(Mon, Tag)]),
-    Result = case erlang:send(Inbox, Batch, ?DIRECT_OPTS) of
-                 ok ->
-                     receive
-                         {Tag, convoy_barrier} -> ok;
-                         {'DOWN', Mon, process, _, _} -> timeout
-                     after Timeout ->
-                         timeout
-                     end;
-                 _NoSuspendOrNoConnect ->
-                     timeout
+    Batch = convoy_wire:batch(node(), Entries ++ [convoy_wire:barrier(Mon, Tag)]),
+    case erlang:send(Inbox, Batch, ?DIRECT_OPTS) of
+        ok ->
+            {sent, {Mon, Tag}};
+        _NoSuspendOrNoConnect ->
+            erlang:demonitor(Mon, [flush]),
+            not_sent
+    end.
+
+%% The barrier's answer, within barrier_timeout ms. Demonitoring deactivates the
+%% alias: a late answer is dropped by the runtime, never left in the mailbox.
+await_barrier(#runtime{barrier_timeout = Timeout}, {Mon, Tag}) ->
+    Result = receive
+                 {Tag, convoy_barrier} -> ok;
+                 {'DOWN', Mon, process, _, _} -> timeout
+             after Timeout ->
+                 timeout
              end,
     erlang:demonitor(Mon, [flush]),
     Result.
