@@ -108,6 +108,8 @@ usage() ->
      "nodes with -kernel dist_nodelay false), delay_send (`!`, both nodes with\n"
      "{delay_send,true} in inet_dist_connect/listen_options), convoy (defaults), and\n"
      "one per --convoy option. Each flag family has its own pair of peer nodes.\n"
+     "plain_again (`!` again, beside plain; only with --noise or when named) measures\n"
+     "the run's own noise.\n"
      "\n"
      "Options:\n"
      "  --scenario a,b      scenarios to run (default: ", Quick, "); 'all' = every one\n"
@@ -163,6 +165,12 @@ usage() ->
      "                      again at those points, baseline and convoy variants only, N\n"
      "                      more repeats (default 3; 0: none); the cells are judged on all\n"
      "                      their repeats, and the table names the re-measured ones\n"
+     "  --noise             adds the variant plain_again: `!` run again, interleaved\n"
+     "                      with the others. With --check, its cells are judged against\n"
+     "                      plain with the same tolerances (and get the same second\n"
+     "                      look), printed as \"plain_again vs plain: N of M cells within\n"
+     "                      tolerance\": how many of convoy's cells the run's noise alone\n"
+     "                      would put outside. The exit status stays convoy's.\n"
      "  --quiet             no progress on stderr and no table on stdout\n"
      "  --help              this text\n"].
 
@@ -173,7 +181,7 @@ defaults() ->
     #{command => bench, scenarios => default, size => normal, repeat => 3,
       convoy => [], only => all, params => #{}, nodes => none, cookie => undefined,
       out => undefined, plots => true, peer_args => [], quiet => false,
-      nodes_note => undefined, check => false, confirm => 3}.
+      nodes_note => undefined, check => false, confirm => 3, noise => false}.
 
 %% @doc Parse command-line arguments.
 -spec parse([string()]) -> {ok, opts()} | {error, binary()}.
@@ -205,6 +213,7 @@ parse(["--out", D | R], O) -> parse(R, O#{out => D});
 parse(["--no-plots" | R], O) -> parse(R, O#{plots => false});
 parse(["--quiet" | R], O) -> parse(R, O#{quiet => true});
 parse(["--check" | R], O) -> parse(R, O#{check => true});
+parse(["--noise" | R], O) -> parse(R, O#{noise => true});
 parse(["--confirm", N | R], O) -> parse(R, O#{confirm => non_neg_int("--confirm", N)});
 parse(["--peer-args", A | R], O) -> parse(R, O#{peer_args => string:lexemes(A, " ")});
 parse(["--nodes-note", N | R], O) -> parse(R, O#{nodes_note => list_to_binary(N)});
@@ -224,7 +233,7 @@ check(O = #{command := tune, tune := S}) ->
         _ -> O
     end;
 check(O = #{only := Only}) when Only =/= all ->
-    Known = [N || #{name := N} <- variants(O#{only := all})],
+    Known = [N || #{name := N} <- variants(O#{only := all, noise := true})],
     case Only -- Known of
         [] -> O;
         Unknown -> throw({bad_arg, "--variants: unknown ~s; known: ~s",
@@ -429,10 +438,15 @@ finish(Opts, Facts, Body = #{variants := Variants}, T0) ->
     end,
     {ok, Result}.
 
-%% --check: every cell of every convoy variant against its scenario's baseline.
+%% --check: every cell of every convoy variant against its scenario's baseline;
+%% with plain_again in the run, its cells too, as the run's noise (`noise').
 with_check(#{check := true}, Variants, Result = #{scenarios := Scenarios}) ->
     Convoy = [N || #{name := N, kind := convoy} <- Variants],
-    Result#{check => convoy_bench_check:check(Scenarios, Convoy)};
+    Check = convoy_bench_check:check(Scenarios, Convoy),
+    Result#{check => case [N || #{name := N, kind := plain_again} <- Variants] of
+                         [] -> Check;
+                         Again -> Check#{noise => convoy_bench_check:check(Scenarios, Again)}
+                     end};
 with_check(#{check := false}, _Variants, Result) ->
     Result.
 
@@ -474,10 +488,12 @@ timestamp(Style) ->
 
 %% @doc The variants parsed options ask for, in report order.
 -spec variants(opts()) -> [convoy_bench_runner:variant()].
-variants(#{convoy := Extra, only := Only}) ->
+variants(#{convoy := Extra, only := Only, noise := Noise}) ->
     All = [#{name => <<"local">>, kind => local, family => default, mode => plain,
              convoy => off},
            plain_variant(),
+           #{name => <<"plain_again">>, kind => plain_again, family => default,
+             mode => plain, convoy => off},
            #{name => <<"ceiling">>, kind => ceiling, family => default, mode => ceiling,
              convoy => off},
            #{name => <<"nodelay_false">>, kind => nodelay_false, family => nodelay_false,
@@ -486,9 +502,10 @@ variants(#{convoy := Extra, only := Only}) ->
              mode => plain, convoy => off},
            convoy_variant(<<"convoy">>, #{})]
         ++ [convoy_variant(<<"convoy[", Text/binary, "]">>, S) || {Text, S} <- Extra],
+    Again = fun(#{kind := K}) -> Noise andalso K =:= plain_again end,
     case Only of
-        all -> All;
-        Names -> [V || V = #{name := N} <- All, lists:member(N, Names)]
+        all -> [V || V = #{kind := K} <- All, K =/= plain_again orelse Again(V)];
+        Names -> [V || V = #{name := N} <- All, lists:member(N, Names) orelse Again(V)]
     end.
 
 plain_variant() ->

@@ -28,9 +28,10 @@
 -type cell() :: #{scenario := atom(), point := binary(), variant := binary(),
                   figure := binary(), key := atom(), ratio := float() | null,
                   limit := binary(), within := boolean(), why := binary()}.
+%% `noise': the same check of `plain_again' (`--noise'), when it is in the run.
 -type result() :: #{baseline := binary(), tolerances := map(),
                     cells := non_neg_integer(), within := non_neg_integer(),
-                    failures := [cell()]}.
+                    failures := [cell()], noise => result()}.
 -export_type([result/0]).
 
 %% @doc The tolerances, as printed and written to results.json.
@@ -40,6 +41,7 @@ tolerances() ->
 
 %% @doc Check every cell of the variants named `Convoy' in `Scenarios' (scenario
 %% results: `name', `spec' (its `figures' and `ratio'), `baseline', `summary').
+%% The same check of `plain_again' (`!' against itself) measures the run's noise.
 -spec check([map()], [binary()]) -> result().
 check(Scenarios, Convoy) ->
     Cells = lists:append([scenario_cells(S, Convoy) || S <- Scenarios]),
@@ -117,9 +119,10 @@ limit_text({at_least, Min}) -> iolist_to_binary(io_lib:format(">= ~.2f", [Min]))
 limit_text({at_most, Max}) -> iolist_to_binary(io_lib:format("<= ~.2f", [Max])).
 
 %% @doc What is printed under the tables: the tolerances, the count line, then one
-%% line per failing cell (scenario, point, variant, figure, ratio, limit, why).
+%% line per failing cell (scenario, point, variant, figure, ratio, limit, why); the
+%% same for `plain_again' when the run has it.
 -spec text(result()) -> iodata().
-text(#{cells := M, within := N, failures := Failures}) ->
+text(Result = #{cells := M, within := N, failures := Failures}) ->
     #{throughput_min := T, p50_max := P50, p99_max := P99} = tolerances(),
     [io_lib:format("~n== check: every convoy cell vs the baseline of its scenario in this run "
                    "(plain; local for the same-node scenario), median of per-repeat ratios~n"
@@ -127,17 +130,26 @@ text(#{cells := M, within := N, failures := Failures}) ->
                    "p50 <= ~.2fx, p99 <= ~.2fx; a FAILED or unmeasured cell, or one without "
                    "a ratio, is outside~n", [T, P50, P99]),
      io_lib:format("convoy vs plain: ~b of ~b cells within tolerance~n", [N, M]),
-     case Failures of
-         [] ->
-             [];
+     failure_rows(Failures),
+     case Result of
+         #{noise := #{cells := NM, within := NN, failures := NF}} ->
+             [io_lib:format("plain_again vs plain (`!` run again beside itself: the run's "
+                            "noise, same tolerances): ~b of ~b cells within tolerance~n",
+                            [NN, NM]),
+              failure_rows(NF)];
          _ ->
-             Header = [<<"scenario">>, <<"point">>, <<"variant">>, <<"figure">>, <<"ratio">>,
-                       <<"limit">>, <<"why">>],
-             Rows = [[atom_to_binary(S), P, V, F, ratio_text(R), L, W]
-                     || #{scenario := S, point := P, variant := V, figure := F, ratio := R,
-                          limit := L, why := W} <- Failures],
-             rows([Header | Rows])
+             []
      end].
+
+failure_rows([]) ->
+    [];
+failure_rows(Failures) ->
+    Header = [<<"scenario">>, <<"point">>, <<"variant">>, <<"figure">>, <<"ratio">>,
+              <<"limit">>, <<"why">>],
+    Rows = [[atom_to_binary(S), P, V, F, ratio_text(R), L, W]
+            || #{scenario := S, point := P, variant := V, figure := F, ratio := R,
+                 limit := L, why := W} <- Failures],
+    rows([Header | Rows]).
 
 ratio_text(null) -> <<"-">>;
 ratio_text(R) -> io_lib:format("~.3f", [R]).

@@ -21,8 +21,10 @@
 -spec confirm(pos_integer(), [convoy_bench_runner:variant()], convoy_bench_runner:opts(),
               [map()], convoy_bench_nodes:state()) -> {[map()], convoy_bench_nodes:state()}.
 confirm(Extra, Variants, RunOpts, Scenarios, Nodes0) ->
-    Convoy = [N || #{name := N, kind := convoy} <- Variants],
-    #{failures := Failures} = convoy_bench_check:check(Scenarios, Convoy),
+    %% plain_again (--noise) gets the same second look as convoy: the run's noise is
+    %% judged as convoy is.
+    Judged = [N || #{name := N, kind := K} <- Variants, K =:= convoy orelse K =:= plain_again],
+    #{failures := Failures} = convoy_bench_check:check(Scenarios, Judged),
     Targets = targets(Failures),
     lists:mapfoldl(fun(S = #{name := Name}, N0) ->
                            case Targets of

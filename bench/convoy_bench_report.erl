@@ -51,6 +51,9 @@ variant_text(#{name := N, kind := convoy, settings := S}) ->
     io_lib:format("~s = convoy:send/2 with ~s", [N, settings_text(S)]);
 variant_text(#{name := N, kind := local}) ->
     io_lib:format("~s = `!` on one node", [N]);
+variant_text(#{name := N, kind := plain_again}) ->
+    io_lib:format("~s = plain again (`!` between two nodes), interleaved with the others: "
+                  "the run's noise", [N]);
 variant_text(#{name := N, kind := ceiling}) ->
     io_lib:format("~s = a batching router with no bookkeeping (convoy_bench_ceiling), "
                   "where a scenario has one", [N]);

@@ -19,7 +19,8 @@
          deadline_note/1]).
 
 -type variant() :: #{name := binary(),
-                     kind := local | plain | ceiling | nodelay_false | delay_send | convoy,
+                     kind := local | plain | plain_again | ceiling | nodelay_false | delay_send
+                             | convoy,
                      family := convoy_bench_nodes:family(),
                      mode := plain | convoy | ceiling,
                      convoy := convoy_bench_nodes:convoy_setting()}.

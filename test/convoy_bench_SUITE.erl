@@ -8,14 +8,14 @@
 -include_lib("stdlib/include/assert.hrl").
 
 -export([all/0, suite/0, init_per_suite/1, end_per_suite/1]).
--export([every_scenario_tiny/1, tune_tiny/1, given_nodes/1, arguments/1,
+-export([every_scenario_tiny/1, noise_tiny/1, tune_tiny/1, given_nodes/1, arguments/1,
          deadline/1, deadline_leaves_clean_peers/1, deadline_leaves_clean_given_nodes/1]).
 
 suite() ->
     [{timetrap, {minutes, 3}}].
 
 all() ->
-    [arguments, every_scenario_tiny, tune_tiny, given_nodes, deadline,
+    [arguments, every_scenario_tiny, noise_tiny, tune_tiny, given_nodes, deadline,
      deadline_leaves_clean_peers, deadline_leaves_clean_given_nodes].
 
 init_per_suite(Config) ->
@@ -32,7 +32,7 @@ arguments(_Config) ->
      || Opt <- ["--scenario", "--full", "--quick", "--tiny", "--repeat", "--convoy",
                 "--variants", "--param", "--tune", "tune SCENARIO", "--nodes", "--cookie",
                 "--netns", "--rate", "--peer-args", "--out", "--no-plots", "--quiet",
-                "--check", "--confirm", "deadline_ms", "--help"]],
+                "--check", "--confirm", "--noise", "plain_again", "deadline_ms", "--help"]],
     [?assertMatch({error, <<_/binary>>}, convoy_bench:main(Args), Args)
      || Args <- [["--bogus"], ["--scenario", "nope"], ["--repeat", "0"],
                  ["--convoy", "lane=2"], ["--convoy", "lanes=0"], ["--convoy", "lanes"],
@@ -44,6 +44,16 @@ arguments(_Config) ->
         convoy_bench:parse(["--check", "--param", "deadline_ms=5"]),
     {ok, #{confirm := 3}} = convoy_bench:parse(["--check"]),
     {ok, #{confirm := 0}} = convoy_bench:parse(["--check", "--confirm", "0"]),
+    %% plain_again runs only when asked for: by --noise or by name
+    Names = fun(Args) ->
+                    {ok, O} = convoy_bench:parse(Args),
+                    [N || #{name := N} <- convoy_bench:variants(O)]
+            end,
+    ?assertNot(lists:member(<<"plain_again">>, Names([]))),
+    ?assertMatch([<<"local">>, <<"plain">>, <<"plain_again">> | _], Names(["--noise"])),
+    ?assertEqual([<<"plain">>, <<"plain_again">>, <<"convoy">>],
+                 Names(["--variants", "plain,convoy", "--noise"])),
+    ?assertEqual([<<"plain">>, <<"plain_again">>], Names(["--variants", "plain_again,plain"])),
     ?assertEqual(0, convoy_bench:exit_status({ok, #{}})),
     ?assertEqual(0, convoy_bench:exit_status({ok, #{check => #{within => 3, cells => 3}}})),
     ?assertEqual(1, convoy_bench:exit_status({ok, #{check => #{within => 2, cells => 3}}})),
@@ -79,6 +89,39 @@ every_scenario_tiny(Config) ->
     {ok, #{<<"check">> := #{<<"cells">> := M, <<"within">> := N,
                             <<"tolerances">> := #{<<"p50_max">> := _}}}} =
         convoy_bench_json:decode(Bin),
+    ok.
+
+%% --noise with --check: plain_again's cells are judged as convoy's (the same
+%% points and figures, against plain), printed and written beside them, and the
+%% exit status stays convoy's.
+noise_tiny(Config) ->
+    Dir = filename:join(?config(priv_dir, Config), "noise"),
+    {ok, R} = convoy_bench:main(["--tiny", "--scenario", "oneway,pairs", "--repeat", "2",
+                                 "--quiet", "--no-plots", "--check", "--noise",
+                                 "--variants", "plain,convoy", "--out", Dir]),
+    %% plain_again measured every point that plain did
+    [?assertEqual(lists:sort([P || #{variant := <<"plain">>, point := P, status := ok} <- Sum]),
+                  lists:sort([P || #{variant := <<"plain_again">>, point := P, status := ok}
+                                       <- Sum]))
+     || #{summary := Sum} <- maps:get(scenarios, R)],
+    #{check := #{cells := M, within := N,
+                 noise := #{cells := NM, within := NN, failures := NF}}} = R,
+    ?assertEqual(M, NM),
+    ?assertEqual(NM - NN, length(NF)),
+    [?assertEqual(<<"plain_again">>, V) || #{variant := V} <- NF],
+    {ok, Table} = file:read_file(filename:join(Dir, "table.txt")),
+    [?assertNotEqual(nomatch, string:find(Table, Line), Line)
+     || Line <- [io_lib:format("convoy vs plain: ~b of ~b cells within tolerance", [N, M]),
+                 io_lib:format("noise, same tolerances): ~b of ~b cells within tolerance",
+                               [NN, NM]),
+                 "plain_again = plain again"]],
+    {ok, Bin} = file:read_file(filename:join(Dir, "results.json")),
+    {ok, #{<<"check">> := #{<<"within">> := N,
+                            <<"noise">> := #{<<"cells">> := NM, <<"within">> := NN}}}} =
+        convoy_bench_json:decode(Bin),
+    Check = maps:get(check, R),
+    ?assertEqual(convoy_bench:exit_status({ok, R#{check := maps:remove(noise, Check)}}),
+                 convoy_bench:exit_status({ok, R})),
     ok.
 
 tune_tiny(Config) ->

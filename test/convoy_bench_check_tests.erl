@@ -110,3 +110,19 @@ count_line_test() ->
     ?assertEqual(#{cells => 0, within => 0, failures => [], baseline => <<"plain">>,
                    tolerances => convoy_bench_check:tolerances()},
                  convoy_bench_check:check([scenario(Rows)], [])).
+
+%% --noise: plain_again's check is printed after convoy's, with its own count line
+%% and failing cells.
+noise_text_test() ->
+    Rows = [base_row(), row(<<"convoy">>, ok_ratios()),
+            row(<<"plain_again">>, (ok_ratios())#{rt_s => 0.9})],
+    Convoy = convoy_bench_check:check([scenario(Rows)], [<<"convoy">>]),
+    Noise = convoy_bench_check:check([scenario(Rows)], [<<"plain_again">>]),
+    ?assertMatch(#{cells := 3, within := 2}, Noise),
+    Text = iolist_to_binary(convoy_bench_check:text(Convoy#{noise => Noise})),
+    [Before, After] = string:split(Text, "plain_again vs plain"),
+    ?assertNotEqual(nomatch, string:find(Before, "convoy vs plain: 3 of 3 cells within tolerance\n")),
+    ?assertNotEqual(nomatch, string:find(After, "2 of 3 cells within tolerance\n")),
+    ?assertNotEqual(nomatch, string:find(After, "0.90")),
+    ?assertEqual(nomatch, string:find(iolist_to_binary(convoy_bench_check:text(Convoy)),
+                                      "plain_again")).
