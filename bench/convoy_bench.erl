@@ -502,10 +502,10 @@ variants(#{convoy := Extra, only := Only, noise := Noise}) ->
              mode => plain, convoy => off},
            convoy_variant(<<"convoy">>, #{})]
         ++ [convoy_variant(<<"convoy[", Text/binary, "]">>, S) || {Text, S} <- Extra],
-    Again = fun(#{kind := K}) -> Noise andalso K =:= plain_again end,
     case Only of
-        all -> [V || V = #{kind := K} <- All, K =/= plain_again orelse Again(V)];
-        Names -> [V || V = #{name := N} <- All, lists:member(N, Names) orelse Again(V)]
+        all -> [V || V = #{kind := K} <- All, K =/= plain_again orelse Noise];
+        Names -> [V || V = #{name := N, kind := K} <- All,
+                       lists:member(N, Names) orelse (Noise andalso K =:= plain_again)]
     end.
 
 plain_variant() ->

@@ -29,8 +29,8 @@
 %% Batching is adaptive: for a sender that does not stream, a busy lane whose
 %% recent batches are too small to pay for its extra hops (`unpaid', see
 %% `streams/2' and `pays/2') is bypassed as a calm one is, and a marked sender
-%% then sends through the inbox with a barrier behind to go direct again: a few concurrent request/response
-%% pairs travel as plain `!' would.
+%% then sends through the inbox with a barrier behind to go direct again: a few
+%% concurrent request/response pairs travel as plain `!' would.
 -module(convoy_path).
 
 -export([calm/2, streams/2, pays/2, unadmitted/3, may_bypass/3, bypass/3, multicast/4,
@@ -99,12 +99,13 @@ may_bypass(small, busy, true) -> false;
 may_bypass(small, _Calm, true) -> true.
 
 %% @doc How an admitted message that may bypass the lane goes, by the node's route.
--spec bypass(size(), calm(), route()) -> direct | inbox | inbox_barrier | barrier_direct | lane.
+-spec bypass(size(), calm(), route()) ->
+          direct | inbox | inbox_barrier | barrier_direct | lane.
 bypass(_Size, _Calm, none) -> lane;          % convoy has not dealt with the node yet
 bypass(_Size, _Calm, plain) -> direct;       % no inbox: the lane shipped into the connection
 bypass(large, _Calm, convoy) -> barrier_direct;
 bypass(small, settled, convoy) -> inbox_barrier;
-bypass(small, unpaid, convoy) -> inbox_barrier; % batching does not pay: back to direct
+bypass(small, unpaid, convoy) -> inbox_barrier; % batching does not pay: direct again
 bypass(small, _Calm, convoy) -> inbox.
 
 %% @doc Whether a large message of `Bytes' (encoded) goes in pieces: from

@@ -25,8 +25,8 @@
 %%   its last barrier. A barrier (an entry the inbox answers once everything before
 %%   it is delivered) clears it: a marked sender waits for one before it sends a
 %%   large message, and sends one behind a small message after its lane has been
-%%   calm for a while (see `convoy_path'). Idle round trips thus cost what plain `!' costs, after a
-%%   burst as before it.</li>
+%%   calm for a while (see `convoy_path'). Idle round trips thus cost what plain
+%%   `!' costs, after a burst as before it.</li>
 %% </ol>
 %% The decision of each message's path is `convoy_path''s (pure); this module
 %% gathers the facts and carries it out.
@@ -248,15 +248,10 @@ bypass_by_route(RT, L, Node, To, Msg, Size, Calm) ->
             to_lane(RT, L, Node, To, Msg, Size);
         barrier_direct ->
             case barrier(RT, L, Node, Inboxes, []) of
-                {sent, Wait} ->
-                    case await_barrier(RT, Wait) of
-                        ok ->
-                            unmark(Node),
-                            admitted_direct(RT, L, Node, C, To, Msg, Size);
-                        timeout ->
-                            to_lane(RT, L, Node, To, Msg, Size)
-                    end;
-                not_sent ->
+                ok ->
+                    unmark(Node),
+                    admitted_direct(RT, L, Node, C, To, Msg, Size);
+                _TimeoutOrNotSent ->
                     to_lane(RT, L, Node, To, Msg, Size)
             end
     end.
@@ -275,12 +270,11 @@ bypass_by_route(RT, L, Node, To, Msg, Size, Calm) ->
 inbox_then_barrier(RT, L, Node, Inboxes, C, To, Msg, Size) ->
     mark(Node),
     case barrier(RT, L, Node, Inboxes, [{To, Msg}]) of
-        {sent, Wait} ->
-            case await_barrier(RT, Wait) of
-                ok -> unmark(Node);
-                timeout -> ok
-            end,
-            ok = disposed(RT, L, C);
+        ok ->
+            unmark(Node),
+            disposed(RT, L, C);
+        timeout ->
+            disposed(RT, L, C);
         not_sent ->
             to_lane(RT, L, Node, To, Msg, Size)
     end.
@@ -546,30 +540,27 @@ mark(Node) ->
     end.
 
 %% Send Entries with a barrier behind them to the inbox this sender's lane uses
-%% (never suspending); the barrier is answered once the inbox has delivered them
-%% and everything this sender sent before. The lane is monitored: if it goes, its
-%% inbox may not answer.
-barrier(#runtime{lanes = Lanes}, L, Node, Inboxes, Entries) ->
+%% (never suspending), and wait at most barrier_timeout ms for the barrier's
+%% answer, which comes once the inbox has delivered them and everything this
+%% sender sent before: ok, timeout, or not_sent (the connection was busy or down).
+%% The lane is monitored: if it goes, its inbox may not answer. Demonitoring
+%% deactivates the alias: a late answer is dropped by the runtime, never left in
+%% the mailbox.
+barrier(#runtime{lanes = Lanes, barrier_timeout = Timeout}, L, Node, Inboxes, Entries) ->
     Mon = erlang:monitor(process, element(L, Lanes), [{alias, demonitor}]),
     Tag = {'$convoy_barrier', Mon},
     Inbox = {convoy_wire:lane_inbox(L, Inboxes), Node},
     Batch = convoy_wire:batch(node(), Entries ++ [convoy_wire:barrier(Mon, Tag)]),
-    case erlang:send(Inbox, Batch, ?DIRECT_OPTS) of
-        ok ->
-            {sent, {Mon, Tag}};
-        _NoSuspendOrNoConnect ->
-            erlang:demonitor(Mon, [flush]),
-            not_sent
-    end.
-
-%% The barrier's answer, within barrier_timeout ms. Demonitoring deactivates the
-%% alias: a late answer is dropped by the runtime, never left in the mailbox.
-await_barrier(#runtime{barrier_timeout = Timeout}, {Mon, Tag}) ->
-    Result = receive
-                 {Tag, convoy_barrier} -> ok;
-                 {'DOWN', Mon, process, _, _} -> timeout
-             after Timeout ->
-                 timeout
+    Result = case erlang:send(Inbox, Batch, ?DIRECT_OPTS) of
+                 ok ->
+                     receive
+                         {Tag, convoy_barrier} -> ok;
+                         {'DOWN', Mon, process, _, _} -> timeout
+                     after Timeout ->
+                         timeout
+                     end;
+                 _NoSuspendOrNoConnect ->
+                     not_sent
              end,
     erlang:demonitor(Mon, [flush]),
     Result.

@@ -17,7 +17,8 @@ suite() ->
     [{timetrap, {seconds, 120}}].
 
 all() ->
-    [idle_after_burst_goes_direct, barrier_wait_keeps_lane_busy, order_across_path_switches].
+    [idle_after_burst_goes_direct, barrier_wait_keeps_lane_busy,
+     order_across_path_switches].
 
 init_per_testcase(_TC, Config) ->
     ok = convoy_ct_peers:restart_here(),
@@ -66,14 +67,15 @@ barrier_wait_keeps_lane_busy(_Config) ->
     ok = convoy:set_config(#{barrier_timeout => 10000}),
     Echo = spawn(Node, ?MODULE, echo, []),
     Self = self(),
-    Sender = spawn_link(fun() ->
-                                [ok = convoy:send(Echo, {burst, I}) || I <- lists:seq(1, 5000)],
-                                ok = convoy:flush(),
-                                Self ! {marked, self(), get({'$convoy_inbox', Node})},
-                                receive go -> ok end,
-                                ok = convoy:send(Echo, {ping, Self, 1}),
-                                Self ! {sent, self(), get({'$convoy_inbox', Node})}
-                        end),
+    Sender = spawn_link(
+               fun() ->
+                       [ok = convoy:send(Echo, {burst, I}) || I <- lists:seq(1, 5000)],
+                       ok = convoy:flush(),
+                       Self ! {marked, self(), get({'$convoy_inbox', Node})},
+                       receive go -> ok end,
+                       ok = convoy:send(Echo, {ping, Self, 1}),
+                       Self ! {sent, self(), get({'$convoy_inbox', Node})}
+               end),
     ?assertEqual(true, receive {marked, Sender, M} -> M after 30000 -> timeout end),
     Inbox = convoy_inbox_1, % the inbox of lane 1's traffic
     ok = peer:call(Peer, sys, suspend, [Inbox]),
@@ -81,9 +83,8 @@ barrier_wait_keeps_lane_busy(_Config) ->
     Before = lane_counts(),
     Sender ! go,
     %% the sender has sent and waits: one admission more than disposals
-    ok = await(fun() -> lane_counts() end, fun({A, D}) -> A - D =:= 1 end),
+    {A1, _} = convoy_ct_peers:await(fun lane_counts/0, fun({A, D}) -> A - D =:= 1 end, 5000),
     {A0, _} = Before,
-    {A1, _} = lane_counts(),
     ?assertEqual(A0 + 1, A1),
     ?assertEqual(nothing, receive {sent, Sender, _} = Sent -> Sent after 200 -> nothing end),
     ok = peer:call(Peer, sys, resume, [Inbox]),
@@ -143,17 +144,6 @@ round_trip(Echo, I) ->
 lane_counts() ->
     #runtime{slots = {Slots}} = persistent_term:get(?RUNTIME_KEY),
     {convoy_slots:admitted(Slots), convoy_slots:disposed(Slots)}.
-
-await(Read, Done) ->
-    await(Read, Done, 500).
-
-await(Read, _Done, 0) ->
-    ct:fail({not_reached, Read()});
-await(Read, Done, K) ->
-    case Done(Read()) of
-        true -> ok;
-        false -> timer:sleep(10), await(Read, Done, K - 1)
-    end.
 
 received(Peer) ->
     maps:get(received, node_info(node(), Peer)).
