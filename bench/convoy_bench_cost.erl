@@ -21,11 +21,18 @@
 %% of `max_batch', shipping included); the same messages shipped by the sender
 %% itself as lists of `max_batch' `{To, Msg}' entries (the encoding the lane's
 %% ships also pay); and the receiving inbox's check of one entry.
+%%
+%% Last, the send call where the hot-path's cost shows (`[exchange]'): four
+%% request/response pairs between A and B, both sides sending by `convoy:send/2',
+%% then by `!', phases of `exchange_ms' alternated `repeat' times; each client
+%% times its own send calls (wall time, the median phase). In a loop the steps
+%% above stay in the CPU's caches; between the messages of an exchange they do
+%% not, and the call costs several times what its steps add up to.
 -module(convoy_bench_cost).
 
 -export([run/1, text/1]).
 %% Called on node A.
--export([measure/2, sink/0]).
+-export([measure/2, sink/0, exchange_server/1]).
 
 -include("../src/convoy_runtime.hrl").
 
@@ -36,10 +43,10 @@
 %% tiny gives a quick smoke run).
 -spec run(map()) -> {ok, #{cost := [row()], text := binary()}}.
 run(Opts) ->
-    {N, Repeat} = case maps:get(size, Opts, normal) of
-                      tiny -> {2000, 3};
-                      normal -> {200000, 7}
-                  end,
+    {N, Repeat, PhaseMs} = case maps:get(size, Opts, normal) of
+                               tiny -> {2000, 3, 50};
+                               normal -> {200000, 7, 1000}
+                           end,
     %% Schedulers that do not spin when idle: CPU time is then work done.
     NoSpin = ["+sbwt", "none", "+sbwtdcpu", "none", "+sbwtdio", "none"],
     Nodes0 = convoy_bench_nodes:new(#{given => none,
@@ -47,7 +54,8 @@ run(Opts) ->
     {[A, B], Nodes1} = convoy_bench_nodes:prepare(default, 2, #{}, Nodes0),
     try
         Sink = erpc:call(B, erlang, spawn, [?MODULE, sink, []]),
-        Rows = erpc:call(A, ?MODULE, measure, [Sink, #{n => N, repeat => Repeat}], infinity),
+        Rows = erpc:call(A, ?MODULE, measure,
+                         [Sink, #{n => N, repeat => Repeat, exchange_ms => PhaseMs}], infinity),
         Text = iolist_to_binary(text(Rows)),
         io:put_chars(Text),
         {ok, #{cost => Rows, text => Text}}
@@ -60,7 +68,9 @@ run(Opts) ->
 text(Rows) ->
     Ordered = [S || #{step := S, shape := atom} <- Rows],
     ["cost of one convoy:send/2 on the batched path, ns per message; [cpu]: median of "
-     "repeats, CPU time of node A; others: fastest of repeats, wall time\n",
+     "repeats, CPU time of node A; [exchange]: the call inside 4 request/response "
+     "pairs, median of alternated phases, wall time; others: fastest of repeats, wall "
+     "time\n",
      io_lib:format("  ~-58s ~9s ~9s~n", ["step", "atom", "event"]),
      [io_lib:format("  ~-58s ~9.1f ~9.1f~n", [S, ns(Rows, S, atom), ns(Rows, S, event)])
       || S <- Ordered]].
@@ -74,10 +84,59 @@ sink() ->
     receive _ -> sink() end.
 
 %% @doc Runs on node A: every step for both message shapes.
--spec measure(pid(), #{n := pos_integer(), repeat := pos_integer()}) -> [row()].
+-spec measure(pid(), #{n := pos_integer(), repeat := pos_integer(),
+                        exchange_ms := pos_integer()}) -> [row()].
 measure(Sink, Params) ->
     process_flag(priority, high),
-    lists:append([shape_rows(Shape, Sink, Params) || Shape <- [atom, event]]).
+    lists:append([shape_rows(Shape, Sink, Params) ++ exchange_rows(Shape, node(Sink), Params)
+                  || Shape <- [atom, event]]).
+
+%% The send call's cost inside an exchange: the two modes alternated phase by
+%% phase (the machine's load drifts), each phase on fresh pairs.
+exchange_rows(Shape, B, #{repeat := R, exchange_ms := Ms}) ->
+    Phases = [{Mode, exchange_phase(Mode, message(Shape), B, Ms)}
+              || _ <- lists:seq(1, R), Mode <- [convoy, plain]],
+    [#{step => Step, shape => Shape, ns => median([Ns || {M, Ns} <- Phases, M =:= Mode])}
+     || {Mode, Step} <- [{convoy, <<"[exchange] send call, 4 pairs: convoy:send/2">>},
+                         {plain, <<"[exchange] send call, 4 pairs: ! (plain)">>}]].
+
+-define(EXCHANGE_PAIRS, 4).
+
+%% ns per send call of the clients on A, over one phase of Ms.
+exchange_phase(Mode, Msg, B, Ms) ->
+    Self = self(),
+    Deadline = erlang:monotonic_time(millisecond) + Ms,
+    Clients = [spawn_link(fun() ->
+                                  Server = spawn_link(B, ?MODULE, exchange_server, [Mode]),
+                                  Self ! {self(), exchange_client(Mode, Server, Msg, Deadline,
+                                                                  0, 0)},
+                                  unlink(Server),
+                                  exit(Server, kill)
+                          end) || _ <- lists:seq(1, ?EXCHANGE_PAIRS)],
+    Sums = [receive {C, SumCount} -> SumCount end || C <- Clients],
+    {Ns, Calls} = lists:foldl(fun({S, K}, {S0, K0}) -> {S + S0, K + K0} end, {0, 0}, Sums),
+    Ns / max(1, Calls).
+
+exchange_client(Mode, Server, Msg, Deadline, Ns, Calls) ->
+    case Calls rem 64 =:= 0 andalso erlang:monotonic_time(millisecond) >= Deadline of
+        true ->
+            {Ns, Calls};
+        false ->
+            T0 = erlang:monotonic_time(nanosecond),
+            exchange_send(Mode, Server, {req, self(), Msg}),
+            T1 = erlang:monotonic_time(nanosecond),
+            receive resp -> ok end,
+            exchange_client(Mode, Server, Msg, Deadline, Ns + T1 - T0, Calls + 1)
+    end.
+
+%% @doc Answers each request with the atom `resp' (on node B), sent as `Mode' says.
+-spec exchange_server(convoy | plain) -> no_return().
+exchange_server(Mode) ->
+    receive {req, From, _Msg} -> exchange_send(Mode, From, resp) end,
+    exchange_server(Mode).
+
+exchange_send(convoy, To, Msg) -> convoy:send(To, Msg);
+exchange_send(plain, To, Msg) -> To ! Msg.
 
 shape_rows(Shape, Sink, P) ->
     Msg = message(Shape),

@@ -8,14 +8,14 @@
 -include_lib("stdlib/include/assert.hrl").
 
 -export([all/0, suite/0, init_per_suite/1, end_per_suite/1]).
--export([every_scenario_tiny/1, noise_tiny/1, tune_tiny/1, given_nodes/1, arguments/1,
+-export([every_scenario_tiny/1, noise_tiny/1, tune_tiny/1, cost_tiny/1, given_nodes/1, arguments/1,
          deadline/1, deadline_leaves_clean_peers/1, deadline_leaves_clean_given_nodes/1]).
 
 suite() ->
     [{timetrap, {minutes, 3}}].
 
 all() ->
-    [arguments, every_scenario_tiny, noise_tiny, tune_tiny, given_nodes, deadline,
+    [arguments, every_scenario_tiny, noise_tiny, tune_tiny, cost_tiny, given_nodes, deadline,
      deadline_leaves_clean_peers, deadline_leaves_clean_given_nodes].
 
 init_per_suite(Config) ->
@@ -137,6 +137,22 @@ tune_tiny(Config) ->
     ?assert(is_map(maps:get(gain_over_base, T)) orelse maps:get(gain_over_base, T) =:= null),
     [#{name := oneway}] = maps:get(scenarios, R),
     check_files(Dir, R),
+    ok.
+
+%% `cost': every step for both shapes, a figure each, the exchange's two rows
+%% (the send call in 4 request/response pairs, by convoy and by `!') among them,
+%% and the table names every step.
+cost_tiny(_Config) ->
+    {ok, #{cost := Rows, text := Text}} = convoy_bench:main(["cost", "--tiny"]),
+    Steps = lists:usort([S || #{step := S} <- Rows]),
+    ?assertEqual(2 * length(Steps), length(Rows)),
+    [?assert(is_float(Ns) andalso Ns >= 0) || #{ns := Ns} <- Rows],
+    Exchange = [S || S = <<"[exchange]", _/binary>> <- Steps],
+    ?assertEqual([<<"[exchange] send call, 4 pairs: ! (plain)">>,
+                  <<"[exchange] send call, 4 pairs: convoy:send/2">>], Exchange),
+    %% a phase measured calls: none is measured as zero
+    [?assert(Ns > 0) || #{step := <<"[exchange]", _/binary>>, ns := Ns} <- Rows],
+    [?assertNotEqual(nomatch, binary:match(Text, S)) || S <- Steps],
     ok.
 
 %% Running nodes given with --nodes: the harness loads its own code there; the
