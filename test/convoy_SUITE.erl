@@ -349,21 +349,45 @@ send_until(Sink, Deadline, N) ->
 rate_to_with_stalled(SinkC, SinkB, Payload, Ms) ->
     Self = self(),
     %% A second process keeps sending to the stalled node and times each call.
-    Stalled = spawn_link(fun() -> Self ! {max_call, stalled_loop(SinkB, Payload, 20000, 0)} end),
+    Stalled = spawn_link(fun() -> Self ! {max_call, stalled_loop(SinkB, Payload, 100000, 0)} end),
     Rate = rate_to(SinkC, Ms, none),
     Stalled ! stop,
     receive {max_call, Max} -> {Rate, Max} after 10000 -> ct:fail(stalled_sender_stuck) end.
 
-%% A bounded number of sends (nothing bounds convoy's buffers yet), each timed.
+%% Sends, each timed, until convoy holds some for the stalled node and ships
+%% none of them (blocked/1): the kernel's
+%% socket buffers take tens of MB first (a receive buffer grown during the first
+%% flood stays grown: up to tcp_rmem's maximum, 32 MB here), then the
+%% distribution buffer fills and the lane keeps the rest. Bounded: 100 MB; the
+%% `stop' at the end of the measured window is read only after.
 stalled_loop(_SinkB, _Payload, 0, Max) ->
     receive stop -> Max end;
+stalled_loop(SinkB, Payload, Left, Max) when Left rem 1000 =:= 0 ->
+    case blocked(node(SinkB)) of
+        true -> receive stop -> Max end;
+        false -> stalled_send(SinkB, Payload, Left, Max)
+    end;
 stalled_loop(SinkB, Payload, Left, Max) ->
-    receive stop -> Max
-    after 0 ->
-        T0 = erlang:monotonic_time(microsecond),
-        ok = convoy:send(SinkB, Payload),
-        stalled_loop(SinkB, Payload, Left - 1, max(Max, erlang:monotonic_time(microsecond) - T0))
+    stalled_send(SinkB, Payload, Left, Max).
+
+%% convoy holds messages for Node and ships none of them for 100 ms: the
+%% connection takes no more.
+blocked(Node) ->
+    case node_stats(Node) of
+        #{buffered := Buf, messages := M} when Buf > 0 ->
+            timer:sleep(100),
+            case node_stats(Node) of
+                #{buffered := Buf2, messages := M} when Buf2 > 0 -> true;
+                _ -> false
+            end;
+        _ ->
+            false
     end.
+
+stalled_send(SinkB, Payload, Left, Max) ->
+    T0 = erlang:monotonic_time(microsecond),
+    ok = convoy:send(SinkB, Payload),
+    stalled_loop(SinkB, Payload, Left - 1, max(Max, erlang:monotonic_time(microsecond) - T0)).
 
 %% Kill a peer mid-flood: convoy survives, its accounting adds up (accepted = sent +
 %% dropped + buffered), and traffic resumes to a node of the same name.
