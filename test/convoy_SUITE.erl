@@ -354,12 +354,12 @@ rate_to_with_stalled(SinkC, SinkB, Payload, Ms) ->
     Stalled ! stop,
     receive {max_call, Max} -> {Rate, Max} after 10000 -> ct:fail(stalled_sender_stuck) end.
 
-%% Sends, each timed, until convoy holds some for the stalled node and ships
-%% none of them (blocked/1): the kernel's
-%% socket buffers take tens of MB first (a receive buffer grown during the first
-%% flood stays grown: up to tcp_rmem's maximum, 32 MB here), then the
-%% distribution buffer fills and the lane keeps the rest. Bounded: 100 MB; the
-%% `stop' at the end of the measured window is read only after.
+%% Sends, each timed, until convoy holds some for the stalled node and ships none
+%% of them (blocked/1): the kernel's socket buffers take tens of MB first (a
+%% receive buffer grown during the first flood stays grown: up to tcp_rmem's
+%% maximum, 32 MB here), then the distribution buffer fills and the lane keeps the
+%% rest. Bounded: 100 MB; the `stop' at the end of the measured window is read
+%% only after.
 stalled_loop(_SinkB, _Payload, 0, Max) ->
     receive stop -> Max end;
 stalled_loop(SinkB, Payload, Left, Max) when Left rem 1000 =:= 0 ->

@@ -8,15 +8,16 @@
 -include_lib("stdlib/include/assert.hrl").
 
 -export([all/0, suite/0, init_per_suite/1, end_per_suite/1]).
--export([every_scenario_tiny/1, noise_tiny/1, tune_tiny/1, cost_tiny/1, given_nodes/1, arguments/1,
-         deadline/1, deadline_leaves_clean_peers/1, deadline_leaves_clean_given_nodes/1]).
+-export([every_scenario_tiny/1, noise_tiny/1, tune_tiny/1, cost_tiny/1, given_nodes/1,
+         arguments/1, deadline/1, deadline_leaves_clean_peers/1,
+         deadline_leaves_clean_given_nodes/1]).
 
 suite() ->
     [{timetrap, {minutes, 3}}].
 
 all() ->
-    [arguments, every_scenario_tiny, noise_tiny, tune_tiny, cost_tiny, given_nodes, deadline,
-     deadline_leaves_clean_peers, deadline_leaves_clean_given_nodes].
+    [arguments, every_scenario_tiny, noise_tiny, tune_tiny, cost_tiny, given_nodes,
+     deadline, deadline_leaves_clean_peers, deadline_leaves_clean_given_nodes].
 
 init_per_suite(Config) ->
     Config.
