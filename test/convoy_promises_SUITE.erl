@@ -35,9 +35,17 @@ end_per_testcase(_TC, _Config) ->
     _ = application:stop(convoy),
     _ = logger:remove_handler(?MODULE),
     ok = logger:unset_module_level(convoy_control),
+    %% Gone before the next case starts its own: the user's supervisor stops
+    %% convoy's tree, whose lanes may take their shutdown time to drain.
     case whereis(user_sup) of
-        undefined -> ok;
-        Sup -> exit(Sup, shutdown)
+        undefined ->
+            ok;
+        Sup ->
+            Mon = erlang:monitor(process, Sup),
+            exit(Sup, shutdown),
+            receive {'DOWN', Mon, process, Sup, _} -> ok
+            after 60000 -> ct:fail({user_sup_still_alive, Sup})
+            end
     end,
     [application:unset_env(convoy, K) || K <- convoy_config:keys()],
     ok.
