@@ -135,6 +135,13 @@ exchange_server(Mode) ->
     receive {req, From, _Msg} -> exchange_send(Mode, From, resp) end,
     exchange_server(Mode).
 
+%% The step convoy_route's refs/2 takes before its closed check (its cache key).
+refs_of(Node) ->
+    case get('$convoy_refs') of
+        #{Node := Refs} -> Refs;
+        _ -> none
+    end.
+
 exchange_send(convoy, To, Msg) -> convoy:send(To, Msg);
 exchange_send(plain, To, Msg) -> To ! Msg.
 
@@ -161,8 +168,8 @@ shape_rows(Shape, Sink, P) ->
                   _ = put('$convoy_cost_last', Now),
                   convoy_slots:since_last_send(Slots, Now)
           end},
-         {<<"batching average read (convoy_slots:batching/1)">>,
-          fun() -> convoy_slots:batching(Slots) end},
+         {<<"batching verdict read (convoy_slots:unpaid_until/1)">>,
+          fun() -> convoy_slots:unpaid_until(Slots) end},
          {<<"admission add_get + idle read + dispose (convoy_slots)">>,
           fun() ->
                   V = convoy_slots:admit(Slots),
@@ -170,7 +177,7 @@ shape_rows(Shape, Sink, P) ->
                   convoy_slots:dispose(Slots, 1)
           end},
          {<<"node refs + inbox marker (pdict)">>,
-          fun() -> {get({'$convoy_refs', Node}), get({'$convoy_inbox', Node})} end},
+          fun() -> {refs_of(Node), convoy_route:is_marked(Node)} end},
          {<<"held bound: read + compare_exchange (private word)">>,
           fun() ->
                   Old = atomics:get(Word, 1),

@@ -33,8 +33,8 @@
 %% concurrent request/response pairs travel as plain `!' would.
 -module(convoy_path).
 
--export([calm/2, streams/2, pays/2, unadmitted/3, may_bypass/3, bypass/3, multicast/4,
-         pieces/3]).
+-export([calm/2, streams/2, unpaid_until/2, pays/3, unadmitted/3, may_bypass/3, bypass/3,
+         multicast/4, pieces/3]).
 
 -export_type([size/0, calm/0, route/0]).
 
@@ -48,6 +48,12 @@
 %% busy senders try it (so a flood that starts while senders go direct is batched
 %% again within this time).
 -define(PROBE_US, 10000).
+%% Small messages closer together than this on average (microseconds) may form
+%% batches: a lane's turn (take what its mailbox holds, encode, one distribution
+%% send) takes about as long on a 2-core machine, so two or more arrive per turn.
+%% Measured there (`recent_gap', sampled every ms): 4 request/response pairs
+%% 16-36 us (10th-90th percentile), 16 pairs 4-14, 64 pairs 2-14.
+-define(BATCH_GAP_US, 10).
 
 -type size() :: small | large.
 %% busy: a small message took the lane within bypass_after (or batching is forced);
@@ -72,15 +78,29 @@ calm(_Gap, _Window) -> busy.
 streams(_OwnGap, never) -> true;
 streams(OwnGap, Window) -> OwnGap =< Window.
 
-%% @doc On a busy lane, for a sender that does not stream: whether the lane pays,
-%% from its recent batches (messages per distribution send, in sixteenths) and the
-%% microseconds since it last shipped. Under a flood of many senders batches grow;
-%% with a few request/response pairs they stay near one message, and senders go
-%% the way plain `!' goes (`unpaid'). A lane that has not shipped lately is tried.
--spec pays(non_neg_integer(), integer()) -> busy | unpaid.
-pays(_BatchX16, SinceBatch) when SinceBatch > ?PROBE_US -> busy;
-pays(BatchX16, _SinceBatch) when BatchX16 >= ?PAYS_X16 -> busy;
-pays(_BatchX16, _SinceBatch) -> unpaid.
+%% @doc Whether a busy lane pays, as the lane sees it after shipping at
+%% `ShippedAt' (monotonic microseconds) with recent batches of `BatchX16'
+%% (messages per distribution send, in sixteenths): `paid', or until when it does
+%% not. Under a flood of many senders batches grow; with a few request/response
+%% pairs they stay near one message, and senders go the way plain `!' goes. A
+%% lane that has not shipped for `PROBE_US' is tried again. The lane publishes
+%% this verdict (`convoy_slots:record_batch/4') so that a sender reads one word.
+-spec unpaid_until(non_neg_integer(), integer()) -> paid | integer().
+unpaid_until(BatchX16, _ShippedAt) when BatchX16 >= ?PAYS_X16 -> paid;
+unpaid_until(_BatchX16, ShippedAt) -> ShippedAt + ?PROBE_US.
+
+%% @doc On a busy lane, for a sender that does not stream: `unpaid' (the sender
+%% goes as if the lane were calm) while its lane's verdict (`unpaid_until/2')
+%% lasts at `Now', and also when small messages come to the lane too far apart
+%% (`RecentGapUs', the lane's recent average) for batches to form: then neither
+%% do senders try the lane when the verdict expires. Each such try costs a trip
+%% through the lane and the peer's inbox, and a barrier to come back to direct
+%% sends; with a few request/response pairs it never finds batches that pay.
+%% Otherwise `busy'.
+-spec pays(integer(), integer(), non_neg_integer()) -> busy | unpaid.
+pays(UnpaidUntil, Now, _RecentGapUs) when Now =< UnpaidUntil -> unpaid;
+pays(_UnpaidUntil, _Now, RecentGapUs) when RecentGapUs > ?BATCH_GAP_US -> unpaid;
+pays(_UnpaidUntil, _Now, _RecentGapUs) -> busy.
 
 %% @doc Before any admission: an unmarked sender sends a large message, or a small
 %% one on a calm lane, directly.

@@ -20,8 +20,8 @@
 %%   `pays/2'): that changes which of these safe paths is taken, never the rules.</li>
 %% <li>Bypassing the inbox too (sending straight to the destination process) is
 %%   allowed only when none of the sender's earlier messages to that node can still
-%%   be waiting in an inbox: the process dictionary key `{'$convoy_inbox', Node}'
-%%   marks a sender whose traffic to `Node' went through a lane or an inbox since
+%%   be waiting in an inbox: the sender's marker for `Node' (in its process
+%%   dictionary) says its traffic to `Node' went through a lane or an inbox since
 %%   its last barrier. A barrier (an entry the inbox answers once everything before
 %%   it is delivered) clears it: a marked sender waits for one before it sends a
 %%   large message, and sends one behind a small message after its lane has been
@@ -52,7 +52,8 @@
 %% longer, the lane gets the message whole, as before.
 -module(convoy_route).
 
--export([send/2, send/3, multicast/2, multicast_entry/3, lane_of/1, await_gone/1]).
+-export([send/2, send/3, multicast/2, multicast_entry/3, lane_of/1, await_gone/1,
+         is_marked/1]).
 
 -include("convoy_runtime.hrl").
 
@@ -63,8 +64,7 @@
 -define(DIRECT_OPTS, [nosuspend, noconnect]).
 
 %% The small steps of every remote send (measured: `bin/convoy-bench cost').
--compile({inline, [resolve/1, local_or_remote/2, with_opts/2, slots/2, mark_key/1,
-                   is_marked/1, size_kind/1, idle/3, hold/3, mark/1, own_last_send/1,
+-compile({inline, [resolve/1, local_or_remote/2, with_opts/2, slots/2, is_marked/1, size_kind/1, idle/3, hold/3, mark/1, own_last_send/1,
                    kind/2, hand_over/7]}).
 
 %% @doc See `convoy:send/2'.
@@ -177,14 +177,37 @@ lane_of(#runtime{n = N}) -> erlang:phash2(self(), N) + 1.
 
 slots(#runtime{slots = Slots}, L) -> element(L, Slots).
 
-%% The marker of a sender whose traffic to Node went through a lane or an inbox
-%% since its last barrier.
-mark_key(Node) -> {'$convoy_inbox', Node}.
+%% The sender's own state is kept in its process dictionary under two atom keys,
+%% each a map by node (an atom key hashes and compares at once, where a tuple key
+%% per node is walked on every lookup):
+%% MARKED_KEY: the nodes this sender's traffic went to through a lane or an inbox
+%% since its last barrier; REFS_KEY: each node's counters and held array.
+-define(MARKED_KEY, '$convoy_marked').
+-define(REFS_KEY, '$convoy_refs').
 
-is_marked(Node) -> get(mark_key(Node)) =:= true.
+%% @doc Whether the calling process's traffic to `Node' went through a lane or an
+%% inbox since its last barrier (for tests).
+-spec is_marked(node()) -> boolean().
+is_marked(Node) ->
+    case get(?MARKED_KEY) of
+        undefined -> false;
+        Marked -> is_map_key(Node, Marked)
+    end.
+
+mark(Node) ->
+    case get(?MARKED_KEY) of
+        undefined -> put(?MARKED_KEY, #{Node => true});
+        #{Node := true} -> ok;
+        Marked -> put(?MARKED_KEY, Marked#{Node => true})
+    end,
+    ok.
 
 unmark(Node) ->
-    _ = erase(mark_key(Node)),
+    case get(?MARKED_KEY) of
+        #{Node := true} = Marked when map_size(Marked) =:= 1 -> erase(?MARKED_KEY);
+        #{Node := true} = Marked -> put(?MARKED_KEY, maps:remove(Node, Marked));
+        _ -> ok
+    end,
     ok.
 
 %% One message to a remote node; convoy_path decides the path from the facts.
@@ -352,26 +375,29 @@ admit_to_lane(RT, L, Node, To, Msg, Size) ->
 %% cached row that convoy_peers has since forgotten is closed for good: it is
 %% fetched again (one atomics read per use checks it).
 refs(#runtime{generation = Gen}, Node) ->
-    Key = {'$convoy_refs', Node},
-    case get(Key) of
-        {Gen, C, H} ->
+    case get(?REFS_KEY) of
+        #{Node := {Gen, C, H}} ->
             case convoy_held:is_closed(H) of
                 false -> {C, H};
-                true -> fetch_refs(Gen, Key, Node)
+                true -> fetch_refs(Gen, Node)
             end;
         _ ->
-            fetch_refs(Gen, Key, Node)
+            fetch_refs(Gen, Node)
     end.
 
-fetch_refs(Gen, Key, Node) ->
+fetch_refs(Gen, Node) ->
+    Cached = case get(?REFS_KEY) of
+                 undefined -> #{};
+                 Refs -> Refs
+             end,
     case convoy_peers:refs(Node) of
         {C, H} ->
-            put(Key, {Gen, C, H}),
+            put(?REFS_KEY, Cached#{Node => {Gen, C, H}}),
             {C, H};
         undefined ->
             %% No convoy_peers (convoy's tree is being torn down): never crash
             %% the caller; these counts are not kept.
-            erase(Key),
+            put(?REFS_KEY, maps:remove(Node, Cached)),
             convoy_metrics:new_refs()
     end.
 
@@ -532,13 +558,6 @@ refuse(RT = #runtime{refuse = Refuse}, L, C) ->
 event(#runtime{telemetry = On}, Name, Measurements, Meta) ->
     convoy_metrics:emit(On, Name, Measurements, Meta).
 
-mark(Node) ->
-    Key = mark_key(Node),
-    case get(Key) of
-        true -> ok;
-        undefined -> put(Key, true)
-    end.
-
 %% Send Entries with a barrier behind them to the inbox this sender's lane uses
 %% (never suspending), and wait at most barrier_timeout ms for the barrier's
 %% answer, which comes once the inbox has delivered them and everything this
@@ -588,8 +607,8 @@ calm(RT = #runtime{bypass_after = W}, L) ->
                 true ->
                     busy;
                 false ->
-                    {Batch, At} = convoy_slots:batching(Slots),
-                    convoy_path:pays(Batch, Now - At)
+                    convoy_path:pays(convoy_slots:unpaid_until(Slots), Now,
+                                     convoy_slots:recent_gap(Slots))
             end;
         Calm ->
             Calm

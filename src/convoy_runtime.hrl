@@ -1,10 +1,12 @@
 %% The settings in force and the lane table, read by every sender from
-%% persistent_term (written only by convoy_control).
+%% persistent_term (written only by convoy_control). The key is an atom: every
+%% remote send looks it up, and an atom hashes and compares at once where a
+%% tuple is walked twice.
 %%
 %% A field named after a setting (every key of convoy_config:settings/0 but
 %% `lanes') is filled from the configuration by convoy_control's runtime/3; the
 %% other fields are set there by name.
--define(RUNTIME_KEY, {convoy, runtime}).
+-define(RUNTIME_KEY, '$convoy_runtime').
 
 -record(runtime, {
     lanes :: tuple(),                 % lane pids, index 1..n

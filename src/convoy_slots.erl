@@ -15,16 +15,21 @@
 %% <li>last small send: monotonic microseconds of the latest small message on this
 %%   lane (`since_last_send/2'), read by every small send and written only when
 %%   the microsecond has moved on. It starts far in the past, never at 0: the
-%%   monotonic clock can be negative.</li>
+%%   monotonic clock can be negative. Beside it on the same line, a moving
+%%   average of the gaps between those sends (`recent_gap/1'), updated with it:
+%%   how often small messages come to this lane, whichever path they then take.</li>
 %% <li>batching: a moving average of the messages per distribution send the lane
-%%   achieved lately, and when it last shipped (`record_batch/4', the lane alone;
-%%   `batching/1'): whether going through the lane pays (see `convoy_path').</li>
+%%   achieved lately, and the verdict senders read (`record_batch/4', the lane
+%%   alone): until when batching does not pay (`unpaid_until/1', see
+%%   `convoy_path:unpaid_until/2'). One word, read by a sender that does not
+%%   stream on every small send to a busy lane, and written only as the lane
+%%   ships.</li>
 %% </ul>
 -module(convoy_slots).
 
 -export([new/1, admit/1, is_closed/1, dispose/2, idle/2, since_last_send/2, close/1,
-         admitted/1, disposed/1, record_batch/4, batching/1, long_ago/1,
-         last_small_send/1]).
+         admitted/1, disposed/1, record_batch/4, batch_average/1, unpaid_until/1,
+         long_ago/1, last_small_send/1, recent_gap/1]).
 
 -export_type([slots/0]).
 
@@ -38,9 +43,14 @@
 -define(ADMITTED, 1).
 -define(DISPOSED, 9).
 -define(LAST_SEND, 17).
+-define(GAP, 18).
+%% Gaps are averaged in sixteenths of a microsecond, each new one weighing 1/8
+%% and counted at most GAP_CAP_US: one long pause is forgotten after a few dozen
+%% sends.
+-define(GAP_CAP_US, 1000).
 %% Written by the lane alone, read by senders: one line of their own.
 -define(BATCH, 25).
--define(BATCH_AT, 26).
+-define(UNPAID_UNTIL, 26).
 -define(SIZE, 32).
 %% Batch sizes are kept in sixteenths of a message; each new batch weighs 1/4.
 -define(BATCH_ONE, 16).
@@ -56,7 +66,8 @@ new(Behind) ->
     atomics:put(A, ?DISPOSED, -Behind),
     LongAgo = long_ago(erlang:monotonic_time(microsecond)),
     atomics:put(A, ?LAST_SEND, LongAgo),
-    atomics:put(A, ?BATCH_AT, LongAgo),
+    atomics:put(A, ?GAP, ?GAP_CAP_US * 16),
+    atomics:put(A, ?UNPAID_UNTIL, LongAgo),
     A.
 
 %% @doc Take one admission; returns the admission's number (compare with
@@ -101,10 +112,19 @@ since_last_send(A, Now) ->
     case atomics:get(A, ?LAST_SEND) of
         Last when Last < Now ->
             atomics:put(A, ?LAST_SEND, Now),
+            %% Unsynchronised, as the time above: a race loses a sample, and
+            %% the average only steers a choice between safe paths.
+            Old = atomics:get(A, ?GAP),
+            atomics:put(A, ?GAP, Old + ((min(Now - Last, ?GAP_CAP_US) * 16 - Old) div 8)),
             Now - Last;
         Last ->
             Now - Last
     end.
+
+%% @doc The recent average gap between small sends on this lane, in microseconds
+%% (`GAP_CAP_US' for a lane that had none lately).
+-spec recent_gap(slots()) -> non_neg_integer().
+recent_gap(A) -> atomics:get(A, ?GAP) div 16.
 
 %% @doc The lane shipped `Msgs' messages in `Sends' distribution sends at `NowUs'
 %% (monotonic microseconds). Only the lane writes these slots.
@@ -114,13 +134,26 @@ record_batch(_A, _Msgs, 0, _NowUs) ->
 record_batch(A, Msgs, Sends, NowUs) ->
     Old = atomics:get(A, ?BATCH),
     %% bsr floors: the average settles on, or just under, what batches achieve
-    atomics:put(A, ?BATCH, Old + ((Msgs * ?BATCH_ONE div Sends - Old) bsr 2)),
-    atomics:put(A, ?BATCH_AT, NowUs).
+    New = Old + ((Msgs * ?BATCH_ONE div Sends - Old) bsr 2),
+    atomics:put(A, ?BATCH, New),
+    Until = case convoy_path:unpaid_until(New, NowUs) of
+                paid -> long_ago(NowUs);
+                T -> T
+            end,
+    %% Written only when it changes: senders keep the line in their caches.
+    _ = atomics:get(A, ?UNPAID_UNTIL) =:= Until orelse atomics:put(A, ?UNPAID_UNTIL, Until),
+    ok.
 
-%% @doc Messages per distribution send the lane achieved lately (in sixteenths of a
-%% message), and when it last shipped (monotonic microseconds).
--spec batching(slots()) -> {non_neg_integer(), integer()}.
-batching(A) -> {atomics:get(A, ?BATCH), atomics:get(A, ?BATCH_AT)}.
+%% @doc Messages per distribution send the lane achieved lately, in sixteenths of
+%% a message.
+-spec batch_average(slots()) -> non_neg_integer().
+batch_average(A) -> atomics:get(A, ?BATCH).
+
+%% @doc Until when (monotonic microseconds) the lane's recent batches say that
+%% going through it does not pay; long ago when they say it does, or before the
+%% lane's first shipment.
+-spec unpaid_until(slots()) -> integer().
+unpaid_until(A) -> atomics:get(A, ?UNPAID_UNTIL).
 
 %% @doc Close the lane to new admissions; returns how many it granted. Closing a
 %% closed lane changes nothing.
@@ -192,19 +225,39 @@ gap_since_previous_send_test() ->
     ?assert(since_last_send(A, erlang:monotonic_time(microsecond)) < 0),
     ?assertEqual(Later, atomics:get(A, ?LAST_SEND)).
 
+%% The gaps between small sends are averaged (a new lane: as if long apart); a
+%% long pause counts as GAP_CAP_US and is forgotten after a few dozen sends.
+recent_gap_test() ->
+    A = new(0),
+    ?assertEqual(?GAP_CAP_US, recent_gap(A)),
+    T0 = -5000000, % the clock can be negative
+    [_ = since_last_send(A, T0 + 5 * I) || I <- lists:seq(0, 60)],
+    ?assertEqual(5, recent_gap(A)),
+    _ = since_last_send(A, T0 + 5 * 60), % the same microsecond: no sample
+    ?assertEqual(5, recent_gap(A)),
+    _ = since_last_send(A, T0 + 10000000),
+    ?assertEqual(5 + (?GAP_CAP_US - 5) div 8, recent_gap(A)),
+    [_ = since_last_send(A, T0 + 10000000 + 2 * I) || I <- lists:seq(1, 40)],
+    ?assert(recent_gap(A) =< 3).
+
 %% Batches are averaged (each new one weighs a quarter), in sixteenths of a
-%% message; a new lane has no recent batch.
+%% message; a new lane has no recent batch, so it is not unpaid. The clock can be
+%% negative.
 batching_average_test() ->
     A = new(0),
-    {0, At0} = batching(A),
-    ?assert(erlang:monotonic_time(microsecond) - At0 > 1000000),
+    ?assertEqual(0, batch_average(A)),
+    ?assert(erlang:monotonic_time(microsecond) - unpaid_until(A) > 1000000),
     ok = record_batch(A, 8, 1, -5),
-    ?assertEqual({32, -5}, batching(A)),
-    [ok = record_batch(A, 1, 1, T) || T <- lists:seq(1, 20)],
-    {B, 20} = batching(A),
+    ?assertEqual(32, batch_average(A)),
+    ?assertEqual(long_ago(-5), unpaid_until(A)), % batches of 2 pay
+    [ok = record_batch(A, 1, 1, T) || T <- lists:seq(-20, -1)],
+    B = batch_average(A),
     ?assert(B >= 16 andalso B < 20),
+    Unpaid = unpaid_until(A),
+    ?assertEqual(Unpaid, convoy_path:unpaid_until(B, -1)),
+    ?assert(Unpaid > -1),
     ok = record_batch(A, 0, 0, 21), % nothing sent: nothing learnt
-    ?assertEqual({B, 20}, batching(A)).
+    ?assertEqual({B, Unpaid}, {batch_average(A), unpaid_until(A)}).
 
 wait_until(T) ->
     case erlang:monotonic_time(microsecond) >= T of

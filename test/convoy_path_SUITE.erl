@@ -44,13 +44,13 @@ idle_after_burst_goes_direct(_Config) ->
     %% (the burst went through the lane, not only direct sends)
     #{accepted := A, direct := D} = maps:get(Node, maps:get(nodes, convoy:info())),
     ?assert(A - D > 0),
-    ?assertEqual(true, get({'$convoy_inbox', Node})),
+    ?assertEqual(true, convoy_route:is_marked(Node)),
     timer:sleep(20), % the lane is calm
     Before = received(Peer),
     round_trip(Echo, 0),
     ?assertEqual(1, received(Peer) - Before),
     %% the barrier behind it has been answered: the sender is no longer marked
-    ?assertEqual(undefined, get({'$convoy_inbox', Node})),
+    ?assertEqual(false, convoy_route:is_marked(Node)),
     [round_trip(Echo, I) || I <- lists:seq(1, 50)],
     After = received(Peer),
     ct:pal("messages the peer's inbox delivered during 51 idle round trips: ~p",
@@ -71,10 +71,10 @@ barrier_wait_keeps_lane_busy(_Config) ->
                fun() ->
                        [ok = convoy:send(Echo, {burst, I}) || I <- lists:seq(1, 5000)],
                        ok = convoy:flush(),
-                       Self ! {marked, self(), get({'$convoy_inbox', Node})},
+                       Self ! {marked, self(), convoy_route:is_marked(Node)},
                        receive go -> ok end,
                        ok = convoy:send(Echo, {ping, Self, 1}),
-                       Self ! {sent, self(), get({'$convoy_inbox', Node})}
+                       Self ! {sent, self(), convoy_route:is_marked(Node)}
                end),
     ?assertEqual(true, receive {marked, Sender, M} -> M after 30000 -> timeout end),
     Inbox = convoy_inbox_1, % the inbox of lane 1's traffic
@@ -88,7 +88,7 @@ barrier_wait_keeps_lane_busy(_Config) ->
     ?assertEqual(A0 + 1, A1),
     ?assertEqual(nothing, receive {sent, Sender, _} = Sent -> Sent after 200 -> nothing end),
     ok = peer:call(Peer, sys, resume, [Inbox]),
-    ?assertEqual(undefined, receive {sent, Sender, M1} -> M1 after 10000 -> timeout end),
+    ?assertEqual(false, receive {sent, Sender, M1} -> M1 after 10000 -> timeout end),
     receive {pong, 1} -> ok after 5000 -> ct:fail(no_pong) end,
     {A2, D2} = lane_counts(),
     ?assertEqual(A2, D2).

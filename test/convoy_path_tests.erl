@@ -79,12 +79,32 @@ streams_test() ->
     ?assert(convoy_path:streams(1 bsl 40, never)).
 
 pays_test() ->
-    ?assertEqual(busy, convoy_path:pays(32, 0)),
-    ?assertEqual(busy, convoy_path:pays(16000, 9999)),
-    ?assertEqual(unpaid, convoy_path:pays(31, 0)),
-    ?assertEqual(unpaid, convoy_path:pays(16, 10000)),
-    ?assertEqual(busy, convoy_path:pays(16, 10001)),
-    ?assertEqual(busy, convoy_path:pays(0, 1 bsl 40)).
+    ?assertEqual(busy, pays_after(32, 0)),
+    ?assertEqual(busy, pays_after(16000, 9999)),
+    ?assertEqual(unpaid, pays_after(31, 0)),
+    ?assertEqual(unpaid, pays_after(16, 10000)),
+    ?assertEqual(busy, pays_after(16, 10001)),
+    ?assertEqual(busy, pays_after(0, 1 bsl 40)),
+    %% small messages far apart: no batch can form, the lane is never tried
+    ?assertEqual(unpaid, pays_after(32, 0, 11)),
+    ?assertEqual(unpaid, pays_after(0, 1 bsl 40, 11)),
+    ?assertEqual(busy, pays_after(0, 1 bsl 40, 10)),
+    ?assertEqual(paid, convoy_path:unpaid_until(32, -5)),
+    ?assertEqual(9995, convoy_path:unpaid_until(31, -5)).
+
+%% The lane's verdict after batches of BatchX16, shipped at a negative time (the
+%% clock can be negative), as a sender reads it Since microseconds later
+%% (convoy_slots stores `paid' as a time long ago).
+pays_after(BatchX16, Since) ->
+    pays_after(BatchX16, Since, 1).
+
+pays_after(BatchX16, Since, RecentGapUs) ->
+    ShippedAt = -123456789,
+    Until = case convoy_path:unpaid_until(BatchX16, ShippedAt) of
+                paid -> convoy_slots:long_ago(ShippedAt);
+                T -> T
+            end,
+    convoy_path:pays(Until, ShippedAt + Since, RecentGapUs).
 
 %% Pieces from chunk_threshold on, only with small traffic to protect (a small
 %% message within chunk_guard ms), or always; never with the threshold at infinity.
