@@ -28,7 +28,7 @@
 %%
 %% Batching is adaptive: for a sender that does not stream, a busy lane whose
 %% recent batches are too small to pay for its extra hops (`unpaid', see
-%% `streams/2' and `pays/2') is bypassed as a calm one is, and a marked sender
+%% `streams/2' and `pays/3') is bypassed as a calm one is, and a marked sender
 %% then sends through the inbox with a barrier behind to go direct again: a few
 %% concurrent request/response pairs travel as plain `!' would.
 -module(convoy_path).

@@ -17,7 +17,7 @@
 %%   is not quiet, so a flood is batched instead of leaking out one message at a
 %%   time, while a lone request/response pays no extra hop. A busy lane counts as
 %%   quiet when batching does not pay there (`convoy_path:streams/2' and
-%%   `pays/2'): that changes which of these safe paths is taken, never the rules.</li>
+%%   `pays/3'): that changes which of these safe paths is taken, never the rules.</li>
 %% <li>Bypassing the inbox too (sending straight to the destination process) is
 %%   allowed only when none of the sender's earlier messages to that node can still
 %%   be waiting in an inbox: the sender's marker for `Node' (in its process
@@ -64,8 +64,9 @@
 -define(DIRECT_OPTS, [nosuspend, noconnect]).
 
 %% The small steps of every remote send (measured: `bin/convoy-bench cost').
--compile({inline, [resolve/1, local_or_remote/2, with_opts/2, slots/2, is_marked/1, size_kind/1, idle/3, hold/3, mark/1, own_last_send/1,
-                   kind/2, hand_over/7]}).
+-compile({inline, [resolve/1, local_or_remote/2, with_opts/2, slots/2, is_marked/1,
+                   size_kind/1, idle/3, hold/3, mark/1, own_last_send/1, kind/2,
+                   hand_over/7]}).
 
 %% @doc See `convoy:send/2'.
 -spec send(convoy:dest(), term()) -> ok.
