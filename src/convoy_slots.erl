@@ -140,9 +140,7 @@ record_batch(A, Msgs, Sends, NowUs) ->
                 paid -> long_ago(NowUs);
                 T -> T
             end,
-    %% Written only when it changes: senders keep the line in their caches.
-    _ = atomics:get(A, ?UNPAID_UNTIL) =:= Until orelse atomics:put(A, ?UNPAID_UNTIL, Until),
-    ok.
+    atomics:put(A, ?UNPAID_UNTIL, Until).
 
 %% @doc Messages per distribution send the lane achieved lately, in sixteenths of
 %% a message.
