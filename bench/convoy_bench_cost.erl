@@ -165,8 +165,11 @@ shape_rows(Shape, Sink, P) ->
          {<<"calm: clock + lane's last send + own last send (pdict)">>,
           fun() ->
                   Now = erlang:monotonic_time(microsecond),
-                  _ = put('$convoy_cost_last', Now),
-                  convoy_slots:since_last_send(Slots, Now)
+                  Last = case put('$convoy_cost_last', Now) of
+                             undefined -> Now;
+                             T -> T
+                         end,
+                  convoy_slots:since_last_send(Slots, Now, Now - Last)
           end},
          {<<"batching verdict read (convoy_slots:unpaid_until/1)">>,
           fun() -> convoy_slots:unpaid_until(Slots) end},

@@ -26,14 +26,15 @@
 %% steady exchange would wait for one again and again. Only a large message waits
 %% for its barrier before it leaves (it must not be copied into a batch).
 %%
-%% Batching is adaptive: for a sender that does not stream, a busy lane whose
-%% recent batches are too small to pay for its extra hops (`unpaid', see
-%% `streams/2' and `pays/3') is bypassed as a calm one is, and a marked sender
-%% then sends through the inbox with a barrier behind to go direct again: a few
-%% concurrent request/response pairs travel as plain `!' would.
+%% Batching is adaptive: for a sender that does not stream, a busy lane is
+%% bypassed as a calm one is unless enough senders take turns on it and its
+%% recent batches pay (`pays/3'); a marked sender then sends through the inbox
+%% with a barrier behind to go direct again, so a few concurrent request/response
+%% pairs travel as plain `!' would. While batches pay, a quiet lane is kept too
+%% (`quiet/2'): under batching a closed loop's messages come in bursts.
 -module(convoy_path).
 
--export([calm/2, streams/2, unpaid_until/2, pays/3, unadmitted/3, may_bypass/3, bypass/3,
+-export([calm/2, streams/2, unpaid_until/2, pays/3, quiet/2, unadmitted/3, may_bypass/3, bypass/3,
          multicast/4, pieces/3]).
 
 -export_type([size/0, calm/0, route/0]).
@@ -48,12 +49,16 @@
 %% busy senders try it (so a flood that starts while senders go direct is batched
 %% again within this time).
 -define(PROBE_US, 10000).
-%% Small messages closer together than this on average (microseconds) may form
-%% batches: a lane's turn (take what its mailbox holds, encode, one distribution
-%% send) takes about as long on a 2-core machine, so two or more arrive per turn.
-%% Measured there (`recent_gap', sampled every ms): 4 request/response pairs
-%% 16-36 us (10th-90th percentile), 16 pairs 4-14, 64 pairs 2-14.
--define(BATCH_GAP_US, 10).
+%% A busy lane is taken by senders that do not stream only while about this many
+%% senders or more take turns on it (the ratio of the recent gaps between a small
+%% send and its sender's previous one to those between small sends on the lane).
+%% Fewer fill batches too small to pay for the extra hops: with batching forced,
+%% 4 request/response pairs ship batches of 4 at 0.39x the round trips of plain
+%% `!', 16 pairs batches of 16 at 1.49x (`bin/convoy-bench --scenario pairs
+%% --convoy bypass_after=never'). The rate of small sends cannot tell them apart:
+%% by plain `!' both keep a 2-core machine as busy (about 80 k round trips/s).
+-define(BATCH_SENDERS, 8).
+-define(ENOUGH_SENDERS(Gaps), (element(2, Gaps) >= ?BATCH_SENDERS * element(1, Gaps))).
 
 -type size() :: small | large.
 %% busy: a small message took the lane within bypass_after (or batching is forced);
@@ -89,18 +94,25 @@ streams(OwnGap, Window) -> OwnGap =< Window.
 unpaid_until(BatchX16, _ShippedAt) when BatchX16 >= ?PAYS_X16 -> paid;
 unpaid_until(_BatchX16, ShippedAt) -> ShippedAt + ?PROBE_US.
 
-%% @doc On a busy lane, for a sender that does not stream: `unpaid' (the sender
-%% goes as if the lane were calm) while its lane's verdict (`unpaid_until/2')
-%% lasts at `Now', and also when small messages come to the lane too far apart
-%% (`RecentGapUs', the lane's recent average) for batches to form: then neither
-%% do senders try the lane when the verdict expires. Each such try costs a trip
-%% through the lane and the peer's inbox, and a barrier to come back to direct
-%% sends; with a few request/response pairs it never finds batches that pay.
-%% Otherwise `busy'.
--spec pays(integer(), integer(), non_neg_integer()) -> busy | unpaid.
-pays(UnpaidUntil, Now, _RecentGapUs) when Now =< UnpaidUntil -> unpaid;
-pays(_UnpaidUntil, _Now, RecentGapUs) when RecentGapUs > ?BATCH_GAP_US -> unpaid;
-pays(_UnpaidUntil, _Now, _RecentGapUs) -> busy.
+%% @doc On a busy lane, for a sender that does not stream: `busy' (it takes the
+%% lane) when enough senders take turns on the lane (`{LaneGapX16, OwnGapX16}',
+%% see `convoy_slots:recent_gaps/1') and the lane's recent batches pay
+%% (`unpaid_until/2'), or their verdict that they do not has expired at `Now' (the
+%% lane is tried again); otherwise `unpaid' (it goes as if the lane were calm).
+-spec pays(paid | integer(), integer(), {non_neg_integer(), non_neg_integer()}) ->
+          busy | unpaid.
+pays(_Verdict, _Now, Gaps) when not ?ENOUGH_SENDERS(Gaps) -> unpaid;
+pays(paid, _Now, _Gaps) -> busy;
+pays(UnpaidUntil, Now, _Gaps) when Now =< UnpaidUntil -> unpaid;
+pays(_UnpaidUntil, _Now, _Gaps) -> busy.
+
+%% @doc On a quiet lane (not settled): `busy' while enough senders take turns on
+%% it and its batches pay. Under batching, a closed loop's messages come in
+%% bursts (each answers the batch before) with pauses between them longer than
+%% `bypass_after': the first message of a burst must not leave the batch.
+-spec quiet(paid | integer(), {non_neg_integer(), non_neg_integer()}) -> busy | quiet.
+quiet(paid, Gaps) when ?ENOUGH_SENDERS(Gaps) -> busy;
+quiet(_Verdict, _Gaps) -> quiet.
 
 %% @doc Before any admission: an unmarked sender sends a large message, or a small
 %% one on a calm lane, directly.

@@ -602,21 +602,24 @@ calm(RT = #runtime{bypass_after = W}, L) ->
     Slots = slots(RT, L),
     Now = erlang:monotonic_time(microsecond),
     OwnGap = Now - own_last_send(Now),
-    case convoy_path:calm(convoy_slots:since_last_send(Slots, Now), W) of
+    case convoy_path:calm(convoy_slots:since_last_send(Slots, Now, OwnGap), W) of
         busy ->
             case convoy_path:streams(OwnGap, W) of
                 true ->
                     busy;
                 false ->
                     convoy_path:pays(convoy_slots:unpaid_until(Slots), Now,
-                                     convoy_slots:recent_gap(Slots))
+                                     convoy_slots:recent_gaps(Slots))
             end;
-        Calm ->
-            Calm
+        quiet ->
+            convoy_path:quiet(convoy_slots:unpaid_until(Slots), convoy_slots:recent_gaps(Slots));
+        Settled ->
+            Settled
     end.
 
 record_small(RT, L) ->
-    _ = convoy_slots:since_last_send(slots(RT, L), erlang:monotonic_time(microsecond)),
+    Now = erlang:monotonic_time(microsecond),
+    _ = convoy_slots:since_last_send(slots(RT, L), Now, Now - own_last_send(Now)),
     busy.
 
 %% This process's previous small remote send (monotonic microseconds), replaced

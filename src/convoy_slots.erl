@@ -13,23 +13,24 @@
 %%   (`dispose/2'); when it equals the admissions before a sender's own, the lane is
 %%   idle and everything it was given is already in the distribution layer;</li>
 %% <li>last small send: monotonic microseconds of the latest small message on this
-%%   lane (`since_last_send/2'), read by every small send and written only when
+%%   lane (`since_last_send/3'), read by every small send and written only when
 %%   the microsecond has moved on. It starts far in the past, never at 0: the
-%%   monotonic clock can be negative. Beside it on the same line, a moving
-%%   average of the gaps between those sends (`recent_gap/1'), updated with it:
-%%   how often small messages come to this lane, whichever path they then take.</li>
-%% <li>batching: a moving average of the messages per distribution send the lane
-%%   achieved lately, and the verdict senders read (`record_batch/4', the lane
-%%   alone): until when batching does not pay (`unpaid_until/1', see
-%%   `convoy_path:unpaid_until/2'). One word, read by a sender that does not
-%%   stream on every small send to a busy lane, and written only as the lane
-%%   ships.</li>
+%%   monotonic clock can be negative. Beside it on the same line, moving averages
+%%   of the gaps between those sends and of the gaps between each and its
+%%   sender's previous one (`recent_gaps/1'), updated with it: how often small
+%%   messages come to this lane, and from about how many senders taking turns,
+%%   whichever path they then take.</li>
+%% <li>batching: the verdict senders read (`record_batch/4', the lane alone):
+%%   whether batching pays, judged over windows of the lane's shipments, or until
+%%   when it does not (`unpaid_until/1', see `convoy_path:unpaid_until/2'). One
+%%   word, read by a sender that does not stream on a small send to a busy or
+%%   quiet lane, and written only as the lane ships.</li>
 %% </ul>
 -module(convoy_slots).
 
--export([new/1, admit/1, is_closed/1, dispose/2, idle/2, since_last_send/2, close/1,
+-export([new/1, admit/1, is_closed/1, dispose/2, idle/2, since_last_send/3, close/1,
          admitted/1, disposed/1, record_batch/4, batch_average/1, unpaid_until/1,
-         long_ago/1, last_small_send/1, recent_gap/1]).
+         long_ago/1, last_small_send/1, recent_gaps/1]).
 
 -export_type([slots/0]).
 
@@ -44,15 +45,31 @@
 -define(DISPOSED, 9).
 -define(LAST_SEND, 17).
 -define(GAP, 18).
-%% Gaps are averaged in sixteenths of a microsecond, each new one weighing 1/8
-%% and counted at most GAP_CAP_US: one long pause is forgotten after a few dozen
-%% sends.
+-define(OWN_GAP, 19).
+%% Gaps are averaged in sixteenths of a microsecond, each new one weighing 1/8:
+%% the lane's gaps between small sends counted at most GAP_CAP_US (one long pause
+%% is forgotten after a few dozen sends), and each sender's gap since its own
+%% previous small send at most OWN_GAP_CAP_US (a sender's first send counts so).
 -define(GAP_CAP_US, 1000).
+-define(OWN_GAP_CAP_US, 10000).
 %% Written by the lane alone, read by senders: one line of their own.
 -define(BATCH, 25).
 -define(UNPAID_UNTIL, 26).
+%% `paid' in UNPAID_UNTIL: no monotonic time in microseconds comes near it (the
+%% clock can be negative, but not by 2^62 us, 146,000 years).
+-define(PAID, -(1 bsl 62)).
+%% While the verdict is `paid', the messages and distribution sends the lane
+%% shipped since WINDOW_END - WINDOW_US, judged together at WINDOW_END: a ratio
+%% of sums, so that one large batch weighs as many messages as it carries, and a
+%% window, so that a lane tried again after a pause is judged once its batches
+%% have had time to grow (a closed loop's first batches are small: its requests
+%% come back at the pace of the path they took before).
+-define(MSGS, 27).
+-define(SENDS, 28).
+-define(WINDOW_END, 29).
+-define(WINDOW_US, 2000).
 -define(SIZE, 32).
-%% Batch sizes are kept in sixteenths of a message; each new batch weighs 1/4.
+%% Batch sizes are kept in sixteenths of a message.
 -define(BATCH_ONE, 16).
 %% "Long ago" for the last small send: any first send is quiet.
 -define(LONG_AGO_US, (1 bsl 40)).
@@ -67,6 +84,7 @@ new(Behind) ->
     LongAgo = long_ago(erlang:monotonic_time(microsecond)),
     atomics:put(A, ?LAST_SEND, LongAgo),
     atomics:put(A, ?GAP, ?GAP_CAP_US * 16),
+    atomics:put(A, ?OWN_GAP, ?OWN_GAP_CAP_US * 16),
     atomics:put(A, ?UNPAID_UNTIL, LongAgo),
     A.
 
@@ -107,51 +125,82 @@ idle(A, V) -> atomics:get(A, ?DISPOSED) =:= V - 1.
 -spec last_small_send(slots()) -> integer().
 last_small_send(A) -> atomics:get(A, ?LAST_SEND).
 
--spec since_last_send(slots(), integer()) -> integer().
-since_last_send(A, Now) ->
+-spec since_last_send(slots(), integer(), integer()) -> integer().
+since_last_send(A, Now, OwnGap) ->
     case atomics:get(A, ?LAST_SEND) of
         Last when Last < Now ->
             atomics:put(A, ?LAST_SEND, Now),
             %% Unsynchronised, as the time above: a race loses a sample, and
-            %% the average only steers a choice between safe paths.
-            Old = atomics:get(A, ?GAP),
-            atomics:put(A, ?GAP, Old + ((min(Now - Last, ?GAP_CAP_US) * 16 - Old) div 8)),
+            %% the averages only steer a choice between safe paths.
+            average(A, ?GAP, min(Now - Last, ?GAP_CAP_US)),
+            average(A, ?OWN_GAP, max(0, min(OwnGap, ?OWN_GAP_CAP_US))),
             Now - Last;
         Last ->
             Now - Last
     end.
 
-%% @doc The recent average gap between small sends on this lane, in microseconds
-%% (`GAP_CAP_US' for a lane that had none lately).
--spec recent_gap(slots()) -> non_neg_integer().
-recent_gap(A) -> atomics:get(A, ?GAP) div 16.
+average(A, Slot, Us) ->
+    Old = atomics:get(A, Slot),
+    atomics:put(A, Slot, Old + ((Us * 16 - Old) div 8)).
+
+%% @doc The recent average gaps, in sixteenths of a microsecond, between small
+%% sends on this lane (`GAP_CAP_US' for a lane that had none lately) and between
+%% each of those and its sender's previous one: their ratio is about how many
+%% senders take turns on the lane.
+-spec recent_gaps(slots()) -> {Lane :: non_neg_integer(), Own :: non_neg_integer()}.
+recent_gaps(A) -> {atomics:get(A, ?GAP), atomics:get(A, ?OWN_GAP)}.
 
 %% @doc The lane shipped `Msgs' messages in `Sends' distribution sends at `NowUs'
-%% (monotonic microseconds). Only the lane writes these slots.
+%% (monotonic microseconds). Only the lane writes these slots. While the verdict
+%% is `paid' the lane counts what it ships and judges it at the end of each
+%% window (`convoy_path:unpaid_until/2'); while it says unpaid, nothing is
+%% judged (senders bypass the lane, what it ships says little); once that has
+%% expired, the shipment means senders try the lane again: `paid' for a window.
 -spec record_batch(slots(), non_neg_integer(), non_neg_integer(), integer()) -> ok.
 record_batch(_A, _Msgs, 0, _NowUs) ->
     ok;
 record_batch(A, Msgs, Sends, NowUs) ->
-    Old = atomics:get(A, ?BATCH),
-    %% bsr floors: the average settles on, or just under, what batches achieve
-    New = Old + ((Msgs * ?BATCH_ONE div Sends - Old) bsr 2),
-    atomics:put(A, ?BATCH, New),
-    Until = case convoy_path:unpaid_until(New, NowUs) of
-                paid -> long_ago(NowUs);
-                T -> T
-            end,
-    atomics:put(A, ?UNPAID_UNTIL, Until).
+    case atomics:get(A, ?UNPAID_UNTIL) of
+        ?PAID ->
+            M = atomics:add_get(A, ?MSGS, Msgs),
+            S = atomics:add_get(A, ?SENDS, Sends),
+            case NowUs >= atomics:get(A, ?WINDOW_END) of
+                true -> judge(A, M * ?BATCH_ONE div S, NowUs);
+                false -> ok
+            end;
+        Until when NowUs > Until ->
+            atomics:put(A, ?UNPAID_UNTIL, ?PAID),
+            window(A, Msgs, Sends, NowUs);
+        _Until ->
+            ok
+    end.
 
-%% @doc Messages per distribution send the lane achieved lately, in sixteenths of
-%% a message.
+judge(A, BatchX16, NowUs) ->
+    atomics:put(A, ?BATCH, BatchX16),
+    case convoy_path:unpaid_until(BatchX16, NowUs) of
+        paid -> window(A, 0, 0, NowUs);
+        Until -> atomics:put(A, ?UNPAID_UNTIL, Until)
+    end.
+
+window(A, Msgs, Sends, NowUs) ->
+    atomics:put(A, ?MSGS, Msgs),
+    atomics:put(A, ?SENDS, Sends),
+    atomics:put(A, ?WINDOW_END, NowUs + ?WINDOW_US).
+
+%% @doc Messages per distribution send the lane achieved in its last window
+%% judged, in sixteenths of a message.
 -spec batch_average(slots()) -> non_neg_integer().
 batch_average(A) -> atomics:get(A, ?BATCH).
 
-%% @doc Until when (monotonic microseconds) the lane's recent batches say that
-%% going through it does not pay; long ago when they say it does, or before the
-%% lane's first shipment.
--spec unpaid_until(slots()) -> integer().
-unpaid_until(A) -> atomics:get(A, ?UNPAID_UNTIL).
+%% @doc `paid' when the lane's recent batches say that going through it pays;
+%% otherwise until when (monotonic microseconds) they say it does not: long ago
+%% before the lane's first shipment.
+-spec unpaid_until(slots()) -> paid | integer().
+unpaid_until(A) ->
+    case atomics:get(A, ?UNPAID_UNTIL) of
+        ?PAID -> paid;
+        Until -> Until
+    end.
 
 %% @doc Close the lane to new admissions; returns how many it granted. Closing a
 %% closed lane changes nothing.
@@ -203,59 +252,81 @@ held_lane_is_never_idle_test() ->
 
 first_send_is_long_after_test() ->
     A = new(0),
-    ?assert(since_last_send(A, erlang:monotonic_time(microsecond)) > 1000000),
-    G = since_last_send(A, erlang:monotonic_time(microsecond)),
+    ?assert(since_last_send(A, erlang:monotonic_time(microsecond), 0) > 1000000),
+    G = since_last_send(A, erlang:monotonic_time(microsecond), 0),
     ?assert(G >= 0 andalso G < 1000000).
 
 %% The gap is measured from the previous send, written only as time moves on.
 gap_since_previous_send_test() ->
     A = new(0),
-    _ = since_last_send(A, erlang:monotonic_time(microsecond)),
+    _ = since_last_send(A, erlang:monotonic_time(microsecond), 0),
     T0 = erlang:monotonic_time(microsecond),
     Last = atomics:get(A, ?LAST_SEND),
     ?assert(Last =< T0),
     wait_until(T0 + 3),
-    ?assert(since_last_send(A, erlang:monotonic_time(microsecond)) >= 3),
+    ?assert(since_last_send(A, erlang:monotonic_time(microsecond), 0) >= 3),
     ?assert(atomics:get(A, ?LAST_SEND) >= T0 + 3),
     %% A later time already recorded (another sender's) is not overwritten.
     Later = erlang:monotonic_time(microsecond) + 1000000,
     atomics:put(A, ?LAST_SEND, Later),
-    ?assert(since_last_send(A, erlang:monotonic_time(microsecond)) < 0),
+    ?assert(since_last_send(A, erlang:monotonic_time(microsecond), 0) < 0),
     ?assertEqual(Later, atomics:get(A, ?LAST_SEND)).
 
 %% The gaps between small sends are averaged (a new lane: as if long apart); a
 %% long pause counts as GAP_CAP_US and is forgotten after a few dozen sends.
-recent_gap_test() ->
+%% Beside them, each sender's gap since its own previous send (at most
+%% OWN_GAP_CAP_US): with 6 senders taking turns, 6 times the lane's.
+recent_gaps_test() ->
     A = new(0),
-    ?assertEqual(?GAP_CAP_US, recent_gap(A)),
+    ?assertEqual({?GAP_CAP_US * 16, ?OWN_GAP_CAP_US * 16}, recent_gaps(A)),
     T0 = -5000000, % the clock can be negative
-    [_ = since_last_send(A, T0 + 5 * I) || I <- lists:seq(0, 60)],
-    ?assertEqual(5, recent_gap(A)),
-    _ = since_last_send(A, T0 + 5 * 60), % the same microsecond: no sample
-    ?assertEqual(5, recent_gap(A)),
-    _ = since_last_send(A, T0 + 10000000),
-    ?assertEqual(5 + (?GAP_CAP_US - 5) div 8, recent_gap(A)),
-    [_ = since_last_send(A, T0 + 10000000 + 2 * I) || I <- lists:seq(1, 40)],
-    ?assert(recent_gap(A) =< 3).
+    [_ = since_last_send(A, T0 + 5 * I, 30) || I <- lists:seq(0, 100)],
+    ?assertEqual({5, 30}, gaps_us(A)),
+    _ = since_last_send(A, T0 + 5 * 100, 1 bsl 40), % the same microsecond: no sample
+    ?assertEqual({5, 30}, gaps_us(A)),
+    _ = since_last_send(A, T0 + 10000000, 1 bsl 40),
+    ?assertEqual({5 + (?GAP_CAP_US - 5) div 8, 30 + (?OWN_GAP_CAP_US - 30) div 8}, gaps_us(A)),
+    [_ = since_last_send(A, T0 + 10000000 + 2 * I, -1) || I <- lists:seq(1, 80)],
+    {Lane, Own} = gaps_us(A),
+    ?assert(Lane =< 3 andalso Own =< 3).
 
-%% Batches are averaged (each new one weighs a quarter), in sixteenths of a
-%% message; a new lane has no recent batch, so it is not unpaid. The clock can be
-%% negative.
-batching_average_test() ->
+gaps_us(A) ->
+    {Lane, Own} = recent_gaps(A),
+    {Lane div 16, Own div 16}.
+
+%% The verdict: a new lane has none (long ago: senders try it); its first
+%% shipment opens a window in which it counts as paid, judged at the window's end
+%% from all its shipments together (messages per distribution send, in
+%% sixteenths); a window whose batches did not pay makes it unpaid for a while,
+%% during which nothing is judged; the first shipment after that opens a window
+%% again. The clock can be negative.
+batching_window_test() ->
     A = new(0),
     ?assertEqual(0, batch_average(A)),
     ?assert(erlang:monotonic_time(microsecond) - unpaid_until(A) > 1000000),
-    ok = record_batch(A, 8, 1, -5),
-    ?assertEqual(32, batch_average(A)),
-    ?assertEqual(long_ago(-5), unpaid_until(A)), % batches of 2 pay
-    [ok = record_batch(A, 1, 1, T) || T <- lists:seq(-20, -1)],
-    B = batch_average(A),
-    ?assert(B >= 16 andalso B < 20),
+    T0 = -7000000,
+    ok = record_batch(A, 1, 1, T0),
+    ?assertEqual(paid, unpaid_until(A)),
+    ok = record_batch(A, 0, 0, T0 + 1), % nothing sent: nothing learnt
+    ok = record_batch(A, 1, 1, T0 + ?WINDOW_US - 1),
+    ?assertEqual(paid, unpaid_until(A)),
+    ok = record_batch(A, 100, 1, T0 + ?WINDOW_US), % one large batch weighs its messages
+    ?assertEqual(102 * 16 div 3, batch_average(A)),
+    ?assertEqual(paid, unpaid_until(A)),
+    T1 = T0 + ?WINDOW_US,
+    [ok = record_batch(A, 1, 1, T1 + I) || I <- lists:seq(1, 20)],
+    ok = record_batch(A, 3, 2, T1 + ?WINDOW_US),
+    ?assertEqual(23 * 16 div 22, batch_average(A)),
     Unpaid = unpaid_until(A),
-    ?assertEqual(Unpaid, convoy_path:unpaid_until(B, -1)),
-    ?assert(Unpaid > -1),
-    ok = record_batch(A, 0, 0, 21), % nothing sent: nothing learnt
-    ?assertEqual({B, Unpaid}, {batch_average(A), unpaid_until(A)}).
+    ?assertEqual(Unpaid, convoy_path:unpaid_until(23 * 16 div 22, T1 + ?WINDOW_US)),
+    ?assert(is_integer(Unpaid) andalso Unpaid > T1 + ?WINDOW_US),
+    ok = record_batch(A, 50, 1, Unpaid), % while unpaid: nothing judged
+    ?assertEqual({23 * 16 div 22, Unpaid}, {batch_average(A), unpaid_until(A)}),
+    ok = record_batch(A, 1, 1, Unpaid + 1), % expired: tried again
+    ?assertEqual(paid, unpaid_until(A)),
+    ok = record_batch(A, 1, 1, Unpaid + 1 + ?WINDOW_US),
+    ?assertEqual(16, batch_average(A)),
+    ?assertNotEqual(paid, unpaid_until(A)).
 
 wait_until(T) ->
     case erlang:monotonic_time(microsecond) >= T of

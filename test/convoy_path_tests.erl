@@ -79,32 +79,35 @@ streams_test() ->
     ?assert(convoy_path:streams(1 bsl 40, never)).
 
 pays_test() ->
-    ?assertEqual(busy, pays_after(32, 0)),
-    ?assertEqual(busy, pays_after(16000, 9999)),
-    ?assertEqual(unpaid, pays_after(31, 0)),
-    ?assertEqual(unpaid, pays_after(16, 10000)),
-    ?assertEqual(busy, pays_after(16, 10001)),
-    ?assertEqual(busy, pays_after(0, 1 bsl 40)),
-    %% small messages far apart: no batch can form, the lane is never tried
-    ?assertEqual(unpaid, pays_after(32, 0, 11)),
-    ?assertEqual(unpaid, pays_after(0, 1 bsl 40, 11)),
-    ?assertEqual(busy, pays_after(0, 1 bsl 40, 10)),
+    Many = {16, 8 * 16}, % gaps in sixteenths: 8 senders take turns
+    Few = {16, 8 * 16 - 1},
+    ?assertEqual(busy, pays_after(32, 0, Many)),
+    ?assertEqual(busy, pays_after(16000, 9999, Many)),
+    ?assertEqual(unpaid, pays_after(31, 0, Many)),
+    ?assertEqual(unpaid, pays_after(16, 10000, Many)),
+    %% an expired verdict: the lane is tried again ...
+    ?assertEqual(busy, pays_after(16, 10001, Many)),
+    ?assertEqual(busy, pays_after(0, 1 bsl 40, {0, 0})),
+    %% ... but neither then nor when batches pay by fewer senders
+    ?assertEqual(unpaid, pays_after(16, 10001, Few)),
+    ?assertEqual(unpaid, pays_after(32, 0, Few)),
+    ?assertEqual(unpaid, pays_after(0, 1 bsl 40, {1000 * 16, 7999 * 16})),
     ?assertEqual(paid, convoy_path:unpaid_until(32, -5)),
     ?assertEqual(9995, convoy_path:unpaid_until(31, -5)).
 
 %% The lane's verdict after batches of BatchX16, shipped at a negative time (the
-%% clock can be negative), as a sender reads it Since microseconds later
-%% (convoy_slots stores `paid' as a time long ago).
-pays_after(BatchX16, Since) ->
-    pays_after(BatchX16, Since, 1).
-
-pays_after(BatchX16, Since, RecentGapUs) ->
+%% clock can be negative), as a sender reads it Since microseconds later, with
+%% the recent gaps between the lane's small sends and since their senders' own.
+pays_after(BatchX16, Since, Gaps) ->
     ShippedAt = -123456789,
-    Until = case convoy_path:unpaid_until(BatchX16, ShippedAt) of
-                paid -> convoy_slots:long_ago(ShippedAt);
-                T -> T
-            end,
-    convoy_path:pays(Until, ShippedAt + Since, RecentGapUs).
+    convoy_path:pays(convoy_path:unpaid_until(BatchX16, ShippedAt), ShippedAt + Since, Gaps).
+
+%% A quiet lane is kept while batches pay, by enough senders.
+quiet_test() ->
+    ?assertEqual(busy, convoy_path:quiet(paid, {16, 128})),
+    ?assertEqual(quiet, convoy_path:quiet(paid, {16, 127})),
+    ?assertEqual(quiet, convoy_path:quiet(-5, {16, 128})),
+    ?assertEqual(quiet, convoy_path:quiet(convoy_slots:long_ago(-5), {0, 0})).
 
 %% Pieces from chunk_threshold on, only with small traffic to protect (a small
 %% message within chunk_guard ms), or always; never with the threshold at infinity.
