@@ -45,9 +45,8 @@
 %% A busy lane is worth its two extra hops (the lane's and the peer inbox's) only if
 %% it ships batches of at least this many messages on average (in sixteenths).
 -define(PAYS_X16, 32).
-%% A lane that has not shipped for this long has no recent batches to judge by:
-%% busy senders try it (so a flood that starts while senders go direct is batched
-%% again within this time).
+%% A lane whose batches did not pay is tried again after this long (so a flood
+%% that starts while senders go direct is batched again within this time).
 -define(PROBE_US, 10000).
 %% A busy lane is taken by senders that do not stream only while about this many
 %% senders or more take turns on it (the ratio of the recent gaps between a small
@@ -61,8 +60,9 @@
 -define(ENOUGH_SENDERS(Gaps), (element(2, Gaps) >= ?BATCH_SENDERS * element(1, Gaps))).
 
 -type size() :: small | large.
-%% busy: a small message took the lane within bypass_after (or batching is forced);
-%% unpaid: so did one, but the lane's batches are too small to pay for its hops;
+%% busy: a small message took the lane within bypass_after (or batching is forced,
+%% or, on a quiet lane, batches pay: `quiet/2');
+%% unpaid: so did one, but batching does not pay there (`pays/3');
 %% quiet: not within bypass_after; settled: not within SETTLED_US either.
 -type calm() :: busy | unpaid | quiet | settled.
 -type route() :: convoy | plain | none.
@@ -83,13 +83,13 @@ calm(_Gap, _Window) -> busy.
 streams(_OwnGap, never) -> true;
 streams(OwnGap, Window) -> OwnGap =< Window.
 
-%% @doc Whether a busy lane pays, as the lane sees it after shipping at
-%% `ShippedAt' (monotonic microseconds) with recent batches of `BatchX16'
-%% (messages per distribution send, in sixteenths): `paid', or until when it does
-%% not. Under a flood of many senders batches grow; with a few request/response
-%% pairs they stay near one message, and senders go the way plain `!' goes. A
-%% lane that has not shipped for `PROBE_US' is tried again. The lane publishes
-%% this verdict (`convoy_slots:record_batch/4') so that a sender reads one word.
+%% @doc Whether a busy lane pays, as the lane judges it at `ShippedAt' (monotonic
+%% microseconds) from its recent batches of `BatchX16' (messages per distribution
+%% send, in sixteenths): `paid', or until when it does not. Under a flood of many
+%% senders batches grow; with a few request/response pairs they stay near one
+%% message, and senders go the way plain `!' goes. Once `PROBE_US' has passed the
+%% lane is tried again. The lane publishes this verdict
+%% (`convoy_slots:record_batch/4') so that a sender reads one word.
 -spec unpaid_until(non_neg_integer(), integer()) -> paid | integer().
 unpaid_until(BatchX16, _ShippedAt) when BatchX16 >= ?PAYS_X16 -> paid;
 unpaid_until(_BatchX16, ShippedAt) -> ShippedAt + ?PROBE_US.

@@ -88,13 +88,13 @@ new(Behind) ->
     atomics:put(A, ?UNPAID_UNTIL, LongAgo),
     A.
 
-%% @doc Take one admission; returns the admission's number (compare with
-%% `is_closed/1' and `idle/2').
 %% @doc A time (monotonic microseconds) far enough before `Now' to stand for "no
 %% send yet": the clock can be negative, so no constant can.
 -spec long_ago(integer()) -> integer().
 long_ago(Now) -> Now - ?LONG_AGO_US.
 
+%% @doc Take one admission; returns the admission's number (compare with
+%% `is_closed/1' and `idle/2').
 -spec admit(slots()) -> integer().
 admit(A) -> atomics:add_get(A, ?ADMITTED, 1).
 
@@ -111,20 +111,21 @@ dispose(A, K) -> atomics:add(A, ?DISPOSED, K).
 -spec idle(slots(), integer()) -> boolean().
 idle(A, V) -> atomics:get(A, ?DISPOSED) =:= V - 1.
 
-%% @doc Record a small send at `Now' (monotonic microseconds); returns the
-%% microseconds since the previous one
-%% (0 or less when another sender already recorded this microsecond or a later one).
-%% A read, and a plain write only when the time moves forward: a flood of senders
-%% mostly reads the line instead of taking it in turn. Two senders racing across a
-%% microsecond may both see the older time (both measure the gap before either
-%% send), and, as with the `exchange' this replaces, a sender delayed between the
-%% clock and the write may leave a slightly older time: either only makes a gap
-%% look longer by the race's length. The lane's ordering never depends on it.
 %% @doc When a small message last took the lane (monotonic microseconds), read
 %% only.
 -spec last_small_send(slots()) -> integer().
 last_small_send(A) -> atomics:get(A, ?LAST_SEND).
 
+%% @doc Record a small send at `Now' (monotonic microseconds), `OwnGap'
+%% microseconds after its sender's previous one; returns the microseconds since
+%% the lane's previous one (0 or less when another sender already recorded this
+%% microsecond or a later one). A read, and plain writes only when the time moves
+%% forward: a flood of senders mostly reads the line instead of taking it in
+%% turn. Two senders racing across a microsecond may both see the older time
+%% (both measure the gap before either send), and, as with the `exchange' this
+%% replaces, a sender delayed between the clock and the write may leave a
+%% slightly older time: either only makes a gap look longer by the race's length.
+%% The lane's ordering never depends on it.
 -spec since_last_send(slots(), integer(), integer()) -> integer().
 since_last_send(A, Now, OwnGap) ->
     case atomics:get(A, ?LAST_SEND) of
