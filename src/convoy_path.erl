@@ -43,8 +43,12 @@
 %% round trip, tens of microseconds on a LAN) costs little beside the idle gap.
 -define(SETTLED_US, 1000).
 %% A busy lane is worth its two extra hops (the lane's and the peer inbox's) only if
-%% it ships batches of at least this many messages on average (in sixteenths).
--define(PAYS_X16, 32).
+%% it ships batches of at least this many messages on average (in sixteenths: one
+%% and a half). Among enough senders (`BATCH_SENDERS') that is low enough not to
+%% leave batching at every window of small batches: 16 to 1024 request/response
+%% pairs measured 1.18x-2.21x plain with it against 1.01x-1.63x with two
+%% (`bin/convoy-bench --scenario pairs', two runs of each, alternated).
+-define(PAYS_X16, 24).
 %% A lane whose batches did not pay is tried again after this long (so a flood
 %% that starts while senders go direct is batched again within this time).
 -define(PROBE_US, 10000).

@@ -69,9 +69,9 @@ bypass_test() ->
      end || Size <- ?SIZES, Calm <- [unpaid, quiet, settled], Route <- ?ROUTES].
 
 %% On a busy lane a sender that streams (its own sends within the window) keeps
-%% the lane; another keeps it when its batches pay (two messages or more per
-%% distribution send, in sixteenths) or when it has not shipped for 10 ms (no
-%% recent batches to judge by).
+%% the lane; another keeps it, among at least 8 senders taking turns, when its
+%% batches pay (one and a half messages or more per distribution send, in
+%% sixteenths) or 10 ms after a judgement that they did not.
 streams_test() ->
     ?assert(convoy_path:streams(20, 20)),
     ?assert(convoy_path:streams(-3, 20)),
@@ -81,19 +81,19 @@ streams_test() ->
 pays_test() ->
     Many = {16, 8 * 16}, % gaps in sixteenths: 8 senders take turns
     Few = {16, 8 * 16 - 1},
-    ?assertEqual(busy, pays_after(32, 0, Many)),
+    ?assertEqual(busy, pays_after(24, 0, Many)),
     ?assertEqual(busy, pays_after(16000, 9999, Many)),
-    ?assertEqual(unpaid, pays_after(31, 0, Many)),
+    ?assertEqual(unpaid, pays_after(23, 0, Many)),
     ?assertEqual(unpaid, pays_after(16, 10000, Many)),
     %% an expired verdict: the lane is tried again ...
     ?assertEqual(busy, pays_after(16, 10001, Many)),
     ?assertEqual(busy, pays_after(0, 1 bsl 40, {0, 0})),
     %% ... but neither then nor when batches pay by fewer senders
     ?assertEqual(unpaid, pays_after(16, 10001, Few)),
-    ?assertEqual(unpaid, pays_after(32, 0, Few)),
+    ?assertEqual(unpaid, pays_after(24, 0, Few)),
     ?assertEqual(unpaid, pays_after(0, 1 bsl 40, {1000 * 16, 7999 * 16})),
-    ?assertEqual(paid, convoy_path:unpaid_until(32, -5)),
-    ?assertEqual(9995, convoy_path:unpaid_until(31, -5)).
+    ?assertEqual(paid, convoy_path:unpaid_until(24, -5)),
+    ?assertEqual(9995, convoy_path:unpaid_until(23, -5)).
 
 %% The lane's verdict after batches of BatchX16, shipped at a negative time (the
 %% clock can be negative), as a sender reads it Since microseconds later, with
