@@ -17,7 +17,8 @@
 %%   is not quiet, so a flood is batched instead of leaking out one message at a
 %%   time, while a lone request/response pays no extra hop. A busy lane counts as
 %%   quiet when batching does not pay there (`convoy_path:streams/2' and
-%%   `pays/3'): that changes which of these safe paths is taken, never the rules.</li>
+%%   `pays/3'), and a quiet one as busy while it pays (`quiet/2'): that changes
+%%   which of these safe paths is taken, never the rules.</li>
 %% <li>Bypassing the inbox too (sending straight to the destination process) is
 %%   allowed only when none of the sender's earlier messages to that node can still
 %%   be waiting in an inbox: the sender's marker for `Node' (in its process
