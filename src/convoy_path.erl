@@ -99,7 +99,7 @@ unpaid_until(BatchX16, _ShippedAt) when BatchX16 >= ?PAYS_X16 -> paid;
 unpaid_until(_BatchX16, ShippedAt) -> ShippedAt + ?PROBE_US.
 
 %% @doc On a busy lane, for a sender that does not stream: `busy' (it takes the
-%% lane) when enough senders take turns on the lane (`{LaneGapX16, OwnGapX16}',
+%% lane) when enough senders take turns on the lane (`{LaneGap, OwnGap}',
 %% see `convoy_slots:recent_gaps/1') and the lane's recent batches pay
 %% (`unpaid_until/2'), or their verdict that they do not has expired at `Now' (the
 %% lane is tried again); otherwise `unpaid' (it goes as if the lane were calm).

@@ -79,8 +79,8 @@ streams_test() ->
     ?assert(convoy_path:streams(1 bsl 40, never)).
 
 pays_test() ->
-    Many = {16, 8 * 16}, % gaps in sixteenths: 8 senders take turns
-    Few = {16, 8 * 16 - 1},
+    Many = {256, 8 * 256}, % gaps in 256ths of a microsecond: 8 senders take turns
+    Few = {256, 8 * 256 - 1},
     ?assertEqual(busy, pays_after(24, 0, Many)),
     ?assertEqual(busy, pays_after(16000, 9999, Many)),
     ?assertEqual(unpaid, pays_after(23, 0, Many)),
