@@ -53,7 +53,7 @@ timeline() ->
     Pieces = fun() -> convoy:send(Sink, Msg), receive true -> ok end end,
     [F() || _ <- lists:seq(1, 20), F <- [Plain, Pieces]],
     Rows = [{us(Plain), us(Pieces), traced(Pieces)} || _ <- lists:seq(1, 5)],
-    Median = fun(L) -> lists:nth(3, lists:sort(L)) end,
+    Median = fun(L) -> round(convoy_bench_stats:median(L)) end,
     io:format("the seed's 10 MB {Pid, Binary}, sent and answered (median of 5, us):~n"),
     io:format("  ~-44s ~8b~n", ["whole, by !", Median([P || {P, _, _} <- Rows])]),
     io:format("  ~-44s ~8b~n", ["in pieces, by convoy:send/2", Median([C || {_, C, _} <- Rows])]),

@@ -281,7 +281,7 @@ gap_since_previous_send_test() ->
     ?assertEqual(Later, atomics:get(A, ?LAST_SEND)).
 
 %% The gaps between small sends are averaged (a new lane: as if long apart); a
-%% long pause counts as GAP_CAP_US and is forgotten after a few dozen sends.
+%% long pause counts as GAP_CAP_US and is forgotten after a couple of hundred sends.
 %% Beside them, each sender's gap since its own previous send (at most
 %% OWN_GAP_CAP_US): with 6 senders taking turns, 6 times the lane's.
 recent_gaps_test() ->
