@@ -1,8 +1,12 @@
 %% Runs a scenario's variants interleaved and repeated, and summarises them.
 %%
-%% Repeat r runs every variant once, in an order rotated by r (so no variant is
-%% always first after a pause or always last before one); a variant's run measures
-%% all points of the scenario. A run that fails is recorded with its reason and the
+%% Repeat r measures every point once per variant, point by point: at each point
+%% the variants run one after the other, in an order rotated by r and the point's
+%% place (so no variant is always first after a pause or always last before one).
+%% The runs a per-repeat ratio compares are thus seconds apart, not a whole
+%% scenario apart: a slow spell of the machine or of a connection (large one-way
+%% streams fall into one, by `!' too) lands on both sides of the ratio instead of
+%% on one variant's repeat. A run that fails is recorded with its reason and the
 %% others carry on. The summary gives, per variant and point, the median with min
 %% and max of each figure, and for the compared figures the ratio to the baseline
 %% variant taken repeat by repeat, then the median of those ratios.
@@ -45,69 +49,70 @@ variants_for(#{placement := cross, ceiling := Ceiling}, Variants) ->
 baseline(#{placement := same_node}) -> <<"local">>;
 baseline(#{placement := cross}) -> <<"plain">>.
 
-%% @doc All runs of `Spec' for `Variants', `repeat' times, interleaved.
+%% @doc All runs of `Spec' for `Variants', `repeat' times, interleaved point by
+%% point.
 -spec run(convoy_bench_scenarios:spec(), [variant()], opts(), convoy_bench_nodes:state()) ->
           {[run()], convoy_bench_nodes:state()}.
-run(Spec, Variants, Opts = #{repeat := Repeat}, Nodes0) ->
+run(Spec = #{name := Name, points := Points}, Variants, Opts = #{repeat := Repeat}, Nodes0) ->
+    Indexed = lists:zip(lists:seq(0, length(Points) - 1), Points),
     lists:foldl(
       fun(R, {Acc, N0}) ->
-              Order = rotate(Variants, (R - 1) rem max(1, length(Variants))),
+              progress(Opts, "~s  repeat ~b/~b ...", [Name, R, Repeat]),
               {Runs, N1} = lists:foldl(
-                             fun(V, {A1, NA}) ->
-                                     {Rs, NB} = run_variant(Spec, V, R, Opts, NA),
+                             fun({I, P}, {A1, NA}) ->
+                                     Order = rotate(Variants, (R - 1 + I)
+                                                    rem max(1, length(Variants))),
+                                     {Rs, NB} = run_at_point(Spec, Order, R, P, Opts, NA),
                                      {A1 ++ Rs, NB}
-                             end, {[], N0}, Order),
+                             end, {[], N0}, Indexed),
               {Acc ++ Runs, N1}
       end, {[], Nodes0}, lists:seq(1, Repeat)).
 
 rotate(L, 0) -> L;
 rotate([H | T], N) -> rotate(T ++ [H], N - 1).
 
-run_variant(Spec = #{name := Name, points := Points}, V = #{name := VName}, R,
-            Opts, Nodes0) ->
-    case skip_reason(Spec, V, Nodes0) of
-        {Status, Note} ->
-            {[run_record(Name, VName, R, P, Status, Note, #{}, 0.0) || P <- Points], Nodes0};
-        none ->
-            progress(Opts, "~s  repeat ~b/~b  ~s ...", [Name, R, maps:get(repeat, Opts), VName]),
-            {Runs, {_, Nodes}} =
-                lists:mapfoldl(fun(P, Acc) -> run_point(Spec, V, R, P, Opts, Acc) end,
-                               {unplaced, Nodes0}, Points),
-            {Runs, Nodes}
-    end.
+%% Every variant once at point `P'. Each is placed afresh: placing is a no-op
+%% when its nodes already run its settings, and otherwise (re)starts or stops
+%% convoy on them.
+run_at_point(Spec = #{name := Name}, Order, R, P, Opts, Nodes0) ->
+    lists:foldl(
+      fun(V = #{name := VName}, {Acc, NA}) ->
+              case skip_reason(Spec, V, NA) of
+                  {Status, Note} ->
+                      {Acc ++ [run_record(Name, VName, R, P, Status, Note, #{}, 0.0)], NA};
+                  none ->
+                      {Run, NB} = run_point(Spec, V, R, P, Opts, NA),
+                      {Acc ++ [Run], NB}
+              end
+      end, {[], Nodes0}, Order).
 
-%% One point. The nodes are placed before the first point and again after a reset
-%% (a failure to place them fails the variant's remaining points).
-run_point(Spec = #{name := Name}, V = #{name := VName, family := F}, R, P, Opts,
-          {Placed, Nodes0}) ->
+%% One point of one variant, on nodes placed for it (a failure to place them
+%% fails the point).
+run_point(Spec = #{name := Name}, V = #{name := VName, family := F}, R, P, Opts, Nodes0) ->
     case point_skip(V, P) of
         none ->
-            case placed(Spec, V, Placed, Nodes0, Opts) of
-                {{failed, Note}, _} = Acc ->
-                    {run_record(Name, VName, R, P, error, Note, #{}, 0.0), Acc};
-                {{Driver, Ctx} = Place, Nodes1} ->
+            case placed(Spec, V, Nodes0, Opts) of
+                {failed, Note} ->
+                    {run_record(Name, VName, R, P, error, Note, #{}, 0.0), Nodes0};
+                {Driver, Ctx, Nodes1} ->
                     case measure_point(Spec, V, R, P, Driver, Ctx, Opts) of
-                        {deadline, Run} ->
-                            {Run, {unplaced, convoy_bench_nodes:reset(F, Nodes1)}};
-                        {done, Run} ->
-                            {Run, {Place, Nodes1}}
+                        {deadline, Run} -> {Run, convoy_bench_nodes:reset(F, Nodes1)};
+                        {done, Run} -> {Run, Nodes1}
                     end
             end;
         Why ->
-            {run_record(Name, VName, R, P, unavailable, Why, #{}, 0.0), {Placed, Nodes0}}
+            {run_record(Name, VName, R, P, unavailable, Why, #{}, 0.0), Nodes0}
     end.
 
-placed(Spec = #{name := Name}, V = #{name := VName}, unplaced, Nodes0, Opts) ->
-    try place(Spec, V, Nodes0) of
-        {Driver, Ctx, Nodes1} -> {{Driver, Ctx}, Nodes1}
+placed(Spec = #{name := Name}, V = #{name := VName}, Nodes0, Opts) ->
+    try
+        place(Spec, V, Nodes0)
     catch
         Class:Reason:Stack ->
             Note = describe_error(Class, Reason, Stack),
             progress(Opts, "~s  ~s: could not prepare nodes: ~s", [Name, VName, Note]),
-            {{failed, Note}, Nodes0}
-    end;
-placed(_Spec, _V, Placed, Nodes, _Opts) ->
-    {Placed, Nodes}.
+            {failed, Note}
+    end.
 
 skip_reason(#{convoy := {awaiting, Why}}, #{kind := convoy}, _Nodes) ->
     {awaiting, Why};

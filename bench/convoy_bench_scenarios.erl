@@ -74,7 +74,7 @@ deadline(local, normal) -> 60000;     % 2 M one-way + 300 k ping-pong (~5 s)
 deadline(flood, normal) -> 60000;     % 200 k pingers (~2-10 s)
 deadline(oneway, normal) -> 30000;    % 1 M messages (~0.5-3 s)
 deadline(oneway8, normal) -> 30000;   % 1 M messages (~0.5-3 s)
-deadline(sizes, normal) -> 30000;     % up to 1 GB or 300 k messages (~0.3-3 s)
+deadline(sizes, normal) -> 30000;     % up to 3 GB or 300 k messages (~0.7-3 s)
 deadline(pairs, normal) -> 20000;     % 1.2 s window, up to 1024 pairs spawned
 deadline(latency, normal) -> 30000;   % 20 k sequential round trips (~1-3 s)
 deadline(cast, normal) -> 30000;      % 320 k casts (~1-5 s)
@@ -95,7 +95,7 @@ params(oneway, tiny) -> #{n => 10000};
 params(oneway8, normal) -> #{n => 1000000, senders => 8};
 params(oneway8, tiny) -> #{n => 10000, senders => 8};
 params(sizes, normal) -> #{sizes => [16, 128, 1024, 8192, 65536, 1048576],
-                           budget => 1000000000, min_count => 1000, max_count => 300000};
+                           budget => 3000000000, min_count => 1000, max_count => 300000};
 params(sizes, tiny) -> #{sizes => [16, 1024, 65536, 1048576],
                          budget => 4000000, min_count => 10, max_count => 3000};
 params(pairs, normal) -> #{pairs => [1, 4, 16, 64, 256, 1024], event_pairs => [1, 4, 64, 256],

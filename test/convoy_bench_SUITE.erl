@@ -239,6 +239,10 @@ deadline_then_flood(Nodes0) ->
     Tiny = convoy_bench_scenarios:spec(flood, tiny, #{}),
     {Runs2, Nodes2} = convoy_bench_runner:run(Tiny, variants(), Opts, Nodes1),
     [?assertMatch(#{status := ok}, Run) || Run <- Runs2],
+    %% Point by point, the variants' order rotating from one point to the next.
+    [#{label := P1}, #{label := P2}] = maps:get(points, Tiny),
+    ?assertEqual([{P1, <<"plain">>}, {P1, <<"convoy">>}, {P2, <<"convoy">>}, {P2, <<"plain">>}],
+                 [{P, V} || #{point := P, variant := V} <- Runs2]),
     Nodes2.
 
 variants() ->
