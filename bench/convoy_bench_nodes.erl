@@ -22,8 +22,8 @@
 %% restarted by the next `prepare/4'.
 -module(convoy_bench_nodes).
 
--export([new/1, families/0, family_flags/1, available/3, prepare/4, reset/2, stop/1,
-         facts/1]).
+-export([new/1, families/0, family_flags/1, available/3, prepare/4, reset/2, settle/1,
+         stop/1, facts/1]).
 %% Called on given nodes by reset/2.
 -export([kill_measurements/0]).
 
@@ -39,6 +39,11 @@
 
 -define(ROUTE_WAIT_MS, 10000).
 -define(CONNECT_WAIT_MS, 30000).
+%% settle/1: polls this far apart, until this many polls in a row find nothing
+%% waiting to run, for at most SETTLE_MS.
+-define(SETTLE_POLL_MS, 10).
+-define(SETTLE_QUIET_POLLS, 3).
+-define(SETTLE_MS, 10000).
 
 %% @doc A fresh state. `Given' is `none' (start peers) or the user's nodes.
 -spec new(#{given := [node()] | none, peer_args := [string()]}) -> state().
@@ -107,6 +112,43 @@ reset(Family, S = #{families := Fs}) ->
             put_family(Family, F#{convoy := unknown}, S);
         _ ->
             S
+    end.
+
+%% @doc Wait until no node of any family, nor this one, has anything waiting to
+%% run (`total_run_queue_lengths_all' 0 at `SETTLE_QUIET_POLLS' polls in a row),
+%% for at most `SETTLE_MS'; returns the milliseconds waited. All families' nodes
+%% share the machine's cores, and what a measurement leaves behind (its processes
+%% exiting, 10,000 `pg' members leaving, garbage collection) must not run during
+%% the next variant's: with the variants interleaved point by point, it would
+%% land on whichever variant comes next.
+-spec settle(state()) -> non_neg_integer().
+settle(#{families := Fs}) ->
+    Nodes = [N || #{nodes := Ns} <- maps:values(Fs), N <- Ns, N =/= node()],
+    T0 = erlang:monotonic_time(millisecond),
+    settle(Nodes, T0 + ?SETTLE_MS, 0),
+    erlang:monotonic_time(millisecond) - T0.
+
+settle(_Nodes, _Deadline, ?SETTLE_QUIET_POLLS) ->
+    ok;
+settle(Nodes, Deadline, Quiet) ->
+    case erlang:monotonic_time(millisecond) >= Deadline of
+        true ->
+            ok;
+        false ->
+            Waiting = lists:sum([waiting_to_run(N) || N <- [node() | Nodes]]),
+            timer:sleep(?SETTLE_POLL_MS),
+            settle(Nodes, Deadline, case Waiting of
+                                        0 -> Quiet + 1;
+                                        _ -> 0
+                                    end)
+    end.
+
+%% A node that does not answer has nothing to settle (a later step reports it).
+waiting_to_run(Node) when Node =:= node() ->
+    erlang:statistics(total_run_queue_lengths_all);
+waiting_to_run(Node) ->
+    try erpc:call(Node, erlang, statistics, [total_run_queue_lengths_all], 5000)
+    catch _:_ -> 0
     end.
 
 %% @doc Kill every process on this node that runs the harness's measuring code

@@ -22,6 +22,9 @@
 -export([variants_for/2, baseline/1, run/4, summarise/3, primary/3,
          deadline_note/1]).
 
+%% A wait for quiet nodes at least this long is reported in the progress lines.
+-define(SETTLE_REPORT_MS, 200).
+
 -type variant() :: #{name := binary(),
                      kind := local | plain | plain_again | ceiling | nodelay_false | delay_send
                              | convoy,
@@ -95,6 +98,7 @@ run_point(Spec = #{name := Name}, V = #{name := VName, family := F}, R, P, Opts,
                 {failed, Note} ->
                     {run_record(Name, VName, R, P, error, Note, #{}, 0.0), Nodes0};
                 {Driver, Ctx, Nodes1} ->
+                    settle(Spec, Nodes1, Opts),
                     case measure_point(Spec, V, R, P, Driver, Ctx, Opts) of
                         {deadline, Run} -> {Run, convoy_bench_nodes:reset(F, Nodes1)};
                         {done, Run} -> {Run, Nodes1}
@@ -102,6 +106,14 @@ run_point(Spec = #{name := Name}, V = #{name := VName, family := F}, R, P, Opts,
             end;
         Why ->
             {run_record(Name, VName, R, P, unavailable, Why, #{}, 0.0), Nodes0}
+    end.
+
+%% Every point starts on quiet nodes (convoy_bench_nodes:settle/1); a long wait
+%% is reported, as it says the previous point left work behind.
+settle(#{name := Name}, Nodes, Opts) ->
+    case convoy_bench_nodes:settle(Nodes) of
+        Ms when Ms >= ?SETTLE_REPORT_MS -> progress(Opts, "~s  settled in ~b ms", [Name, Ms]);
+        _ -> ok
     end.
 
 placed(Spec = #{name := Name}, V = #{name := VName}, Nodes0, Opts) ->

@@ -10,14 +10,14 @@
 -export([all/0, suite/0, init_per_suite/1, end_per_suite/1]).
 -export([every_scenario_tiny/1, noise_tiny/1, tune_tiny/1, cost_tiny/1, given_nodes/1,
          arguments/1, deadline/1, deadline_leaves_clean_peers/1,
-         deadline_leaves_clean_given_nodes/1]).
+         deadline_leaves_clean_given_nodes/1, settle/1]).
 
 suite() ->
     [{timetrap, {minutes, 3}}].
 
 all() ->
     [arguments, every_scenario_tiny, noise_tiny, tune_tiny, cost_tiny, given_nodes,
-     deadline, deadline_leaves_clean_peers, deadline_leaves_clean_given_nodes].
+     deadline, deadline_leaves_clean_peers, deadline_leaves_clean_given_nodes, settle].
 
 init_per_suite(Config) ->
     Config.
@@ -228,6 +228,25 @@ deadline_leaves_clean_given_nodes(_Config) ->
         ok = convoy_bench_nodes:stop(Nodes)
     after
         [peer:stop(P) || {P, _} <- Peers]
+    end.
+
+%% Before a point, the harness waits while work is waiting to run: here, more
+%% busy processes than schedulers for 300 ms.
+settle(_Config) ->
+    State = convoy_bench_nodes:new(#{given => none, peer_args => []}),
+    Quiet = convoy_bench_nodes:settle(State),
+    ?assert(Quiet < 200, Quiet),
+    Stop = erlang:monotonic_time(millisecond) + 300,
+    Busy = [spawn(fun() -> spin(Stop) end)
+            || _ <- lists:seq(1, 2 * erlang:system_info(schedulers_online))],
+    Waited = convoy_bench_nodes:settle(State),
+    ?assert(Waited >= 200, Waited),
+    [?assertNot(is_process_alive(P)) || P <- Busy].
+
+spin(Stop) ->
+    case erlang:monotonic_time(millisecond) < Stop of
+        true -> spin(Stop);
+        false -> ok
     end.
 
 deadline_then_flood(Nodes0) ->
