@@ -164,7 +164,7 @@ shape_rows(Shape, Sink, P) ->
           fun() -> convoy_size:measure(Msg, 65536) end},
          {<<"calm: clock + lane's last send + own last send (pdict)">>,
           fun() ->
-                  Now = erlang:monotonic_time(microsecond),
+                  Now = convoy_slots:now_us(RT#runtime.clock),
                   Last = case put('$convoy_cost_last', Now) of
                              undefined -> Now;
                              T -> T

@@ -51,7 +51,7 @@
 -spec inbox(#runtime{}, pos_integer(), node(), non_neg_integer()) ->
           {atom(), counters:counters_ref()} | none.
 inbox(RT = #runtime{chunk_threshold = T, chunk_guard = G}, L, Node, Bytes) ->
-    Since = erlang:monotonic_time(microsecond)
+    Since = convoy_slots:now_us(RT#runtime.clock)
         - convoy_slots:last_small_send(element(L, RT#runtime.slots)),
     case convoy_path:pieces(Bytes, T, {G, Since}) of
         false ->

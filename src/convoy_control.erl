@@ -86,7 +86,8 @@ init(Config = #{lanes := N}) ->
 %% Lanes start with the runtime they will serve (all of it but the lane table).
 start_lanes(RT = #runtime{n = N}, Held, S) ->
     Behind = case Held of none -> 0; _ -> 1 end,
-    RT1 = RT#runtime{slots = list_to_tuple([convoy_slots:new(Behind) || _ <- lists:seq(1, N)])},
+    RT1 = RT#runtime{slots = list_to_tuple([convoy_slots:new(Behind, RT#runtime.clock)
+                                            || _ <- lists:seq(1, N)])},
     {Pids, S1} = lists:mapfoldl(fun(I, Acc) -> start_lane(I, Held, RT1, Acc) end, S,
                                 lists:seq(1, N)),
     {RT1#runtime{lanes = list_to_tuple(Pids)}, S1}.
@@ -103,7 +104,8 @@ start_lane(I, Held, RT, S = #s{secret = Secret, monitors = M}) ->
 %% to name each setting again.
 runtime(Config, N, Generation) ->
     Values = maps:merge(maps:remove(lanes, Config),
-                        #{lanes => {}, slots => {}, generation => Generation, n => N,
+                        #{lanes => {}, slots => {}, clock => convoy_slots:clock(),
+                          generation => Generation, n => N,
                           stopping => false, refuse => drop, config => Config}),
     list_to_tuple([runtime | [maps:get(F, Values) || F <- record_info(fields, runtime)]]).
 
@@ -256,7 +258,7 @@ replace_lane(I, Reason, S = #s{runtime = RT, switch = Sw}) ->
                          _ -> {none, 0} % no change in progress, or every node released
                      end,
     count_lost(RT, element(I, RT#runtime.lanes), Behind, Reason),
-    Slots = convoy_slots:new(Behind),
+    Slots = convoy_slots:new(Behind, RT#runtime.clock),
     RT1 = RT#runtime{slots = setelement(I, RT#runtime.slots, Slots)},
     {Pid, S1} = start_lane(I, Held, RT1, S),
     RT2 = RT1#runtime{lanes = setelement(I, RT1#runtime.lanes, Pid)},

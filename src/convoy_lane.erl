@@ -269,9 +269,10 @@ act({ship, Node, Wire, _Reason}, Now, S) ->
     {Route, S1} = route(Node, S),
     {Outcome, S2} = ship(Node, Route, Wire, S1),
     core({shipped, Node, Outcome}, Now, S2);
-act({sent, Node, Msgs, Sends, Reason, Route}, Now, S = #s{index = I, rt = RT, slots = Slots}) ->
+act({sent, Node, Msgs, Sends, Reason, Route}, _Now, S = #s{index = I, rt = RT, slots = Slots}) ->
     %% What batching achieves, for senders to decide whether the lane pays.
-    _ = Route =:= courier orelse convoy_slots:record_batch(Slots, Msgs, Sends, Now),
+    _ = Route =:= courier orelse
+        convoy_slots:record_batch(Slots, Msgs, Sends, convoy_slots:now_us(RT#runtime.clock)),
     C = counters(Node, S),
     convoy_metrics:add(C, messages, Msgs),
     convoy_metrics:add(C, batches, Sends),

@@ -87,11 +87,12 @@ calm(_Gap, _Window) -> busy.
 streams(_OwnGap, never) -> true;
 streams(OwnGap, Window) -> OwnGap =< Window.
 
-%% @doc Whether a busy lane pays, as the lane judges it at `ShippedAt' (monotonic
-%% microseconds) from its recent batches of `BatchX16' (messages per distribution
-%% send, in sixteenths): `paid', or until when it does not. Under a flood of many
-%% senders batches grow; with a few request/response pairs they stay near one
-%% message, and senders go the way plain `!' goes. Once `PROBE_US' has passed the
+%% @doc Whether a busy lane pays, as the lane judges it at `ShippedAt'
+%% (microseconds, the lanes' clock: `convoy_slots:now_us/1') from its recent
+%% batches of `BatchX16' (messages per distribution send, in sixteenths): `paid',
+%% or until when it does not. Under a flood of many senders batches grow; with a
+%% few request/response pairs they stay near one message, and senders go the way
+%% plain `!' goes. Once `PROBE_US' has passed the
 %% lane is tried again. The lane publishes this verdict
 %% (`convoy_slots:record_batch/4') so that a sender reads one word.
 -spec unpaid_until(non_neg_integer(), integer()) -> paid | integer().

@@ -66,7 +66,7 @@
 
 %% The small steps of every remote send (measured: `bin/convoy-bench cost').
 -compile({inline, [resolve/1, local_or_remote/2, with_opts/2, slots/2, is_marked/1,
-                   size_kind/1, idle/3, hold/3, mark/1, own_last_send/1, kind/2,
+                   size_kind/1, idle/3, hold/3, mark/1, own_last_send/1, now_us/1, kind/2,
                    hand_over/7]}).
 
 %% @doc See `convoy:send/2'.
@@ -601,7 +601,7 @@ calm(RT = #runtime{max_delay = D}, L) when D > 0 ->
     record_small(RT, L);
 calm(RT = #runtime{bypass_after = W}, L) ->
     Slots = slots(RT, L),
-    Now = erlang:monotonic_time(microsecond),
+    Now = now_us(RT),
     OwnGap = Now - own_last_send(Now),
     case convoy_path:calm(convoy_slots:since_last_send(Slots, Now, OwnGap), W) of
         busy ->
@@ -619,11 +619,13 @@ calm(RT = #runtime{bypass_after = W}, L) ->
     end.
 
 record_small(RT, L) ->
-    Now = erlang:monotonic_time(microsecond),
+    Now = now_us(RT),
     _ = convoy_slots:since_last_send(slots(RT, L), Now, Now - own_last_send(Now)),
     busy.
 
-%% This process's previous small remote send (monotonic microseconds), replaced
+now_us(#runtime{clock = Clock}) -> convoy_slots:now_us(Clock).
+
+%% This process's previous small remote send (the lanes' clock), replaced
 %% by Now: whether the sender itself streams.
 own_last_send(Now) ->
     case put('$convoy_last_send', Now) of

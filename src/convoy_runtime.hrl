@@ -14,6 +14,9 @@
     n :: pos_integer(),
     %% each lane's admission counters (convoy_slots), index 1..n
     slots :: tuple(),
+    %% the clock of the lanes' bookkeeping (convoy_slots:now_us/1): ticks of
+    %% os:perf_counter/0 per microsecond, 0 for erlang:monotonic_time/1
+    clock :: non_neg_integer(),
     %% true once convoy is stopping (false as published at start): the lanes are
     %% closed and drain; a sender with messages in its lane waits for the lane to
     %% finish, then sends plainly
