@@ -66,7 +66,8 @@
 
 %% The small steps of every remote send (measured: `bin/convoy-bench cost').
 -compile({inline, [resolve/1, local_or_remote/2, with_opts/2, slots/2, is_marked/1,
-                   size_kind/1, idle/3, hold/3, mark/1, own_last_send/1, now_us/1, kind/2,
+                   size_kind/1, idle/3, hold/3, mark/1, own_last_send/1, now_us/1, gaps/2,
+                   kind/2,
                    hand_over/7]}).
 
 %% @doc See `convoy:send/2'.
@@ -603,20 +604,24 @@ calm(RT = #runtime{bypass_after = W}, L) ->
     Slots = slots(RT, L),
     Now = now_us(RT),
     OwnGap = Now - own_last_send(Now),
-    case convoy_path:calm(convoy_slots:since_last_send(Slots, Now, OwnGap), W) of
+    {Gap, Gaps} = convoy_slots:since_last_send(Slots, Now, OwnGap),
+    case convoy_path:calm(Gap, W) of
         busy ->
             case convoy_path:streams(OwnGap, W) of
                 true ->
                     busy;
                 false ->
-                    convoy_path:pays(convoy_slots:unpaid_until(Slots), Now,
-                                     convoy_slots:recent_gaps(Slots))
+                    convoy_path:pays(convoy_slots:unpaid_until(Slots), Now, gaps(Slots, Gaps))
             end;
         quiet ->
-            convoy_path:quiet(convoy_slots:unpaid_until(Slots), convoy_slots:recent_gaps(Slots));
+            convoy_path:quiet(convoy_slots:unpaid_until(Slots), gaps(Slots, Gaps));
         Settled ->
             Settled
     end.
+
+%% The gaps as this send updated them, or as the lane holds them.
+gaps(Slots, unread) -> convoy_slots:recent_gaps(Slots);
+gaps(_Slots, Gaps) -> Gaps.
 
 record_small(RT, L) ->
     Now = now_us(RT),

@@ -32,7 +32,7 @@
          since_last_send/3, close/1, admitted/1, disposed/1, record_batch/4, batch_average/1, unpaid_until/1,
          long_ago/1, last_small_send/1, recent_gaps/1]).
 
--export_type([slots/0, clock/0]).
+-export_type([slots/0, clock/0, gaps/0]).
 
 %% A lane's admission counter jumps by this much when the lane is retired: a sender
 %% whose add_get lands at or above it knows to re-read the runtime and go elsewhere.
@@ -41,13 +41,19 @@
 -opaque slots() :: atomics:atomics_ref().
 %% Ticks of os:perf_counter/0 per microsecond, or 0: erlang:monotonic_time/1.
 -type clock() :: non_neg_integer().
+%% The recent average gaps, in GAP_UNITths of a microsecond (`recent_gaps/1').
+-type gaps() :: {Lane :: non_neg_integer(), Own :: non_neg_integer()}.
 
 %% Eight 8-byte slots per cache line.
 -define(ADMITTED, 1).
 -define(DISPOSED, 9).
 -define(LAST_SEND, 17).
--define(GAP, 18).
--define(OWN_GAP, 19).
+%% Both gap averages in one word, the lane's in the low LANE_GAP_BITS bits, its
+%% senders' own above: every atomics call is a call of a built-in function,
+%% and a small send makes several.
+-define(GAPS, 18).
+-define(LANE_GAP_BITS, 24).
+-define(LANE_GAP_MASK, ((1 bsl ?LANE_GAP_BITS) - 1)).
 %% Gaps are averaged in GAP_UNITths of a microsecond, each new one weighing
 %% 1/GAP_WEIGHT: the lane's gaps between small sends counted at most GAP_CAP_US
 %% (one long pause is forgotten after about a hundred sends), and each sender's gap
@@ -59,7 +65,7 @@
 %% plain's; with 1/32, never fewer than 13 (a scratch driver sampling every ms).
 -define(GAP_UNIT, 256).
 -define(GAP_WEIGHT, 32).
--define(GAP_CAP_US, 1000).
+-define(GAP_CAP_US, 1000). % 256,000 GAP_UNITs: within LANE_GAP_BITS
 -define(OWN_GAP_CAP_US, 10000).
 %% Written by the lane alone, read by senders: one line of their own.
 -define(BATCH, 25).
@@ -92,8 +98,7 @@ new(Behind, Clock) ->
     atomics:put(A, ?DISPOSED, -Behind),
     LongAgo = long_ago(now_us(Clock)),
     atomics:put(A, ?LAST_SEND, LongAgo),
-    atomics:put(A, ?GAP, ?GAP_CAP_US * ?GAP_UNIT),
-    atomics:put(A, ?OWN_GAP, ?OWN_GAP_CAP_US * ?GAP_UNIT),
+    atomics:put(A, ?GAPS, pack(?GAP_CAP_US * ?GAP_UNIT, ?OWN_GAP_CAP_US * ?GAP_UNIT)),
     atomics:put(A, ?UNPAID_UNTIL, LongAgo),
     A.
 
@@ -145,37 +150,44 @@ last_small_send(A) -> atomics:get(A, ?LAST_SEND).
 %% @doc Record a small send at `Now' (microseconds, the lanes' clock), `OwnGap'
 %% microseconds after its sender's previous one; returns the microseconds since
 %% the lane's previous one (0 or less when another sender already recorded this
-%% microsecond or a later one). A read, and plain writes only when the time moves
-%% forward: a flood of senders mostly reads the line instead of taking it in
-%% turn. Two senders racing across a microsecond may both see the older time
+%% microsecond or a later one), with the recent gaps as updated by this send, or
+%% `unread' when it did not update them (`recent_gaps/1' reads them). A read, and
+%% plain writes only when the time moves forward: a flood of senders mostly reads
+%% the line instead of taking it in turn. Two senders racing across a microsecond may both see the older time
 %% (both measure the gap before either send), and, as with the `exchange' this
 %% replaces, a sender delayed between the clock and the write may leave a
 %% slightly older time: either only makes a gap look longer by the race's length.
 %% The lane's ordering never depends on it.
--spec since_last_send(slots(), integer(), integer()) -> integer().
+-spec since_last_send(slots(), integer(), integer()) -> {integer(), gaps() | unread}.
 since_last_send(A, Now, OwnGap) ->
     case atomics:get(A, ?LAST_SEND) of
         Last when Last < Now ->
             atomics:put(A, ?LAST_SEND, Now),
             %% Unsynchronised, as the time above: a race loses a sample, and
             %% the averages only steer a choice between safe paths.
-            average(A, ?GAP, min(Now - Last, ?GAP_CAP_US)),
-            average(A, ?OWN_GAP, max(0, min(OwnGap, ?OWN_GAP_CAP_US))),
-            Now - Last;
+            {Lane0, Own0} = recent_gaps(A),
+            Gaps = {average(Lane0, min(Now - Last, ?GAP_CAP_US)),
+                    average(Own0, max(0, min(OwnGap, ?OWN_GAP_CAP_US)))},
+            atomics:put(A, ?GAPS, pack(Gaps)),
+            {Now - Last, Gaps};
         Last ->
-            Now - Last
+            {Now - Last, unread}
     end.
 
-average(A, Slot, Us) ->
-    Old = atomics:get(A, Slot),
-    atomics:put(A, Slot, Old + ((Us * ?GAP_UNIT - Old) div ?GAP_WEIGHT)).
+average(Old, Us) -> Old + ((Us * ?GAP_UNIT - Old) div ?GAP_WEIGHT).
+
+pack({Lane, Own}) -> pack(Lane, Own).
+
+pack(Lane, Own) -> (Own bsl ?LANE_GAP_BITS) bor Lane.
 
 %% @doc The recent average gaps, in 256ths of a microsecond, between small
 %% sends on this lane (`GAP_CAP_US' for a lane that had none lately) and between
 %% each of those and its sender's previous one: their ratio is about how many
 %% senders take turns on the lane.
--spec recent_gaps(slots()) -> {Lane :: non_neg_integer(), Own :: non_neg_integer()}.
-recent_gaps(A) -> {atomics:get(A, ?GAP), atomics:get(A, ?OWN_GAP)}.
+-spec recent_gaps(slots()) -> gaps().
+recent_gaps(A) ->
+    Gaps = atomics:get(A, ?GAPS),
+    {Gaps band ?LANE_GAP_MASK, Gaps bsr ?LANE_GAP_BITS}.
 
 %% @doc The lane shipped `Msgs' messages in `Sends' distribution sends at `NowUs'
 %% (microseconds, the lanes' clock). Only the lane writes these slots. While the verdict
@@ -291,8 +303,8 @@ clock_counts_microseconds_test() ->
 
 first_send_is_long_after_test() ->
     A = new(0, clock()),
-    ?assert(since_last_send(A, now_us(clock()), 0) > 1000000),
-    G = since_last_send(A, now_us(clock()), 0),
+    ?assert(gap(since_last_send(A, now_us(clock()), 0)) > 1000000),
+    G = gap(since_last_send(A, now_us(clock()), 0)),
     ?assert(G >= 0 andalso G < 1000000).
 
 %% The gap is measured from the previous send, written only as time moves on.
@@ -303,12 +315,12 @@ gap_since_previous_send_test() ->
     Last = atomics:get(A, ?LAST_SEND),
     ?assert(Last =< T0),
     wait_until(T0 + 3),
-    ?assert(since_last_send(A, now_us(clock()), 0) >= 3),
+    ?assert(gap(since_last_send(A, now_us(clock()), 0)) >= 3),
     ?assert(atomics:get(A, ?LAST_SEND) >= T0 + 3),
     %% A later time already recorded (another sender's) is not overwritten.
     Later = now_us(clock()) + 1000000,
     atomics:put(A, ?LAST_SEND, Later),
-    ?assert(since_last_send(A, now_us(clock()), 0) < 0),
+    ?assertMatch({G, unread} when G < 0, since_last_send(A, now_us(clock()), 0)),
     ?assertEqual(Later, atomics:get(A, ?LAST_SEND)).
 
 %% The gaps between small sends are averaged (a new lane: as if long apart); a
@@ -319,9 +331,12 @@ recent_gaps_test() ->
     A = new(0, clock()),
     ?assertEqual({?GAP_CAP_US * ?GAP_UNIT, ?OWN_GAP_CAP_US * ?GAP_UNIT}, recent_gaps(A)),
     T0 = -5000000, % the clock can be negative
-    [_ = since_last_send(A, T0 + 5 * I, 30) || I <- lists:seq(0, 600)],
+    [_ = since_last_send(A, T0 + 5 * I, 30) || I <- lists:seq(0, 599)],
+    %% A send that updates the averages returns them as it wrote them.
+    {5, Updated} = since_last_send(A, T0 + 5 * 600, 30),
+    ?assertEqual(Updated, recent_gaps(A)),
     ?assertEqual({5, 30}, gaps_us(A)),
-    _ = since_last_send(A, T0 + 5 * 600, 1 bsl 40), % the same microsecond: no sample
+    {0, unread} = since_last_send(A, T0 + 5 * 600, 1 bsl 40), % the same microsecond
     ?assertEqual({5, 30}, gaps_us(A)),
     _ = since_last_send(A, T0 + 10000000, 1 bsl 40),
     ?assertEqual({5 + (?GAP_CAP_US - 5) div ?GAP_WEIGHT, 30 + (?OWN_GAP_CAP_US - 30) div ?GAP_WEIGHT},
@@ -329,6 +344,8 @@ recent_gaps_test() ->
     [_ = since_last_send(A, T0 + 10000000 + 2 * I, -1) || I <- lists:seq(1, 200)],
     {Lane, Own} = gaps_us(A),
     ?assert(Lane =< 3 andalso Own =< 3).
+
+gap({Gap, _Gaps}) -> Gap.
 
 gaps_us(A) ->
     {Lane, Own} = recent_gaps(A),
