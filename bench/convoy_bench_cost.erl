@@ -22,12 +22,13 @@
 %% itself as lists of `max_batch' `{To, Msg}' entries (the encoding the lane's
 %% ships also pay); and the receiving inbox's check of one entry.
 %%
-%% Last, the send call where the hot-path's cost shows (`[exchange]'): four
-%% request/response pairs between A and B, both sides sending by `convoy:send/2',
-%% then by `!', phases of `exchange_ms' alternated `repeat' times; each client
-%% times its own send calls (wall time, the median phase). In a loop the steps
-%% above stay in the CPU's caches; between the messages of an exchange they do
-%% not, and the call costs several times what its steps add up to.
+%% Last, the send call where the hot-path's cost shows (`[exchange]'): one, then
+%% four request/response pairs between A and B, both sides sending by
+%% `convoy:send/2', then by `!', phases of `exchange_ms' alternated `repeat'
+%% times; each client times its own send calls (wall time, the median phase). In
+%% a loop the steps above stay in the CPU's caches; between the messages of an
+%% exchange they do not, and the call costs several times what its steps add up
+%% to (most with one pair, whose node idles between its messages).
 -module(convoy_bench_cost).
 
 -export([run/1, text/1]).
@@ -92,18 +93,28 @@ measure(Sink, Params) ->
                   || Shape <- [atom, event]]).
 
 %% The send call's cost inside an exchange: the two modes alternated phase by
-%% phase (the machine's load drifts), each phase on fresh pairs.
+%% phase (the machine's load drifts), each phase on fresh pairs. One pair waits
+%% for each answer with nothing else to run: the call starts from cold caches.
 exchange_rows(Shape, B, #{repeat := R, exchange_ms := Ms}) ->
-    Phases = [{Mode, exchange_phase(Mode, message(Shape), B, Ms)}
-              || _ <- lists:seq(1, R), Mode <- [convoy, plain]],
-    [#{step => Step, shape => Shape, ns => median([Ns || {M, Ns} <- Phases, M =:= Mode])}
-     || {Mode, Step} <- [{convoy, <<"[exchange] send call, 4 pairs: convoy:send/2">>},
-                         {plain, <<"[exchange] send call, 4 pairs: ! (plain)">>}]].
+    lists:append(
+      [begin
+           Phases = [{Mode, exchange_phase(Mode, message(Shape), B, Ms, Pairs)}
+                     || _ <- lists:seq(1, R), Mode <- [convoy, plain]],
+           [#{step => exchange_step(Pairs, Mode), shape => Shape,
+              ns => median([Ns || {M, Ns} <- Phases, M =:= Mode])}
+            || Mode <- [convoy, plain]]
+       end || Pairs <- [1, 4]]).
 
--define(EXCHANGE_PAIRS, 4).
+exchange_step(Pairs, Mode) ->
+    iolist_to_binary(io_lib:format("[exchange] send call, ~b pair~s: ~s",
+                                   [Pairs, [$s || Pairs > 1],
+                                    case Mode of
+                                        convoy -> "convoy:send/2";
+                                        plain -> "! (plain)"
+                                    end])).
 
 %% ns per send call of the clients on A, over one phase of Ms.
-exchange_phase(Mode, Msg, B, Ms) ->
+exchange_phase(Mode, Msg, B, Ms, Pairs) ->
     Self = self(),
     Deadline = erlang:monotonic_time(millisecond) + Ms,
     Clients = [spawn_link(fun() ->
@@ -112,7 +123,7 @@ exchange_phase(Mode, Msg, B, Ms) ->
                                                                   0, 0)},
                                   unlink(Server),
                                   exit(Server, kill)
-                          end) || _ <- lists:seq(1, ?EXCHANGE_PAIRS)],
+                          end) || _ <- lists:seq(1, Pairs)],
     Sums = [receive {C, SumCount} -> SumCount end || C <- Clients],
     {Ns, Calls} = lists:foldl(fun({S, K}, {S0, K0}) -> {S + S0, K + K0} end, {0, 0}, Sums),
     Ns / max(1, Calls).
