@@ -180,7 +180,7 @@ shape_rows(Shape, Sink, P) ->
                              undefined -> Now;
                              T -> T
                          end,
-                  element(1, convoy_slots:since_last_send(Slots, Now, Now - Last))
+                  element(1, convoy_slots:since_last_send(Slots, Now, Now - Last, 1))
           end},
          {<<"batching verdict read (convoy_slots:unpaid_until/1)">>,
           fun() -> convoy_slots:unpaid_until(Slots) end},

@@ -29,7 +29,7 @@
 -module(convoy_slots).
 
 -export([new/2, clock/0, now_us/1, admit/1, is_closed/1, dispose/2, idle/2,
-         since_last_send/3, close/1, admitted/1, disposed/1, record_batch/4, batch_average/1, unpaid_until/1,
+         since_last_send/4, close/1, admitted/1, disposed/1, record_batch/4, batch_average/1, unpaid_until/1,
          long_ago/1, last_small_send/1, recent_gaps/1]).
 
 -export_type([slots/0, clock/0, gaps/0]).
@@ -147,31 +147,38 @@ idle(A, V) -> atomics:get(A, ?DISPOSED) =:= V - 1.
 -spec last_small_send(slots()) -> integer().
 last_small_send(A) -> atomics:get(A, ?LAST_SEND).
 
-%% @doc Record a small send at `Now' (microseconds, the lanes' clock), `OwnGap'
-%% microseconds after its sender's previous one; returns the microseconds since
-%% the lane's previous one (0 or less when another sender already recorded this
-%% microsecond or a later one), with the recent gaps as updated by this send, or
-%% `unread' when it did not update them (`recent_gaps/1' reads them). A read, and
+%% @doc Record a small send at `Now' (microseconds, the lanes' clock) that stands
+%% for `Sends' small sends of its sender (those it made since the last it
+%% recorded, itself included), `OwnGap' microseconds per send after its
+%% sender's previous one; returns the microseconds per send since the lane's
+%% previous one (0 or less when another sender already recorded this microsecond
+%% or a later one), with the recent gaps as updated by this send, or `unread'
+%% when it did not update them (`recent_gaps/1' reads them). Dividing the lane's
+%% gap by `Sends' is exact for a sender alone on its lane; with others recording
+%% in between it makes the lane look busier than it is, which batches, as convoy
+%% did before senders skipped any records. A read, and
 %% plain writes only when the time moves forward: a flood of senders mostly reads
 %% the line instead of taking it in turn. Two senders racing across a microsecond may both see the older time
 %% (both measure the gap before either send), and, as with the `exchange' this
 %% replaces, a sender delayed between the clock and the write may leave a
 %% slightly older time: either only makes a gap look longer by the race's length.
 %% The lane's ordering never depends on it.
--spec since_last_send(slots(), integer(), integer()) -> {integer(), gaps() | unread}.
-since_last_send(A, Now, OwnGap) ->
+-spec since_last_send(slots(), integer(), integer(), pos_integer()) ->
+          {integer(), gaps() | unread}.
+since_last_send(A, Now, OwnGap, Sends) ->
     case atomics:get(A, ?LAST_SEND) of
         Last when Last < Now ->
             atomics:put(A, ?LAST_SEND, Now),
+            Gap = (Now - Last) div Sends,
             %% Unsynchronised, as the time above: a race loses a sample, and
             %% the averages only steer a choice between safe paths.
             {Lane0, Own0} = recent_gaps(A),
-            Gaps = {average(Lane0, min(Now - Last, ?GAP_CAP_US)),
+            Gaps = {average(Lane0, min(Gap, ?GAP_CAP_US)),
                     average(Own0, max(0, min(OwnGap, ?OWN_GAP_CAP_US)))},
             atomics:put(A, ?GAPS, pack(Gaps)),
-            {Now - Last, Gaps};
+            {Gap, Gaps};
         Last ->
-            {Now - Last, unread}
+            {(Now - Last) div Sends, unread}
     end.
 
 average(Old, Us) -> Old + ((Us * ?GAP_UNIT - Old) div ?GAP_WEIGHT).
@@ -303,24 +310,24 @@ clock_counts_microseconds_test() ->
 
 first_send_is_long_after_test() ->
     A = new(0, clock()),
-    ?assert(gap(since_last_send(A, now_us(clock()), 0)) > 1000000),
-    G = gap(since_last_send(A, now_us(clock()), 0)),
+    ?assert(gap(since_last_send(A, now_us(clock()), 0, 1)) > 1000000),
+    G = gap(since_last_send(A, now_us(clock()), 0, 1)),
     ?assert(G >= 0 andalso G < 1000000).
 
 %% The gap is measured from the previous send, written only as time moves on.
 gap_since_previous_send_test() ->
     A = new(0, clock()),
-    _ = since_last_send(A, now_us(clock()), 0),
+    _ = since_last_send(A, now_us(clock()), 0, 1),
     T0 = now_us(clock()),
     Last = atomics:get(A, ?LAST_SEND),
     ?assert(Last =< T0),
     wait_until(T0 + 3),
-    ?assert(gap(since_last_send(A, now_us(clock()), 0)) >= 3),
+    ?assert(gap(since_last_send(A, now_us(clock()), 0, 1)) >= 3),
     ?assert(atomics:get(A, ?LAST_SEND) >= T0 + 3),
     %% A later time already recorded (another sender's) is not overwritten.
     Later = now_us(clock()) + 1000000,
     atomics:put(A, ?LAST_SEND, Later),
-    ?assertMatch({G, unread} when G < 0, since_last_send(A, now_us(clock()), 0)),
+    ?assertMatch({G, unread} when G < 0, since_last_send(A, now_us(clock()), 0, 1)),
     ?assertEqual(Later, atomics:get(A, ?LAST_SEND)).
 
 %% The gaps between small sends are averaged (a new lane: as if long apart); a
@@ -331,19 +338,29 @@ recent_gaps_test() ->
     A = new(0, clock()),
     ?assertEqual({?GAP_CAP_US * ?GAP_UNIT, ?OWN_GAP_CAP_US * ?GAP_UNIT}, recent_gaps(A)),
     T0 = -5000000, % the clock can be negative
-    [_ = since_last_send(A, T0 + 5 * I, 30) || I <- lists:seq(0, 599)],
+    [_ = since_last_send(A, T0 + 5 * I, 30, 1) || I <- lists:seq(0, 599)],
     %% A send that updates the averages returns them as it wrote them.
-    {5, Updated} = since_last_send(A, T0 + 5 * 600, 30),
+    {5, Updated} = since_last_send(A, T0 + 5 * 600, 30, 1),
     ?assertEqual(Updated, recent_gaps(A)),
     ?assertEqual({5, 30}, gaps_us(A)),
-    {0, unread} = since_last_send(A, T0 + 5 * 600, 1 bsl 40), % the same microsecond
+    {0, unread} = since_last_send(A, T0 + 5 * 600, 1 bsl 40, 1), % the same microsecond
     ?assertEqual({5, 30}, gaps_us(A)),
-    _ = since_last_send(A, T0 + 10000000, 1 bsl 40),
+    _ = since_last_send(A, T0 + 10000000, 1 bsl 40, 1),
     ?assertEqual({5 + (?GAP_CAP_US - 5) div ?GAP_WEIGHT, 30 + (?OWN_GAP_CAP_US - 30) div ?GAP_WEIGHT},
                  gaps_us(A)),
-    [_ = since_last_send(A, T0 + 10000000 + 2 * I, -1) || I <- lists:seq(1, 200)],
+    [_ = since_last_send(A, T0 + 10000000 + 2 * I, -1, 1) || I <- lists:seq(1, 200)],
     {Lane, Own} = gaps_us(A),
     ?assert(Lane =< 3 andalso Own =< 3).
+
+%% A send that stands for several (its sender skipped recording the others)
+%% counts its gaps per send: one sender alone on a lane, sending every 10 us and
+%% recording one send in 4, is seen sending every 10 us.
+recorded_for_several_test() ->
+    A = new(0, clock()),
+    T0 = -3000000,
+    [_ = since_last_send(A, T0 + 40 * I, 10, 4) || I <- lists:seq(0, 600)],
+    ?assertEqual({10, 10}, gaps_us(A)),
+    ?assertMatch({10, _}, since_last_send(A, T0 + 40 * 601, 10, 4)).
 
 gap({Gap, _Gaps}) -> Gap.
 
