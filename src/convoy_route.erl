@@ -365,8 +365,21 @@ chunked(RT, L, Node, Inbox, C, To, Msg, Size) ->
 
 direct_send(RT, L, Node, To, Msg, Size) ->
     case erlang:send(convoy_wire:address(To, Node), Msg, ?DIRECT_OPTS) of
-        ok -> count_direct(element(1, refs(RT, Node)));
+        ok -> count_direct(RT, Node);
         _NoSuspendOrNoConnect -> admit_to_lane(RT, L, Node, To, Msg, Size)
+    end.
+
+%% Count a direct send with the node's cached counters (see `refs/2'), checked
+%% by a mark in the counters themselves (`convoy_metrics:add_direct/1').
+count_direct(#runtime{generation = Gen}, Node) ->
+    case get(?REFS_KEY) of
+        #{Node := {Gen, C, _H}} ->
+            case convoy_metrics:add_direct(C) of
+                ok -> ok;
+                closed -> count_direct(element(1, fetch_refs(Gen, Node)))
+            end;
+        _ ->
+            count_direct(element(1, fetch_refs(Gen, Node)))
     end.
 
 admit_to_lane(RT, L, Node, To, Msg, Size) ->

@@ -17,7 +17,8 @@
 -export([forged_welcome_changes_nothing/1, replayed_hellos_change_nothing/1,
          forged_runtime_messages/1, remote_calls_refused/1, peer_restart_relearnt/1,
          refs_when_not_running/1, table_is_protected/1,
-         dead_names_forgotten/1, rows_kept_while_needed/1, gone_peer_forgotten/1]).
+         dead_names_forgotten/1, rows_kept_while_needed/1, gone_peer_forgotten/1,
+         direct_count_after_forget/1]).
 %% Run on peer nodes.
 -export([send_then_barrier/2, replay/3]).
 %% logger handler
@@ -37,7 +38,8 @@ groups() ->
                              forged_runtime_messages, remote_calls_refused,
                              peer_restart_relearnt]},
      {api, [], [refs_when_not_running, table_is_protected]},
-     {sweep, [], [dead_names_forgotten, rows_kept_while_needed, gone_peer_forgotten]}].
+     {sweep, [], [dead_names_forgotten, rows_kept_while_needed, gone_peer_forgotten,
+                  direct_count_after_forget]}].
 
 init_per_suite(Config) ->
     Config.
@@ -66,7 +68,7 @@ end_per_group(_Group, _Config) ->
 
 init_per_testcase(TC, Config) when TC =:= refs_when_not_running; TC =:= table_is_protected;
                                    TC =:= dead_names_forgotten; TC =:= rows_kept_while_needed;
-                                   TC =:= gone_peer_forgotten ->
+                                   TC =:= gone_peer_forgotten; TC =:= direct_count_after_forget ->
     stop_convoy(),
     Config;
 init_per_testcase(_TC, Config) ->
@@ -74,7 +76,7 @@ init_per_testcase(_TC, Config) ->
 
 end_per_testcase(TC, _Config) when TC =:= refs_when_not_running; TC =:= table_is_protected;
                                    TC =:= dead_names_forgotten; TC =:= rows_kept_while_needed;
-                                   TC =:= gone_peer_forgotten ->
+                                   TC =:= gone_peer_forgotten; TC =:= direct_count_after_forget ->
     _ = logger:remove_handler(?MODULE),
     stop_convoy();
 end_per_testcase(_TC, _Config) ->
@@ -243,7 +245,7 @@ dead_names_forgotten(_Config) ->
     capture_log(),
     Names = [list_to_atom("convoy_dead_" ++ integer_to_list(I) ++ "@" ++ host())
              || I <- lists:seq(1, N)],
-    {_C1, H1} = convoy_peers:refs(hd(Names)), % a cached holder
+    {C1, H1} = convoy_peers:refs(hd(Names)), % a cached holder
     Self = self(),
     Sender = spawn_link(fun() ->
                                 [ok = convoy:send({nobody, Name}, hi) || Name <- Names],
@@ -265,8 +267,9 @@ dead_names_forgotten(_Config) ->
                           fun(F) -> F >= N end, 20000),
     ?assertEqual([], [Name || Name <- Names, convoy_peers:lookup(Name) =/= none]),
     ?assert(length(convoy_peers:all()) =< length(nodes(connected))),
-    %% the cached holder sees the row closed
+    %% the cached holder sees the row closed, its held array and its counters
     ?assert(convoy_held:is_closed(H1)),
+    ?assertEqual(closed, convoy_metrics:add_direct(C1)),
     #{forgotten := #{nodes := Forgotten, totals := Totals, last := Last}, nodes := Nodes} =
         convoy:info(),
     ?assertEqual(N, Forgotten),
@@ -335,6 +338,38 @@ gone_peer_forgotten(_Config) ->
     ?assertEqual(none, convoy_peers:lookup(Y)),
     #{forgotten := #{nodes := 1, last := [#{node := Y, counters := Cs}]}} = convoy:info(),
     ?assertMatch(#{accepted := A, messages := A, dropped := 0} when A =:= ?SENDERS * 10, Cs).
+
+%% A sender whose cached row was forgotten while its node was gone counts its
+%% direct sends in the node's new row once the node is back (the forgotten row's
+%% counters are marked: convoy_metrics:add_direct/1).
+direct_count_after_forget(_Config) ->
+    start_convoy(#{}),
+    Name = ?CT_PEER_NAME(),
+    {Peer, Y} = convoy_ct_peers:convoy_peer(?MODULE, Name, #{}),
+    convoy_ct_peers:await_route(Y, convoy),
+    Self = self(),
+    Sender = spawn_link(fun Loop() ->
+                                receive send -> ok = convoy:send({nobody, Y}, hi) end,
+                                Self ! {sent, convoy_route:is_marked(Y)},
+                                Loop()
+                        end),
+    Sender ! send,
+    receive {sent, Marked1} -> ?assertNot(Marked1) after 10000 -> ct:fail(stuck) end,
+    ?assertMatch(#{direct := 1, accepted := 1}, node_stats(Y)),
+    ok = convoy_peers:set_sweep(#{interval => 3600000, grace => 0}),
+    peer:stop(Peer),
+    convoy_ct_peers:await(fun() -> lists:member(Y, nodes(connected)) end,
+                          fun(C) -> not C end, 10000),
+    ?assertEqual([0, 1], [convoy_peers:sweep() || _ <- [1, 2]]),
+    ?assertEqual(none, convoy_peers:lookup(Y)),
+    {Peer2, Y} = convoy_ct_peers:convoy_peer(?MODULE, Name, #{}),
+    convoy_ct_peers:await_route(Y, convoy),
+    Sender ! send,
+    receive {sent, Marked2} -> ?assertNot(Marked2) after 10000 -> ct:fail(stuck) end,
+    ?assertMatch(#{direct := 1, accepted := 1}, node_stats(Y)),
+    unlink(Sender),
+    exit(Sender, kill),
+    peer:stop(Peer2).
 
 %%--------------------------------------------------------------------
 %% Helpers
