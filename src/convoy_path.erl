@@ -92,9 +92,9 @@ streams(OwnGap, Window) -> OwnGap =< Window.
 %% batches of `BatchX16' (messages per distribution send, in sixteenths): `paid',
 %% or until when it does not. Under a flood of many senders batches grow; with a
 %% few request/response pairs they stay near one message, and senders go the way
-%% plain `!' goes. Once `PROBE_US' has passed the
-%% lane is tried again. The lane publishes this verdict
-%% (`convoy_slots:record_batch/4') so that a sender reads one word.
+%% plain `!' goes. Once `PROBE_US' has passed the lane is tried again. The lane
+%% publishes this verdict (`convoy_slots:record_batch/4') so that a sender reads
+%% one word.
 -spec unpaid_until(non_neg_integer(), integer()) -> paid | integer().
 unpaid_until(BatchX16, _ShippedAt) when BatchX16 >= ?PAYS_X16 -> paid;
 unpaid_until(_BatchX16, ShippedAt) -> ShippedAt + ?PROBE_US.
