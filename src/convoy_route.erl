@@ -651,7 +651,7 @@ gaps(_Slots, Gaps) -> Gaps.
 -define(CALM_REUSE, 3).
 -define(CALM_KEY, '$convoy_calm').
 
-unmarked_calm(RT, L) ->
+unmarked_calm(RT = #runtime{bypass_after = W, max_delay = 0}, L) when is_integer(W) ->
     case get(?CALM_KEY) of
         {Calm, Left} when Left > 0 ->
             put(?CALM_KEY, {Calm, Left - 1}),
@@ -661,7 +661,9 @@ unmarked_calm(RT, L) ->
                 busy -> busy;
                 Calm -> put(?CALM_KEY, {Calm, ?CALM_REUSE}), Calm
             end
-    end.
+    end;
+unmarked_calm(RT, L) ->
+    calm(RT, L). % batching asked for: never calm, nothing to reuse
 
 %% How many small sends this recorded one stands for: itself and those that
 %% took a reused calm since the last recorded one.

@@ -9,7 +9,7 @@
 
 -export([all/0, suite/0, init_per_testcase/2, end_per_testcase/2]).
 -export([idle_after_burst_goes_direct/1, barrier_wait_keeps_lane_busy/1,
-         order_across_path_switches/1]).
+         order_across_path_switches/1, calm_reused_for_next_sends/1]).
 %% Run on the peer.
 -export([echo/0]).
 
@@ -18,7 +18,7 @@ suite() ->
 
 all() ->
     [idle_after_burst_goes_direct, barrier_wait_keeps_lane_busy,
-     order_across_path_switches].
+     order_across_path_switches, calm_reused_for_next_sends].
 
 init_per_testcase(_TC, Config) ->
     ok = convoy_ct_peers:restart_here(),
@@ -56,6 +56,29 @@ idle_after_burst_goes_direct(_Config) ->
     ct:pal("messages the peer's inbox delivered during 51 idle round trips: ~p",
            [After - Before]),
     ?assertEqual(1, After - Before).
+
+%% An unmarked sender that found its lane calm sends its next 3 small messages
+%% directly without recording them on the lane: the lane's last small send moves
+%% at sends 1, 5 and 9 only, and all 9 go directly. With `max_delay' set (batches
+%% asked for) every send is recorded and none reuses a calm.
+calm_reused_for_next_sends(_Config) ->
+    {_Peer, Node} = convoy_ct_peers:convoy_peer(?MODULE, ?CT_PEER_NAME(), #{}),
+    #runtime{slots = {Slots}} = persistent_term:get(?RUNTIME_KEY),
+    Spaced = fun(N) ->
+                     [begin
+                          ok = convoy:send({nobody, Node}, I),
+                          timer:sleep(2), % the lane stays calm
+                          convoy_slots:last_small_send(Slots)
+                      end || I <- lists:seq(1, N)]
+             end,
+    [T1, T1, T1, T1, T5, T5, T5, T5, T9] = Spaced(9),
+    ?assert(T1 < T5 andalso T5 < T9),
+    ?assertMatch(#{direct := 9, accepted := 9}, maps:get(Node, maps:get(nodes, convoy:info()))),
+    ok = convoy:set_config(#{max_delay => 1}),
+    Batched = Spaced(4),
+    ?assertEqual(4, length(lists:usort(Batched))),
+    ?assert(hd(Batched) > T9),
+    ?assertMatch(#{direct := 9, accepted := 13}, maps:get(Node, maps:get(nodes, convoy:info()))).
 
 %% While a sender waits for the answer to the barrier behind its message, its
 %% admission is not disposed of: its lane is not idle, so the lane's other senders
