@@ -644,10 +644,11 @@ gaps(_Slots, Gaps) -> Gaps.
 %% shared line. On a node idle between messages, that line and the clock were
 %% most of what convoy adds to a send: in one request/response pair, 0.6-0.7 us
 %% of the 1.7 us convoy's call took beyond the 1.3 us of `!' (`bin/convoy-bench
-%% cost', `[exchange]', with the steps left out one at a time). A direct send is
-%% always safe for an unmarked sender. The next recorded send stands for the
-%% sends taken since the last one (`recorded_sends/0'): its gaps count per send,
-%% so a sender that starts to stream, or many that take turns, are seen as before.
+%% cost', `[exchange]', with the steps left out one at a time); skipping them on 3
+%% sends in 4 took 0.2 us off the call's average. A direct send is always safe
+%% for an unmarked sender. The next recorded send stands for the sends taken
+%% since the last one (`recorded_sends/0'): its gaps count per send, so a sender
+%% that starts to stream, or many that take turns, are seen as before.
 -define(CALM_REUSE, 3).
 -define(CALM_KEY, '$convoy_calm').
 

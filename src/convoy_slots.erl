@@ -29,8 +29,8 @@
 -module(convoy_slots).
 
 -export([new/2, clock/0, now_us/1, admit/1, is_closed/1, dispose/2, idle/2,
-         since_last_send/4, close/1, admitted/1, disposed/1, record_batch/4, batch_average/1, unpaid_until/1,
-         long_ago/1, last_small_send/1, recent_gaps/1]).
+         since_last_send/4, close/1, admitted/1, disposed/1, record_batch/4,
+         batch_average/1, unpaid_until/1, long_ago/1, last_small_send/1, recent_gaps/1]).
 
 -export_type([slots/0, clock/0, gaps/0]).
 
