@@ -225,7 +225,7 @@ remote(RT = #runtime{large_threshold = T}, Node, To, Msg) ->
     Marked = is_marked(Node),
     Calm = case Size of
                {large, _} -> busy; % not a small send: the lane's calm is not touched
-               _ when Marked -> calm(RT, L);
+               _ when Marked -> calm(RT, L, 1);
                _ -> unmarked_calm(RT, L)
            end,
     case convoy_path:unadmitted(size_kind(Size), Calm, Marked) of
@@ -607,18 +607,18 @@ barrier(#runtime{lanes = Lanes, barrier_timeout = Timeout}, L, Node, Inboxes, En
 idle(RT = #runtime{max_delay = 0}, L, V) -> convoy_slots:idle(slots(RT, L), V);
 idle(_RT, _L, _V) -> false.
 
-%% Records this small send's time on the lane and says how calm the lane was
-%% before it (convoy_path). Never calm when max_delay asks for batches (the time
-%% is still recorded: it tells large messages there is small traffic to protect,
+%% Records this small send's time on the lane, standing for `Sends' small sends
+%% of its sender (see `unmarked_calm/2'), and says how calm the lane was before
+%% it (convoy_path). Never calm when max_delay asks for batches (the time is
+%% still recorded: it tells large messages there is small traffic to protect,
 %% see convoy_path:pieces/3).
-calm(RT = #runtime{bypass_after = never}, L) ->
+calm(RT = #runtime{bypass_after = never}, L, _Sends) ->
     record_small(RT, L);
-calm(RT = #runtime{max_delay = D}, L) when D > 0 ->
+calm(RT = #runtime{max_delay = D}, L, _Sends) when D > 0 ->
     record_small(RT, L);
-calm(RT = #runtime{bypass_after = W}, L) ->
+calm(RT = #runtime{bypass_after = W}, L, Sends) ->
     Slots = slots(RT, L),
     Now = now_us(RT),
-    Sends = recorded_sends(),
     OwnGap = (Now - own_last_send(Now)) div Sends,
     {Gap, Gaps} = convoy_slots:since_last_send(Slots, Now, OwnGap, Sends),
     case convoy_path:calm(Gap, W) of
@@ -658,16 +658,19 @@ unmarked_calm(RT = #runtime{bypass_after = W, max_delay = 0}, L) when is_integer
             put(?CALM_KEY, {Calm, Left - 1}),
             Calm;
         _ ->
-            case calm(RT, L) of
+            case calm(RT, L, recorded_sends()) of
                 busy -> busy;
                 Calm -> put(?CALM_KEY, {Calm, ?CALM_REUSE}), Calm
             end
     end;
 unmarked_calm(RT, L) ->
-    calm(RT, L). % batching asked for: never calm, nothing to reuse
+    calm(RT, L, 1). % batching asked for: never calm, nothing to reuse
 
-%% How many small sends this recorded one stands for: itself and those that
-%% took a reused calm since the last recorded one.
+%% How many small sends the recorded one of an unmarked sender stands for:
+%% itself and those that took a reused calm since the last recorded one. (A
+%% marked sender records every send; a reuse cut short by its marking is
+%% counted at its next unmarked record, once, which only makes that sample look
+%% busier.)
 recorded_sends() ->
     case erase(?CALM_KEY) of
         {_Calm, Left} -> 1 + ?CALM_REUSE - Left;
@@ -710,7 +713,7 @@ remote_multi(RT = #runtime{large_threshold = T}, Node, Tos, Msg) ->
                            end,
             Calm = case Kind of
                        large -> busy;
-                       small -> calm(RT, L)
+                       small -> calm(RT, L, 1)
                    end,
             Idle = idle(RT, L, V),
             {Route, C, Inboxes} = case Idle of
