@@ -34,9 +34,9 @@
 %% from exactly 0 (nothing held, not closed), so it fails if anything is held and
 %% a hold fails once it succeeded: a sender that reads the bit gets `closed' and
 %% must fetch the node's references again. A closed array stays closed and reads
-%% as holding nothing; a holder of cached references checks `is_closed/1' before
-%% using them. Only what was held is ever released, so a closed array is never
-%% released.
+%% as holding nothing; a holder of cached references learns it from `hold/4'
+%% (`closed') and fetches them again. Only what was held is ever released, so a
+%% closed array is never released.
 -module(convoy_held).
 
 -export([new/0, hold/4, release/3, has_room/4, read/1, is_empty/1, is_closed/1,

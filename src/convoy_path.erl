@@ -34,7 +34,7 @@
 %% (`quiet/2'): under batching a closed loop's messages come in bursts.
 -module(convoy_path).
 
--export([calm/2, streams/2, unpaid_until/2, pays/3, quiet/2, unadmitted/3, may_bypass/3, bypass/3,
+-export([calm/2, streams/2, unpaid_until/2, pays/3, quiet/2, unadmitted/3, may_bypass/2, bypass/3,
          multicast/4, pieces/3]).
 
 -export_type([size/0, calm/0, route/0]).
@@ -127,13 +127,14 @@ unadmitted(large, _Calm, false) -> direct;
 unadmitted(small, busy, false) -> admit;
 unadmitted(small, _Calm, false) -> direct.
 
-%% @doc After an admission: whether the message may bypass the lane at all (then
-%% the node's route decides how, see `bypass/3').
--spec may_bypass(size(), calm(), Idle :: boolean()) -> boolean().
-may_bypass(_Size, _Calm, false) -> false;
-may_bypass(large, _Calm, true) -> true;
-may_bypass(small, busy, true) -> false;
-may_bypass(small, _Calm, true) -> true.
+%% @doc After an admission: whether the message may bypass the lane, provided
+%% the lane is idle (rule 2: the caller reads that only when this says yes; the
+%% node's route then decides how, see `bypass/3'). A small message bypasses only
+%% a calm lane.
+-spec may_bypass(size(), calm()) -> boolean().
+may_bypass(large, _Calm) -> true;
+may_bypass(small, busy) -> false;
+may_bypass(small, _Calm) -> true.
 
 %% @doc How an admitted message that may bypass the lane goes, by the node's route.
 -spec bypass(size(), calm(), route()) ->

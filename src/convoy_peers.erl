@@ -55,9 +55,8 @@
 %% Invalidation contract for holders of a row's `{Counters, Held}': this process
 %% deletes a row only once `convoy_held:try_close/1' closed its held array for good
 %% (nothing held), and then marks its counters (`convoy_metrics:close/1'); a
-%% holder whose `convoy_held:hold/4' returns `closed', that finds its cached array
-%% `convoy_held:is_closed/1', or whose `convoy_metrics:add_direct/1' returns
-%% `closed', fetches the refs again (`refs/1'). The
+%% holder whose `convoy_held:hold/4' or `convoy_metrics:add_direct/1' returns
+%% `closed' fetches the refs again (`refs/1'). The
 %% final counters of forgotten nodes are logged (one report per sweep) and kept in
 %% a bounded history (`forgotten/0', shown by `convoy:info/0').
 %%

@@ -9,7 +9,8 @@
 
 -export([all/0, suite/0, init_per_testcase/2, end_per_testcase/2]).
 -export([idle_after_burst_goes_direct/1, barrier_wait_keeps_lane_busy/1,
-         order_across_path_switches/1, calm_reused_for_next_sends/1]).
+         order_across_path_switches/1, calm_reused_for_next_sends/1,
+         streaming_sender_skips_records/1]).
 %% Run on the peer.
 -export([echo/0]).
 
@@ -18,7 +19,8 @@ suite() ->
 
 all() ->
     [idle_after_burst_goes_direct, barrier_wait_keeps_lane_busy,
-     order_across_path_switches, calm_reused_for_next_sends].
+     order_across_path_switches, calm_reused_for_next_sends,
+     streaming_sender_skips_records].
 
 init_per_testcase(_TC, Config) ->
     ok = convoy_ct_peers:restart_here(),
@@ -79,6 +81,41 @@ calm_reused_for_next_sends(_Config) ->
     ?assertEqual(4, length(lists:usort(Batched))),
     ?assert(hd(Batched) > T9),
     ?assertMatch(#{direct := 9, accepted := 13}, maps:get(Node, maps:get(nodes, convoy:info()))).
+
+%% A marked sender that streams records at most one send in 16 on its lane: the
+%% lane's last small send stays put for up to 15 sends in a row, and moves at
+%% least once in 16 (it tells other senders and large messages the lane is in
+%% use). Every message is accepted and goes through the lane. With `max_delay'
+%% set every send is recorded, as before.
+streaming_sender_skips_records(_Config) ->
+    {_Peer, Node} = convoy_ct_peers:convoy_peer(?MODULE, ?CT_PEER_NAME(), #{}),
+    #runtime{slots = {Slots}} = persistent_term:get(?RUNTIME_KEY),
+    Stream = fun(N) ->
+                     [begin
+                          ok = convoy:send({nobody, Node}, I),
+                          convoy_slots:last_small_send(Slots)
+                      end || I <- lists:seq(1, N)]
+             end,
+    _ = Stream(2000), % a burst: the sender is marked
+    ?assertEqual(true, convoy_route:is_marked(Node)),
+    Runs = runs(Stream(1600)),
+    ct:pal("sends per record while streaming: ~p", [Runs]),
+    ?assert(lists:max(Runs) =< 16),
+    ?assert(length(Runs) < 1600 div 4), % most sends skipped the record
+    ok = convoy:flush(),
+    ?assertMatch(#{accepted := 3600, messages := 3600, direct := D} when D < 100,
+                 maps:get(Node, maps:get(nodes, convoy:info()))),
+    ok = convoy:set_config(#{max_delay => 1}),
+    _ = erase('$convoy_skipped'), % what the last record has not counted yet
+    _ = Stream(1600),
+    ?assertEqual(undefined, get('$convoy_skipped')).
+
+%% Lengths of the runs of equal consecutive values.
+runs([H | T]) -> runs(T, H, 1, []).
+
+runs([H | T], H, N, Acc) -> runs(T, H, N + 1, Acc);
+runs([H | T], _, N, Acc) -> runs(T, H, 1, [N | Acc]);
+runs([], _, N, Acc) -> lists:reverse([N | Acc]).
 
 %% While a sender waits for the answer to the barrier behind its message, its
 %% admission is not disposed of: its lane is not idle, so the lane's other senders
