@@ -146,7 +146,7 @@ exchange_server(Mode) ->
     receive {req, From, _Msg} -> exchange_send(Mode, From, resp) end,
     exchange_server(Mode).
 
-%% The step convoy_route's refs/2 takes before its closed check (its cache key).
+%% The step convoy_route's refs/2 takes (its cache key).
 refs_of(Node) ->
     case get('$convoy_refs') of
         #{Node := Refs} -> Refs;
@@ -182,6 +182,16 @@ shape_rows(Shape, Sink, P) ->
                          end,
                   element(1, convoy_slots:since_last_send(Slots, Now, Now - Last, 1))
           end},
+         {<<"calm skipped: clock + own last send + count (pdict)">>,
+          fun() ->
+                  Now = convoy_slots:now_us(RT#runtime.clock),
+                  _ = put('$convoy_cost_last', Now),
+                  K = case get('$convoy_cost_skipped') of
+                          undefined -> 0;
+                          K0 -> K0
+                      end,
+                  put('$convoy_cost_skipped', (K + 1) rem 16)
+          end},
          {<<"batching verdict read (convoy_slots:unpaid_until/1)">>,
           fun() -> convoy_slots:unpaid_until(Slots) end},
          {<<"admission add_get + idle read + dispose (convoy_slots)">>,
@@ -199,6 +209,10 @@ shape_rows(Shape, Sink, P) ->
           end},
          {<<"hand-over: local send of the lane's 5-tuple">>,
           fun() -> Discard ! {'$convoy_send', Node, Sink, Msg, Bytes} end},
+         {<<"local destination: convoy:send/2">>,
+          fun() -> convoy:send(Discard, Msg) end},
+         {<<"local destination: ! (plain)">>,
+          fun() -> Discard ! Msg end},
          {<<"[cpu] whole convoy:send/2, sender (lane busy: suspended)">>,
           whole_send(Lane, Sink, Msg)},
          {<<"[cpu] plain erlang:send/2 to the remote process">>,

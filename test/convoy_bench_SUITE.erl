@@ -156,6 +156,9 @@ cost_tiny(_Config) ->
     %% a phase measured calls: none is measured as zero
     [?assert(Ns > 0) || #{step := <<"[exchange]", _/binary>>, ns := Ns} <- Rows],
     [?assertNotEqual(nomatch, binary:match(Text, S)) || S <- Steps],
+    %% the call to a local destination beside `!'
+    ?assertEqual([<<"local destination: ! (plain)">>, <<"local destination: convoy:send/2">>],
+                 [S || S = <<"local destination", _/binary>> <- Steps]),
     ok.
 
 %% Running nodes given with --nodes: the harness loads its own code there; the
