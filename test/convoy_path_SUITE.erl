@@ -66,13 +66,7 @@ idle_after_burst_goes_direct(_Config) ->
 calm_reused_for_next_sends(_Config) ->
     {_Peer, Node} = convoy_ct_peers:convoy_peer(?MODULE, ?CT_PEER_NAME(), #{}),
     #runtime{slots = {Slots}} = persistent_term:get(?RUNTIME_KEY),
-    Spaced = fun(N) ->
-                     [begin
-                          ok = convoy:send({nobody, Node}, I),
-                          timer:sleep(2), % the lane stays calm
-                          convoy_slots:last_small_send(Slots)
-                      end || I <- lists:seq(1, N)]
-             end,
+    Spaced = fun(N) -> last_sends_after(Node, Slots, N, 2) end, % the lane stays calm
     [T1, T1, T1, T1, T5, T5, T5, T5, T9] = Spaced(9),
     ?assert(T1 < T5 andalso T5 < T9),
     ?assertMatch(#{direct := 9, accepted := 9}, maps:get(Node, maps:get(nodes, convoy:info()))),
@@ -90,12 +84,7 @@ calm_reused_for_next_sends(_Config) ->
 streaming_sender_skips_records(_Config) ->
     {_Peer, Node} = convoy_ct_peers:convoy_peer(?MODULE, ?CT_PEER_NAME(), #{}),
     #runtime{slots = {Slots}} = persistent_term:get(?RUNTIME_KEY),
-    Stream = fun(N) ->
-                     [begin
-                          ok = convoy:send({nobody, Node}, I),
-                          convoy_slots:last_small_send(Slots)
-                      end || I <- lists:seq(1, N)]
-             end,
+    Stream = fun(N) -> last_sends_after(Node, Slots, N, 0) end,
     _ = Stream(2000), % a burst: the sender is marked
     ?assertEqual(true, convoy_route:is_marked(Node)),
     Runs = runs(Stream(1600)),
@@ -109,6 +98,14 @@ streaming_sender_skips_records(_Config) ->
     _ = erase('$convoy_skipped'), % what the last record has not counted yet
     _ = Stream(1600),
     ?assertEqual(undefined, get('$convoy_skipped')).
+
+%% The lane's last small send after each of N sends to Node, PauseMs apart.
+last_sends_after(Node, Slots, N, PauseMs) ->
+    [begin
+         ok = convoy:send({nobody, Node}, I),
+         PauseMs > 0 andalso timer:sleep(PauseMs),
+         convoy_slots:last_small_send(Slots)
+     end || I <- lists:seq(1, N)].
 
 %% Lengths of the runs of equal consecutive values.
 runs([H | T]) -> runs(T, H, 1, []).
