@@ -580,16 +580,19 @@ event(#runtime{telemetry = On}, Name, Measurements, Meta) ->
 %% sender sent before: ok, timeout, or not_sent (the connection was busy or down).
 %% The lane is monitored: if it goes, its inbox may not answer. Demonitoring
 %% deactivates the alias: a late answer is dropped by the runtime, never left in
-%% the mailbox.
+%% the mailbox. The answer's tag is the monitor's reference itself, so that every
+%% clause of the receive names it: the compiler then has the receive skip what
+%% was in the mailbox before the monitor was set up. A tag that only contained
+%% the reference made each wait scan the caller's whole mailbox, which for a
+%% server answering a flood holds thousands of requests.
 barrier(#runtime{lanes = Lanes, barrier_timeout = Timeout}, L, Node, Inboxes, Entries) ->
     Mon = erlang:monitor(process, element(L, Lanes), [{alias, demonitor}]),
-    Tag = {'$convoy_barrier', Mon},
     Inbox = {convoy_wire:lane_inbox(L, Inboxes), Node},
-    Batch = convoy_wire:batch(node(), Entries ++ [convoy_wire:barrier(Mon, Tag)]),
+    Batch = convoy_wire:batch(node(), Entries ++ [convoy_wire:barrier(Mon, Mon)]),
     Result = case erlang:send(Inbox, Batch, ?DIRECT_OPTS) of
                  ok ->
                      receive
-                         {Tag, convoy_barrier} -> ok;
+                         {Mon, convoy_barrier} -> ok;
                          {'DOWN', Mon, process, _, _} -> timeout
                      after Timeout ->
                          timeout
