@@ -47,6 +47,8 @@
 -module(convoy_calls).
 -behaviour(gen_server).
 
+-include("convoy_runtime.hrl").
+
 -export([start_link/0, watch/2, unwatch/2]).
 -export([init/1, handle_call/3, handle_cast/2, handle_info/2]).
 
@@ -67,7 +69,9 @@ start_link() ->
 %% another node) tagged with `Alias'. If this process watches `Process', from now
 %% until `unwatch/2' the server's `DOWN' reaches the caller as
 %% ``{'$convoy_call_down', Alias, Reason}'', and the result is a monitor of this
-%% process (its `DOWN' means nothing more will be passed on). Otherwise
+%% process, whose `DOWN' comes tagged `{?CALLS_GONE, Alias}' (it means nothing
+%% more will be passed on; the tag names the alias, so that the caller's receive
+%% names it in every clause). Otherwise
 %% `unavailable' (convoy is not running, or the server is not watched yet: this
 %% process is asked to watch it for later calls): the caller monitors the server
 %% itself.
@@ -87,7 +91,7 @@ watch(Process, Alias) ->
 
 %% Registered first, then looked up again (see the module header).
 join(Pid, Process, Alias) ->
-    Mon = erlang:monitor(process, Pid),
+    Mon = erlang:monitor(process, Pid, [{tag, {?CALLS_GONE, Alias}}]),
     try
         true = ets:insert(?WAITERS, {Alias, Process, self()}),
         case ets:member(?WATCHED, Process) of

@@ -57,7 +57,11 @@
 %% a call that may wait longer tries again.
 -define(MAX_BLOCK_MS, 3600000).
 
--dialyzer({no_improper_lists, [watch/1, await/3, late_reply/1]}).
+-dialyzer({no_improper_lists, [do_call/3, await_own/3, late_reply/1]}).
+
+%% The tag of the `DOWN' of the call's own monitor of the server, with the call's
+%% alias (convoy_calls' is `?CALLS_GONE').
+-define(SERVER_DOWN, '$convoy_server_down').
 
 %% @doc See `convoy:cast/2'.
 -spec cast(convoy:server_ref(), term()) -> ok.
@@ -144,47 +148,75 @@ where(Fun) ->
         _:_ -> undefined
     end.
 
-%% gen's do_call for a remote process, the request sent through convoy.
+%% gen's do_call for a remote process, the request sent through convoy. The
+%% reply's alias is made here and every clause of the receive below names it,
+%% so the compiler has that receive skip what was in the caller's mailbox before
+%% the call, as gen_server:call's receive does: a caller with a long queue does
+%% not scan it on every call. (The watch's `DOWN' messages carry the alias in
+%% their tag for the same reason.)
 do_call({Process, How}, Request, Timeout) ->
     Deadline = deadline(Timeout),
-    {Tag, Watch} = watch(Process),
-    Msg = {'$gen_call', {self(), Tag}, Request},
-    {Outcome, Watched} = request(Process, Msg, Watch, Deadline),
-    unwatch(Process, Watched),
+    Alias = erlang:alias([explicit_unalias]),
+    Watch0 = watch(Process, Alias),
+    Msg = {'$gen_call', {self(), [alias | Alias]}, Request},
+    {Outcome, Watch} =
+        case request(Process, Msg, Watch0, Alias, Deadline) of
+            sent ->
+                receive
+                    {[alias | Alias], Reply} ->
+                        {{ok, Reply}, Watch0};
+                    {'$convoy_call_down', Alias, Reason} ->
+                        {{exit, down(Reason, Process)}, Watch0};
+                    {{?SERVER_DOWN, Alias}, _, process, _, Reason} ->
+                        {{exit, down(Reason, Process)}, Watch0};
+                    {{?CALLS_GONE, Alias}, _, process, _, _} ->
+                        %% convoy_calls is gone (and with it the shared monitor):
+                        %% the call watches the server itself from now on
+                        %% (`noproc' if the server died in between, whatever its
+                        %% reason).
+                        Own = own_watch(Process, Alias),
+                        {await_own(Alias, Process, Deadline), Own}
+                after left(Deadline) ->
+                    {late_reply(Alias), Watch0}
+                end;
+            {exit, _} = Exit ->
+                {Exit, Watch0}
+        end,
+    _ = erlang:unalias(Alias),
+    unwatch(Process, Alias, Watch),
+    %% A server's death passed on before the alias went inactive: taken out.
+    receive
+        {'$convoy_call_down', Alias, _} -> flush_down(Alias)
+    after 0 ->
+        ok
+    end,
     case {How, Outcome} of
         {registered, {exit, {nodedown, _}}} -> {exit, noproc};
         _ -> Outcome
     end.
 
 %% How the call learns that the server is gone: from the monitor convoy_calls
-%% shares among callers (`shared': no monitor signal per call), or from a monitor
-%% of its own as gen_server:call takes it (`own') when convoy_calls is not there.
-%% The reply comes to an alias either way, inactive once the call is over.
-watch(Process) ->
-    Alias = erlang:alias([explicit_unalias]),
+%% shares among callers (`shared': no monitor signal per call, its passing on
+%% comes as `{'$convoy_call_down', Alias, Reason}'), or from a monitor of its
+%% own as gen_server:call takes it (`own') when convoy_calls is not there. The
+%% reply comes to the alias either way, inactive once the call is over.
+watch(Process, Alias) ->
     case convoy_calls:watch(Process, Alias) of
-        {ok, Helper} ->
-            {[alias | Alias], {shared, Alias, Helper}};
-        unavailable ->
-            true = erlang:unalias(Alias),
-            Mref = erlang:monitor(process, Process, [{alias, demonitor}]),
-            {[alias | Mref], {own, Mref}}
+        {ok, Helper} -> {shared, Helper};
+        unavailable -> own_watch(Process, Alias)
     end.
 
-%% Nothing of the call is left: the alias is inactive (a late reply or `DOWN' is
-%% dropped by the runtime) and what reached the mailbox before is taken out.
-unwatch(_Process, {own, Mref}) ->
+own_watch(Process, Alias) ->
+    {own, erlang:monitor(process, Process, [{tag, {?SERVER_DOWN, Alias}}])}.
+
+%% Nothing of the watch is left: a `DOWN' that reached the mailbox is taken out.
+unwatch(_Process, _Alias, {own, Mref}) ->
     erlang:demonitor(Mref, [flush]),
     ok;
-unwatch(Process, {shared, Alias, Helper}) ->
-    _ = erlang:unalias(Alias),
+unwatch(Process, Alias, {shared, Helper}) ->
     ok = convoy_calls:unwatch(Process, Alias),
     erlang:demonitor(Helper, [flush]),
-    flush_down(Alias);
-unwatch(_Process, {fallback, Alias, Mref}) ->
-    _ = erlang:unalias(Alias),
-    erlang:demonitor(Mref, [flush]),
-    flush_down(Alias).
+    ok.
 
 flush_down(Alias) ->
     receive
@@ -196,68 +228,52 @@ flush_down(Alias) ->
 %% Hand the request to convoy. If the node's bound is reached, wait for room no
 %% longer than the call may last (the caller waits for the answer anyway); a
 %% request refused with time left is tried again unless the server is gone.
-%% Returns the outcome and how the server was watched in the end.
-request(Process, Msg, Watch, Deadline) ->
+request(Process, Msg, Watch, Alias, Deadline) ->
     Wait = min(left(Deadline), ?MAX_BLOCK_MS),
     case convoy_route:send(Process, Msg, #{overload => block, block_timeout => Wait}) of
         ok ->
-            await(Watch, Process, Deadline);
+            sent;
         {error, overload} ->
-            case gone(Watch, Process) of
+            case gone(Watch, Alias, Process) of
                 {exit, _} = Exit ->
-                    {Exit, Watch};
+                    Exit;
                 no ->
                     case left(Deadline) of
-                        0 -> await(Watch, Process, Deadline);
-                        _ -> request(Process, Msg, Watch, Deadline)
+                        0 -> sent; % the wait for the answer times out at once
+                        _ -> request(Process, Msg, Watch, Alias, Deadline)
                     end
             end
     end.
 
-gone({own, Mref}, Process) ->
+gone({own, _Mref}, Alias, Process) ->
     receive
-        {'DOWN', Mref, _, _, Reason} -> {exit, down(Reason, Process)}
+        {{?SERVER_DOWN, Alias}, _, process, _, Reason} -> {exit, down(Reason, Process)}
     after 0 -> no
     end;
-gone({_, Alias, _}, Process) ->
+gone({shared, _Helper}, Alias, Process) ->
     receive
         {'$convoy_call_down', Alias, Reason} -> {exit, down(Reason, Process)}
     after 0 -> no
     end.
 
-await({own, Mref} = W, Process, Deadline) ->
-    receive
-        {[alias | Mref], Reply} ->
-            {{ok, Reply}, W};
-        {'DOWN', Mref, _, _, Reason} ->
-            {{exit, down(Reason, Process)}, W}
-    after left(Deadline) ->
-        %% Demonitoring deactivates the alias: nothing can arrive after this
-        %% but an answer already here.
-        erlang:demonitor(Mref, [flush]),
-        {late_reply(Mref), W}
-    end;
-await({Kind, Alias, Ref} = W, Process, Deadline) ->
-    %% `shared': Ref monitors convoy_calls; `fallback': Ref monitors the server.
+%% After convoy_calls went mid-call, with the call's own monitor of the server
+%% (rare: this receive scans the mailbox as any receive does).
+await_own(Alias, Process, Deadline) ->
     receive
         {[alias | Alias], Reply} ->
-            {{ok, Reply}, W};
+            {ok, Reply};
         {'$convoy_call_down', Alias, Reason} ->
-            {{exit, down(Reason, Process)}, W};
-        {'DOWN', Ref, process, _, Reason} when Kind =:= fallback ->
-            {{exit, down(Reason, Process)}, W};
-        {'DOWN', Ref, process, _, _} ->
-            %% convoy_calls is gone (and with it the shared monitor): the call
-            %% watches the server itself from now on (`noproc' if the server died
-            %% in between, whatever its reason).
-            await({fallback, Alias, erlang:monitor(process, Process)}, Process, Deadline)
+            {exit, down(Reason, Process)};
+        {{?SERVER_DOWN, Alias}, _, process, _, Reason} ->
+            {exit, down(Reason, Process)}
     after left(Deadline) ->
-        _ = erlang:unalias(Alias),
-        {late_reply(Alias), W}
+        late_reply(Alias)
     end.
 
-%% The alias is inactive: only an answer already in the mailbox can be there.
+%% The wait is over: once the alias is inactive only an answer already in the
+%% mailbox can be there.
 late_reply(Tag) ->
+    _ = erlang:unalias(Tag),
     receive
         {[alias | Tag], Reply} -> {ok, Reply}
     after 0 ->

@@ -20,12 +20,13 @@
          malformed_like_gen_server/1, call_waits_for_room/1, local_forms/1,
          one_shared_monitor/1, server_dies_after_calls/1, calls_helper_killed_mid_call/1,
          idle_monitors_dropped/1, calls_helper_rejects_strays/1,
-         busy_node_holds_no_other_calls/1]).
+         busy_node_holds_no_other_calls/1, call_with_long_mailbox/1]).
 
 -define(SHARED, [cast_each_form, call_each_form, server_sees_gen_messages,
                  noproc_each_form, nodedown, timeout_leaves_no_late_reply,
                  server_stops_during_call, server_killed_mid_call,
-                 node_killed_mid_call, order_send_cast_call, concurrent_callers]).
+                 node_killed_mid_call, order_send_cast_call, concurrent_callers,
+                 call_with_long_mailbox]).
 
 all() ->
     [{group, convoy_peer}, {group, plain_peer}, {group, not_running}, {group, local}].
@@ -140,6 +141,8 @@ strays() ->
 
 is_stray({[alias | Ref], _}) when is_reference(Ref) -> true;
 is_stray({'DOWN', _, process, _, _}) -> true;
+is_stray({{'$convoy_server_down', _}, _, process, _, _}) -> true;
+is_stray({{'$convoy_calls_gone', _}, _, process, _, _}) -> true;
 is_stray({'$convoy_call_down', _, _}) -> true;
 is_stray({Ref, _}) when is_reference(Ref) -> true;
 is_stray(_) -> false.
@@ -248,6 +251,24 @@ timeout_leaves_no_late_reply(Config) ->
     ?assertEqual([], strays()),
     %% The server is fine and the next call gets its own answer.
     ?assertEqual(after_timeout, convoy:call(Srv, {echo, after_timeout})).
+
+%% A caller with a long queue of other messages, look-alikes of a call's
+%% answers among them (other aliases, other monitors' `DOWN' tags): every call
+%% gets its own answer, and the queue is left as it was, in order. (convoy's
+%% receive skips what was queued before the call, as gen_server:call's does;
+%% this checks that nothing of it is taken or lost.)
+call_with_long_mailbox(Config) ->
+    #{server := Srv} = setup(Config),
+    Other = erlang:alias(),
+    Queued = lists:append([[{n, I}, {[alias | Other], I}, {'$convoy_call_down', Other, I},
+                            {{'$convoy_server_down', Other}, make_ref(), process, self(), I},
+                            {{'$convoy_calls_gone', Other}, make_ref(), process, self(), I}]
+                           || I <- lists:seq(1, 4000)]),
+    [self() ! M || M <- Queued],
+    [?assertEqual({echo, I}, convoy:call(Srv, {echo, {echo, I}})) || I <- lists:seq(1, 50)],
+    ?assertEqual(Queued, [receive M -> M after 0 -> missing end || _ <- Queued]),
+    ?assertEqual([], strays()),
+    true = erlang:unalias(Other).
 
 %% call/2's 5 s, with call/2's Args.
 default_timeout(Config) ->
