@@ -672,9 +672,9 @@ unmarked_calm(RT, L) ->
 
 %% How many small sends the recorded one of an unmarked sender stands for:
 %% itself and those that took a reused calm since the last recorded one. (A
-%% marked sender records every send; a reuse cut short by its marking is
-%% counted at its next unmarked record, once, which only makes that sample look
-%% busier.)
+%% marked sender counts its own skipped records, see `marked_calm/2'; a reuse
+%% cut short by its marking is counted at its next unmarked record, once, which
+%% only makes that sample look busier.)
 recorded_sends() ->
     case erase(?CALM_KEY) of
         {_Calm, Left} -> 1 + ?CALM_REUSE - Left;

@@ -13,7 +13,8 @@
 %%   (`dispose/2'); when it equals the admissions before a sender's own, the lane is
 %%   idle and everything it was given is already in the distribution layer;</li>
 %% <li>last small send: microseconds of the latest small message on this lane, by
-%%   the lanes' clock (`now_us/1'), read by every small send and written only when
+%%   the lanes' clock (`now_us/1'), read by every recorded small send (a
+%%   streaming sender records one in 16, convoy_route) and written only when
 %%   the microsecond has moved on. It starts far in the past, never at 0: a
 %%   monotonic clock can be negative. Beside it on the same line, moving averages
 %%   of the gaps between those sends and of the gaps between each and its
