@@ -39,11 +39,10 @@
 %% closed array is never released.
 -module(convoy_held).
 
--export([new/0, hold/4, release/3, has_room/4, read/1, is_empty/1, is_closed/1,
-         try_close/1]).
+-export([new/0, hold/4, release/3, has_room/4, read/1, is_empty/1, try_close/1]).
 
 -ifdef(TEST).
--export([ceiling/0, set/3]).
+-export([ceiling/0, set/3, is_closed/1]).
 -endif.
 
 -export_type([held/0, bound/0]).
@@ -122,17 +121,16 @@ read(H) ->
 is_empty(H) ->
     atomics:get(H, ?SLOT) =:= 0.
 
-%% @doc Whether the row was forgotten.
--spec is_closed(held()) -> boolean().
-is_closed(H) ->
-    atomics:get(H, ?SLOT) >= ?CLOSED_BIT.
-
 %% @doc Close for good if nothing is held; otherwise leave it as it was.
 -spec try_close(held()) -> boolean().
 try_close(H) ->
     atomics:compare_exchange(H, ?SLOT, 0, ?CLOSED_BIT) =:= ok.
 
 -ifdef(TEST).
+%% Whether the row was forgotten (senders learn it from `hold/4').
+is_closed(H) ->
+    atomics:get(H, ?SLOT) >= ?CLOSED_BIT.
+
 %% The most messages and bytes one array can hold, whatever the bounds.
 ceiling() -> {?MAX_MSGS, ?MAX_BYTES}.
 
