@@ -619,12 +619,21 @@ calm(RT = #runtime{max_delay = D}, L, _Sends) when D > 0 ->
     record_small(RT, L);
 calm(RT, L, Sends) ->
     Now = now_us(RT),
-    calm(RT, L, Now, (Now - own_last_send(Now)) div Sends, Sends).
+    calm(RT, L, Now, (Now - own_last_send(Now)) div Sends, Sends, direct).
 
-%% The same at `Now', with the sender's own gap per send already known.
-calm(RT = #runtime{bypass_after = W}, L, Now, OwnGap, Sends) ->
+%% The same at `Now', with the sender's own gap per send already known. How long
+%% the lane has been without a small message depends on where the sender's
+%% unrecorded sends went: `direct' (an unmarked sender's reused calm), so the
+%% lane's gap since its last record counts per send; or `lane' (a marked
+%% sender's skipped records), so its own previous send took the lane at the
+%% latest `OwnGap' ago, as if it had been recorded.
+calm(RT = #runtime{bypass_after = W}, L, Now, OwnGap, Sends, Unrecorded) ->
     Slots = slots(RT, L),
-    {Gap, Gaps} = convoy_slots:since_last_send(Slots, Now, OwnGap, Sends),
+    {LaneGap, Gaps} = convoy_slots:since_last_send(Slots, Now, OwnGap, Sends),
+    Gap = case Unrecorded of
+              direct -> LaneGap div Sends;
+              lane -> min(LaneGap, OwnGap)
+          end,
     case convoy_path:calm(Gap, W) of
         busy ->
             case convoy_path:streams(OwnGap, W) of
@@ -685,7 +694,8 @@ recorded_sends() ->
 %% within `bypass_after') keeps its lane whatever the lane's calm: the calm of
 %% its send would only keep the lane's estimates and its last small send up to
 %% date. So it skips recording for up to SKIP_MAX sends in a row, its next
-%% recorded send standing for them (as `unmarked_calm/2''s do): one clock read
+%% recorded send standing for them in the lane's averages (as `unmarked_calm/2''s
+%% do; its calm counts its own previous send as the lane's last): one clock read
 %% and three process-dictionary calls instead of four calls on the lane's shared
 %% line, and no read of the lane's idleness (`admitted/7'). Its records stay at
 %% most SKIP_MAX + 1 of its sends apart, so the lane's last small send, which
@@ -707,7 +717,7 @@ marked_calm(RT = #runtime{bypass_after = W, max_delay = 0}, L) when is_integer(W
             busy;
         false ->
             _ = Skipped =:= 0 orelse erase(?SKIPPED_KEY),
-            calm(RT, L, Now, OwnGap, 1 + Skipped)
+            calm(RT, L, Now, OwnGap, 1 + Skipped, lane)
     end;
 marked_calm(RT, L) ->
     calm(RT, L, 1). % batching asked for: every send recorded, as before

@@ -151,13 +151,13 @@ last_small_send(A) -> atomics:get(A, ?LAST_SEND).
 %% @doc Record a small send at `Now' (microseconds, the lanes' clock) that stands
 %% for `Sends' small sends of its sender (those it made since the last it
 %% recorded, itself included), `OwnGap' microseconds per send after its
-%% sender's previous one; returns the microseconds per send since the lane's
-%% previous one (0 or less when another sender already recorded this microsecond
-%% or a later one), with the recent gaps as updated by this send, or `unread'
-%% when it did not update them (`recent_gaps/1' reads them). Dividing the lane's
-%% gap by `Sends' is exact for a sender alone on its lane; with others recording
-%% in between it makes the lane look busier than it is, which batches, as convoy
-%% did before senders skipped any records. A read, and
+%% sender's previous one; returns the microseconds since the lane's previous
+%% recorded small send (0 or less when another sender already recorded this
+%% microsecond or a later one), with the recent gaps as updated by this send, or
+%% `unread' when it did not update them (`recent_gaps/1' reads them). The lane's
+%% gap is averaged per send (divided by `Sends'): exact for a sender alone on its
+%% lane; with others recording in between it makes the lane look busier than it
+%% is, which batches, as convoy did before senders skipped any records. A read, and
 %% plain writes only when the time moves forward: a flood of senders mostly reads
 %% the line instead of taking it in turn. Two senders racing across a microsecond may both see the older time
 %% (both measure the gap before either send), and, as with the `exchange' this
@@ -170,16 +170,15 @@ since_last_send(A, Now, OwnGap, Sends) ->
     case atomics:get(A, ?LAST_SEND) of
         Last when Last < Now ->
             atomics:put(A, ?LAST_SEND, Now),
-            Gap = (Now - Last) div Sends,
             %% Unsynchronised, as the time above: a race loses a sample, and
             %% the averages only steer a choice between safe paths.
             {Lane0, Own0} = recent_gaps(A),
-            Gaps = {average(Lane0, min(Gap, ?GAP_CAP_US)),
+            Gaps = {average(Lane0, min((Now - Last) div Sends, ?GAP_CAP_US)),
                     average(Own0, max(0, min(OwnGap, ?OWN_GAP_CAP_US)))},
             atomics:put(A, ?GAPS, pack(Gaps)),
-            {Gap, Gaps};
+            {Now - Last, Gaps};
         Last ->
-            {(Now - Last) div Sends, unread}
+            {Now - Last, unread}
     end.
 
 average(Old, Us) -> Old + ((Us * ?GAP_UNIT - Old) div ?GAP_WEIGHT).
@@ -361,7 +360,8 @@ recorded_for_several_test() ->
     T0 = -3000000,
     [_ = since_last_send(A, T0 + 40 * I, 10, 4) || I <- lists:seq(0, 600)],
     ?assertEqual({10, 10}, gaps_us(A)),
-    ?assertMatch({10, _}, since_last_send(A, T0 + 40 * 601, 10, 4)).
+    %% the gap returned is the lane's whole gap since the previous record
+    ?assertMatch({40, _}, since_last_send(A, T0 + 40 * 601, 10, 4)).
 
 gap({Gap, _Gaps}) -> Gap.
 
