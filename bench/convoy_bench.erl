@@ -102,7 +102,9 @@ usage() ->
      "  (Id: the message's sequence number; pairs: #{k => Id, body => Payload}); the\n"
      "  point label names the shape, e.g. \"1000000 msgs, atom\" / \"1000000 msgs, event\".\n"
      "\n"
-     "Variants: local (`!` on one node), plain (`!`), ceiling (oneway, oneway8, sizes,\n"
+     "Variants: local (`!` on one node), local_call (the local scenario only: `!` on\n"
+     "one node behind one call to another module's function, what calling any\n"
+     "library's send costs), plain (`!`), ceiling (oneway, oneway8, sizes,\n"
      "flood: a batching router with no bookkeeping; senders of many messages batch\n"
      "them themselves, lists of max_batch entries), nodelay_false (`!`, both\n"
      "nodes with -kernel dist_nodelay false), delay_send (`!`, both nodes with\n"
@@ -490,6 +492,8 @@ timestamp(Style) ->
 -spec variants(opts()) -> [convoy_bench_runner:variant()].
 variants(#{convoy := Extra, only := Only, noise := Noise}) ->
     All = [#{name => <<"local">>, kind => local, family => default, mode => plain,
+             convoy => off},
+           #{name => <<"local_call">>, kind => local_call, family => default, mode => call,
              convoy => off},
            plain_variant(),
            #{name => <<"plain_again">>, kind => plain_again, family => default,

@@ -17,7 +17,7 @@
          slow_consumer/4]).
 -export([gen_host/2, caster/5, caller/3]).
 
--type mode() :: plain | convoy | ceiling.
+-type mode() :: plain | call | convoy | ceiling.
 -type ctx() :: #{mode := mode(), sinks := [node(), ...], timeout := pos_integer()}.
 -type figures() :: #{atom() => number()}.
 -export_type([ctx/0, figures/0]).
@@ -246,6 +246,7 @@ measure(flow, #{mode := FlowMode, where := Where, n := N, work := Work, every :=
 
 -compile({inline, [snd/3]}).
 snd(plain, Dest, Msg) -> erlang:send(Dest, Msg);
+snd(call, Dest, Msg) -> convoy_bench_call:send(Dest, Msg);
 snd(convoy, Dest, Msg) -> convoy:send(Dest, Msg);
 snd(ceiling, Dest, Msg) -> convoy_bench_ceiling:send(Dest, Msg).
 

@@ -51,6 +51,10 @@ variant_text(#{name := N, kind := convoy, settings := S}) ->
     io_lib:format("~s = convoy:send/2 with ~s", [N, settings_text(S)]);
 variant_text(#{name := N, kind := local}) ->
     io_lib:format("~s = `!` on one node", [N]);
+variant_text(#{name := N, kind := local_call}) ->
+    io_lib:format("~s = `!` on one node behind one call to another module's function "
+                  "(convoy_bench_call:send/2), in the local scenario: what calling any "
+                  "library's send costs", [N]);
 variant_text(#{name := N, kind := plain_again}) ->
     io_lib:format("~s = plain again (`!` between two nodes), interleaved with the others: "
                   "the run's noise", [N]);

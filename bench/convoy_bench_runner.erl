@@ -26,10 +26,10 @@
 -define(SETTLE_REPORT_MS, 200).
 
 -type variant() :: #{name := binary(),
-                     kind := local | plain | plain_again | ceiling | nodelay_false | delay_send
-                             | convoy,
+                     kind := local | local_call | plain | plain_again | ceiling
+                             | nodelay_false | delay_send | convoy,
                      family := convoy_bench_nodes:family(),
-                     mode := plain | convoy | ceiling,
+                     mode := plain | call | convoy | ceiling,
                      convoy := convoy_bench_nodes:convoy_setting()}.
 -type status() :: ok | error | awaiting | unavailable.
 -type run() :: #{scenario := atom(), variant := binary(), repeat := pos_integer(),
@@ -39,13 +39,13 @@
 -export_type([variant/0, run/0, opts/0]).
 
 %% @doc The variants that make sense for a scenario: all of them across nodes
-%% (`ceiling' only where the scenario has one); on one node (`local' scenario) the
-%% `local' variant and the convoy ones.
+%% (`ceiling' only where the scenario has one, `local_call' nowhere); on one node
+%% (`local' scenario) `local', `local_call' and the convoy ones.
 -spec variants_for(convoy_bench_scenarios:spec(), [variant()]) -> [variant()].
 variants_for(#{placement := same_node}, Variants) ->
-    [V || V = #{kind := K} <- Variants, K =:= local orelse K =:= convoy];
+    [V || V = #{kind := K} <- Variants, K =:= local orelse K =:= local_call orelse K =:= convoy];
 variants_for(#{placement := cross, ceiling := Ceiling}, Variants) ->
-    [V || V = #{kind := K} <- Variants, K =/= ceiling orelse Ceiling].
+    [V || V = #{kind := K} <- Variants, K =/= local_call, K =/= ceiling orelse Ceiling].
 
 %% @doc The variant the others are compared with.
 -spec baseline(convoy_bench_scenarios:spec()) -> binary().
@@ -145,7 +145,7 @@ point_skip(_V, _Point) ->
 place(#{placement := Placement, sinks := K}, #{kind := Kind, family := F, mode := M,
                                               convoy := C}, Nodes0) ->
     {[A | Rest], Nodes1} = convoy_bench_nodes:prepare(F, 1 + K, C, Nodes0),
-    Sinks = case Kind =:= local orelse Placement =:= same_node of
+    Sinks = case Kind =:= local orelse Kind =:= local_call orelse Placement =:= same_node of
                 true -> lists:duplicate(K, A);
                 false -> lists:sublist(Rest, K)
             end,

@@ -51,7 +51,8 @@ arguments(_Config) ->
                     [N || #{name := N} <- convoy_bench:variants(O)]
             end,
     ?assertNot(lists:member(<<"plain_again">>, Names([]))),
-    ?assertMatch([<<"local">>, <<"plain">>, <<"plain_again">> | _], Names(["--noise"])),
+    ?assertMatch([<<"local">>, <<"local_call">>, <<"plain">>, <<"plain_again">> | _],
+                 Names(["--noise"])),
     ?assertEqual([<<"plain">>, <<"plain_again">>, <<"convoy">>],
                  Names(["--variants", "plain,convoy", "--noise"])),
     ?assertEqual([<<"plain">>, <<"plain_again">>], Names(["--variants", "plain_again,plain"])),
@@ -71,6 +72,9 @@ every_scenario_tiny(Config) ->
     ?assertMatch(#{otp_release := <<_/binary>>, schedulers_online := _,
                    logical_processors := _, convoy_defaults := #{lanes := _}}, Facts),
     [check_scenario(S) || S <- Scenarios],
+    %% `local_call' (`!' behind one call) runs in the same-node scenario only.
+    [?assertEqual(N =:= local, lists:member(<<"local_call">>, Vs), N)
+     || #{name := N, variants := Vs} <- Scenarios],
     check_files(Dir, R),
     %% --check: every checked figure of both convoy variants at every point; no
     %% value asserted (the machine is noisy), only the accounting.
