@@ -2,9 +2,9 @@
 %% The shared counters of one outbound lane, and the only module that touches them.
 %%
 %% Each lane has its own `atomics' array (so replacing one lane replaces its
-%% counters and nothing else) with three slots, each on its own 64-byte cache line
-%% so that senders bumping admissions and the lane publishing disposals do not
-%% write the same line:
+%% counters and nothing else) with these slots, each group on its own 64-byte
+%% cache line so that senders bumping admissions and the lane publishing disposals
+%% do not write the same line:
 %% <ul>
 %% <li>admitted: messages senders handed to the lane's path (`admit/1'); jumps by
 %%   `?CLOSED' when the lane is retired, so a sender that lands at or above it knows
@@ -25,7 +25,9 @@
 %%   whether batching pays, judged over windows of the lane's shipments, or until
 %%   when it does not (`unpaid_until/1', see `convoy_path:unpaid_until/2'). One
 %%   word, read by a sender that does not stream on a small send to a busy or
-%%   quiet lane, and written only as the lane ships.</li>
+%%   quiet lane, and written only when the lane judges a window of its
+%%   shipments; the sums it judges, added to at every shipment, are on a line of
+%%   their own.</li>
 %% </ul>
 -module(convoy_slots).
 
@@ -45,14 +47,18 @@
 %% The recent average gaps, in GAP_UNITths of a microsecond (`recent_gaps/1').
 -type gaps() :: {Lane :: non_neg_integer(), Own :: non_neg_integer()}.
 
-%% Eight 8-byte slots per cache line.
--define(ADMITTED, 1).
--define(DISPOSED, 9).
--define(LAST_SEND, 17).
+%% Eight 8-byte slots per cache line. An atomics array is not aligned to a line,
+%% and every atomics call reads the array's length, stored just before slot 1: a
+%% slot written by many within 64 bytes of it would make every call on the array
+%% miss its cache. So the first slot used is 9, and each group of slots starts at
+%% least 8 slots after the previous one ends, whatever the array's alignment.
+-define(ADMITTED, 9).
+-define(DISPOSED, 17).
+-define(LAST_SEND, 25).
 %% Both gap averages in one word, the lane's in the low LANE_GAP_BITS bits, its
 %% senders' own above: every atomics call is a call of a built-in function,
 %% and a small send makes several.
--define(GAPS, 18).
+-define(GAPS, 26).
 -define(LANE_GAP_BITS, 24).
 -define(LANE_GAP_MASK, ((1 bsl ?LANE_GAP_BITS) - 1)).
 %% Gaps are averaged in GAP_UNITths of a microsecond, each new one weighing
@@ -68,9 +74,11 @@
 -define(GAP_WEIGHT, 32).
 -define(GAP_CAP_US, 1000). % 256,000 GAP_UNITs: within LANE_GAP_BITS
 -define(OWN_GAP_CAP_US, 10000).
-%% Written by the lane alone, read by senders: one line of their own.
--define(BATCH, 25).
--define(UNPAID_UNTIL, 26).
+%% Written by the lane alone, read by senders: one line of their own, written
+%% only when the lane judges a window (`judge/3'), so that while the verdict
+%% holds, every sender's read of it finds the line in its own cache.
+-define(BATCH, 34).
+-define(UNPAID_UNTIL, 35).
 %% `paid' in UNPAID_UNTIL: no time of the lanes' clock comes near it (a
 %% monotonic clock can be negative, but not by 2^62 us, 146,000 years).
 -define(PAID, -(1 bsl 62)).
@@ -80,11 +88,14 @@
 %% window, so that a lane tried again after a pause is judged once its batches
 %% have had time to grow (a closed loop's first batches are small: its requests
 %% come back at the pace of the path they took before).
--define(MSGS, 27).
--define(SENDS, 28).
--define(WINDOW_END, 29).
+%% The lane's own sums, written at every shipment: a line away from the verdict
+%% (with them beside it, a send in a flood of fresh processes missed the verdict's
+%% line in its cache every time).
+-define(MSGS, 43).
+-define(SENDS, 44).
+-define(WINDOW_END, 45).
 -define(WINDOW_US, 2000).
--define(SIZE, 32).
+-define(SIZE, 52).
 %% Batch sizes are kept in sixteenths of a message.
 -define(BATCH_ONE, 16).
 %% "Long ago" for the last small send: any first send is quiet.
