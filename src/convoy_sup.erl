@@ -24,6 +24,7 @@ start_link(Config) ->
     case whereis(?MODULE) of
         undefined ->
             ok = await_leftovers(),
+            ok = load_modules(),
             supervisor:start_link({local, ?MODULE}, ?MODULE, Config);
         Pid ->
             {error, {already_started, Pid}}
@@ -44,6 +45,20 @@ init(Config = #{lanes := Lanes}) ->
          #{id => convoy_control, start => {convoy_control, start_link, [Config]},
            shutdown => ?CONTROL_SHUTDOWN}],
     {ok, {#{strategy => one_for_all, intensity => 5, period => 10}, Children}}.
+
+%% Every module of convoy is loaded before it starts. Where code is loaded on
+%% first call (a node in interactive mode: a shell, tests, `mix run'), the first
+%% burst of senders after a start would otherwise find, say, convoy_path not
+%% loaded, and each would wait for the code server, which waits for its turn
+%% among them (the harness's first flood on fresh nodes ran at about half the
+%% rate of the ones after it). A module that does not load is left to fail
+%% where it is called, as it would have.
+load_modules() ->
+    _ = application:load(convoy),
+    case application:get_key(convoy, modules) of
+        {ok, Modules} -> _ = code:ensure_modules_loaded(Modules), ok;
+        undefined -> ok
+    end.
 
 %% Processes of an earlier instance whose supervisor is gone still hold convoy's
 %% names while they shut down: wait for them, and kill what outlives the wait.

@@ -15,7 +15,7 @@
          netsplit_and_reconnect/1, lanes_change_under_traffic/1,
          settings_change_under_traffic/1, bad_settings_named/1, flush_semantics/1,
          info_shape/1, telemetry_events/1, badarg_like_send/1, local_destinations/1,
-         child_spec_in_own_tree/1, idle_message_leaves_at_once/1,
+         child_spec_in_own_tree/1, modules_loaded_at_start/1, idle_message_leaves_at_once/1,
          not_started_falls_back/1, overload_policies/1, memory_bounded_when_stalled/1,
          blocked_sender_resumes/1, bounded_when_disconnected/1,
          lane_rejects_malformed_sends/1]).
@@ -38,7 +38,8 @@ groups() ->
      {bounds, [], [overload_policies, memory_bounded_when_stalled, blocked_sender_resumes,
                    bounded_when_disconnected]},
      {api, [], [flush_semantics, info_shape, telemetry_events, badarg_like_send,
-                local_destinations, child_spec_in_own_tree, idle_message_leaves_at_once,
+                local_destinations, child_spec_in_own_tree, modules_loaded_at_start,
+                idle_message_leaves_at_once,
                 not_started_falls_back, lane_rejects_malformed_sends]}].
 
 init_per_suite(Config) ->
@@ -630,6 +631,22 @@ child_spec_in_own_tree(Config) ->
     receive ready -> ok end,
     ok = convoy:send({here, Node}, hi),
     receive {got, hi} -> ok after 5000 -> ct:fail(not_delivered) end.
+
+%% Started as an application or from a child spec, convoy loads all its modules
+%% first: on a node that loads code on first call, a burst of senders would
+%% otherwise queue at the code server for the first module of the remote path.
+modules_loaded_at_start(Config) ->
+    _ = application:load(convoy),
+    {ok, Modules} = application:get_key(convoy, modules),
+    Unloaded = fun(Peer) -> [M || M <- Modules, not peer:call(Peer, erlang, module_loaded, [M])] end,
+    {AppPeer, _} = peer(Config, ?CT_PEER_NAME()),
+    {SpecPeer, _} = peer(Config, ?CT_PEER_NAME()),
+    %% Fresh peers load on first call: the remote path is not loaded yet.
+    [?assert(lists:member(convoy_path, Unloaded(P))) || P <- [AppPeer, SpecPeer]],
+    ok = start_convoy(AppPeer, #{}),
+    ?assertEqual([], Unloaded(AppPeer)),
+    {ok, _} = peer:call(SpecPeer, convoy_test_sup, start, [[convoy:child_spec(#{})]]),
+    ?assertEqual([], Unloaded(SpecPeer)).
 
 idle_message_leaves_at_once(_Config) ->
     %% With max_delay 0 nothing waits for a timer: a lone message from a busy lane's
