@@ -88,9 +88,8 @@
 %% window, so that a lane tried again after a pause is judged once its batches
 %% have had time to grow (a closed loop's first batches are small: its requests
 %% come back at the pace of the path they took before).
-%% The lane's own sums, written at every shipment: a line away from the verdict
-%% (with them beside it, a send in a flood of fresh processes missed the verdict's
-%% line in its cache every time).
+%% The lane's own sums, written at every shipment: a line away from the verdict,
+%% so that those writes do not take from every sender's cache the line it reads.
 -define(MSGS, 43).
 -define(SENDS, 44).
 -define(WINDOW_END, 45).
