@@ -43,9 +43,12 @@
 %% (`local' scenario) `local', `local_call' and the convoy ones.
 -spec variants_for(convoy_bench_scenarios:spec(), [variant()]) -> [variant()].
 variants_for(#{placement := same_node}, Variants) ->
-    [V || V = #{kind := K} <- Variants, K =:= local orelse K =:= local_call orelse K =:= convoy];
+    [V || V = #{kind := K} <- Variants, on_one_node(K) orelse K =:= convoy];
 variants_for(#{placement := cross, ceiling := Ceiling}, Variants) ->
     [V || V = #{kind := K} <- Variants, K =/= local_call, K =/= ceiling orelse Ceiling].
+
+%% Variants that run everything on one node, whatever the scenario.
+on_one_node(Kind) -> Kind =:= local orelse Kind =:= local_call.
 
 %% @doc The variant the others are compared with.
 -spec baseline(convoy_bench_scenarios:spec()) -> binary().
@@ -145,7 +148,7 @@ point_skip(_V, _Point) ->
 place(#{placement := Placement, sinks := K}, #{kind := Kind, family := F, mode := M,
                                               convoy := C}, Nodes0) ->
     {[A | Rest], Nodes1} = convoy_bench_nodes:prepare(F, 1 + K, C, Nodes0),
-    Sinks = case Kind =:= local orelse Kind =:= local_call orelse Placement =:= same_node of
+    Sinks = case on_one_node(Kind) orelse Placement =:= same_node of
                 true -> lists:duplicate(K, A);
                 false -> lists:sublist(Rest, K)
             end,
