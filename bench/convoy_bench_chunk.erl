@@ -16,9 +16,22 @@
 %%
 %%   erl -noshell -sname chunk_timeline -pa _build/bench/lib/convoy/ebin \
 %%       -pa _build/bench/lib/convoy/bench -eval 'convoy_bench_chunk:timeline(), halt().'
+%%
+%% `cpu/0' measures what bulk in pieces costs in CPU, which is what bounds its
+%% throughput on a machine whose cores the bulk keeps busy: `hol''s pattern (4
+%% senders of the seed's 10 MB message, each waiting for its sink's answer, and
+%% one small round trip after another beside them) between two peer nodes it
+%% starts, for 3 s per variant, variants interleaved, 3 rounds. Per row: bulk
+%% MB/s, the CPU time of each node's OS process (user + system, from
+%% /proc/PID/stat, so Linux only) per MB moved, the share of the machine left
+%% idle, and the small round trips' count and median:
+%%
+%%   erl -noshell -sname chunk_cpu -pa _build/bench/lib/convoy/ebin \
+%%       -pa _build/bench/lib/convoy/bench -eval 'convoy_bench_chunk:cpu(), halt().'
 -module(convoy_bench_chunk).
 
--export([copies/0, timeline/0, sink/0]).
+-export([copies/0, timeline/0, sink/0, cpu/0, cpu_sink/1, cpu_server/1, cpu_sender/4,
+         cpu_prober/3, os_cpu_ticks/0]).
 
 -spec copies() -> ok.
 copies() ->
@@ -97,4 +110,133 @@ acks(Acc) ->
         {trace_ts, _, 'receive', _Other, _Ts} -> acks(Acc)
     after 200 ->
         lists:reverse(Acc)
+    end.
+
+%%--------------------------------------------------------------------
+%% cpu/0
+
+-define(CPU_SECS, 3).
+-define(CPU_BULK, 10000000).
+
+-spec cpu() -> ok.
+cpu() ->
+    Paths = ["-pa", filename:dirname(code:which(convoy)),
+             "-pa", filename:dirname(code:which(?MODULE))],
+    Peers = [begin
+                 {ok, P, N} = peer:start_link(#{name => peer:random_name(chunk_cpu),
+                                                args => Paths}),
+                 {ok, _} = erpc:call(N, application, ensure_all_started, [convoy]),
+                 {P, N}
+             end || _ <- [sender, sink]],
+    [{_, A}, {_, B}] = Peers,
+    true = erpc:call(A, net_kernel, connect_node, [B]),
+    Variants = [{"plain `!`", plain, #{}},
+                {"convoy, pieces of 63 KiB (default)", convoy, #{}},
+                {"convoy, pieces of 64 KiB", convoy, #{chunk_bytes => 65536}},
+                {"convoy, whole (chunk_threshold=infinity)", convoy,
+                 #{chunk_threshold => infinity}}],
+    Defaults = convoy_config:defaults(),
+    Hz = list_to_integer(string:trim(os:cmd("getconf CLK_TCK"))),
+    io:format("hol's pattern for ~b s per row: 4 senders of 10 MB, small round trips "
+              "beside them~n", [?CPU_SECS]),
+    io:format("  ~-42s ~8s ~9s ~9s ~9s ~6s ~7s ~9s~n",
+              ["variant", "MB/s", "A ms/MB", "B ms/MB", "ms/MB", "idle", "rt", "rt p50"]),
+    lists:foreach(
+      fun(_Round) ->
+              [begin
+                   [ok = erpc:call(N, convoy, set_config, [maps:merge(Defaults, Cfg)])
+                    || N <- [A, B]],
+                   cpu_row(Label, Mode, A, B, Hz)
+               end || {Label, Mode, Cfg} <- Variants]
+      end, lists:seq(1, 3)),
+    [peer:stop(P) || {P, _} <- Peers],
+    ok.
+
+cpu_row(Label, Mode, A, B, Hz) ->
+    Sinks = [spawn(B, ?MODULE, cpu_sink, [Mode]) || _ <- lists:seq(1, 4)],
+    Server = spawn(B, ?MODULE, cpu_server, [Mode]),
+    Ticks0 = [erpc:call(N, ?MODULE, os_cpu_ticks, []) || N <- [A, B]],
+    Idle0 = idle_ticks(),
+    T0 = erlang:monotonic_time(millisecond),
+    Until = {self(), T0 + ?CPU_SECS * 1000},
+    Senders = [spawn(A, ?MODULE, cpu_sender, [Mode, S, ?CPU_BULK, Until]) || S <- Sinks],
+    Prober = spawn(A, ?MODULE, cpu_prober, [Mode, Server, Until]),
+    Sent = lists:sum([receive {done, P, N} -> N end || P <- Senders]),
+    Rts = receive {done, Prober, L} -> lists:sort(L) end,
+    Secs = (erlang:monotonic_time(millisecond) - T0) / 1000,
+    [TA, TB] = [(T1 - T) / Hz || {T, T1} <- lists:zip(Ticks0, [erpc:call(N, ?MODULE,
+                                                                         os_cpu_ticks, [])
+                                                               || N <- [A, B]])],
+    Idle = (idle_ticks() - Idle0) / Hz / erlang:system_info(logical_processors_available)
+        / Secs,
+    [exit(P, kill) || P <- [Server | Sinks]],
+    MB = max(Sent, 1) * ?CPU_BULK / 1.0e6,
+    io:format("  ~-42s ~8.1f ~9.3f ~9.3f ~9.3f ~5.1f% ~7b ~7b us~n",
+              [Label, Sent * ?CPU_BULK / 1.0e6 / Secs, TA * 1000 / MB, TB * 1000 / MB,
+               (TA + TB) * 1000 / MB, 100 * Idle, length(Rts),
+               lists:nth(max(1, length(Rts) div 2), Rts ++ [0])]).
+
+%% @doc This node's OS process: CPU clock ticks spent (user + system).
+-spec os_cpu_ticks() -> non_neg_integer().
+os_cpu_ticks() ->
+    {ok, Stat} = file:read_file("/proc/" ++ os:getpid() ++ "/stat"),
+    [_, AfterName] = binary:split(Stat, <<") ">>),
+    Fields = binary:split(AfterName, <<" ">>, [global]),
+    binary_to_integer(lists:nth(12, Fields)) + binary_to_integer(lists:nth(13, Fields)).
+
+%% The machine's idle clock ticks, all processors (/proc/stat).
+idle_ticks() ->
+    {ok, Stat} = file:read_file("/proc/stat"),
+    [Cpu | _] = binary:split(Stat, <<"\n">>),
+    [_Label, _User, _Nice, _System, Idle | _] = binary:split(Cpu, <<" ">>, [global, trim_all]),
+    binary_to_integer(Idle).
+
+cpu_send(plain, To, Msg) -> erlang:send(To, Msg);
+cpu_send(convoy, To, Msg) -> convoy:send(To, Msg).
+
+%% @doc `cpu/0''s sink: answers each binary with `is_binary/1' of it.
+-spec cpu_sink(plain | convoy) -> no_return().
+cpu_sink(M) ->
+    receive {From, Bin} -> cpu_send(M, From, is_binary(Bin)) end,
+    cpu_sink(M).
+
+%% @doc `cpu/0''s small server: answers each request.
+-spec cpu_server(plain | convoy) -> no_return().
+cpu_server(M) ->
+    receive {req, From} -> cpu_send(M, From, resp) end,
+    cpu_server(M).
+
+%% @doc Sends its binary and waits for the answer until the deadline, then tells
+%% the driver how many it sent.
+-spec cpu_sender(plain | convoy, pid(), pos_integer(), {pid(), integer()}) -> ok.
+cpu_sender(M, Sink, Size, {Driver, Deadline}) ->
+    Msg = {self(), binary:copy(<<"b">>, Size)},
+    Driver ! {done, self(), bulk_loop(M, Sink, Msg, Deadline, 0)},
+    ok.
+
+bulk_loop(M, Sink, Msg, Deadline, N) ->
+    case erlang:monotonic_time(millisecond) >= Deadline of
+        true ->
+            N;
+        false ->
+            cpu_send(M, Sink, Msg),
+            receive true -> ok end,
+            bulk_loop(M, Sink, Msg, Deadline, N + 1)
+    end.
+
+%% @doc Small round trips until the deadline; tells the driver their durations (us).
+-spec cpu_prober(plain | convoy, pid(), {pid(), integer()}) -> ok.
+cpu_prober(M, Server, {Driver, Deadline}) ->
+    Driver ! {done, self(), probe_loop(M, Server, {req, self()}, Deadline, [])},
+    ok.
+
+probe_loop(M, Server, Req, Deadline, Acc) ->
+    T = erlang:monotonic_time(microsecond),
+    case T div 1000 >= Deadline of
+        true ->
+            Acc;
+        false ->
+            cpu_send(M, Server, Req),
+            receive resp -> ok end,
+            probe_loop(M, Server, Req, Deadline, [erlang:monotonic_time(microsecond) - T | Acc])
     end.

@@ -50,6 +50,11 @@
 %% second lane splits a single sender's traffic nowhere (lanes are chosen per
 %% sender) and adds a process competing for the same two schedulers; see README
 %% "Choosing the defaults". Its upper bound keeps the lane and inbox tables small.
+%%
+%% `chunk_bytes' defaults to 63 KiB so that a piece with its headers (at most
+%% about 700 bytes, with node and name atoms of 255 characters sent uncached)
+%% fits in one of the runtime's 64 KiB distribution fragments: a piece of 64 KiB
+%% traveled as two, which the receiving node joins with one more copy.
 -spec settings() -> [{atom(), term(), accepts()}].
 settings() ->
     [{lanes, 1, [{integer, 1, 1024}]},
@@ -57,7 +62,7 @@ settings() ->
      {max_delay, 0, [{integer, 0, 10000000}]},
      {large_threshold, 65536, [infinity, {integer, 0, unbounded}]},
      {chunk_threshold, 4 * 1024 * 1024, [infinity, {integer, 0, unbounded}]},
-     {chunk_bytes, 65536, [{integer, 1024, 64 * 1024 * 1024}]},
+     {chunk_bytes, 63 * 1024, [{integer, 1024, 64 * 1024 * 1024}]},
      {chunk_window, 4, [{integer, 1, 1024}]},
      {chunk_guard, 1000, [always, {integer, 0, 3600000}]},
      {max_reassembly_bytes, 256 * 1024 * 1024, [infinity, {integer, 1, unbounded}]},
