@@ -1,8 +1,10 @@
 %% What a message in pieces costs its receiver beyond a plain send: joining the
 %% pieces (`iolist_to_binary/1') and, for a term that is not a binary, decoding it
 %% (`binary_to_term/1'), for the seed's 10 MB message `{Pid, Binary}' cut into
-%% pieces of 64 KiB (convoy's defaults). Fastest of 10, microseconds, in this
-%% process. Run on its own:
+%% pieces of convoy's default size; and the same message as a peer at protocol
+%% version 3 gets it (kind `path': the pieces joined, only the small skeleton
+%% decoded, see `convoy_chunk'). Fastest of 10, microseconds, in this process.
+%% Run on its own:
 %%
 %%   erl -noshell -pa _build/bench/lib/convoy/ebin -pa _build/bench/lib/convoy/bench \
 %%       -eval 'convoy_bench_chunk:copies(), halt().'
@@ -36,16 +38,25 @@
 -spec copies() -> ok.
 copies() ->
     Msg = {self(), binary:copy(<<"b">>, 10000000)},
-    {term, Io} = convoy_chunk:payload(Msg),
-    {_, Pieces0} = convoy_chunk:pieces(Io, 65536),
-    %% as they arrive: binaries of their own, not parts of the sender's
-    Pieces = [binary:copy(P) || P <- Pieces0],
-    Whole = iolist_to_binary(Pieces),
-    Rows = [{"cut (term_to_iovec + pieces/2)",
-             fun() -> convoy_chunk:pieces(erlang:term_to_iovec(Msg), 65536) end},
-            {"join (iolist_to_binary/1)", fun() -> iolist_to_binary(Pieces) end},
-            {"decode (binary_to_term/1)", fun() -> binary_to_term(Whole) end}],
-    io:format("10 MB {Pid, Binary} in ~b pieces of 64 KiB:~n", [length(Pieces)]),
+    PieceBytes = maps:get(chunk_bytes, convoy_config:defaults()),
+    Arrived = fun(Paths) ->
+                      {Kind, Io} = convoy_chunk:payload(Msg, Paths),
+                      {_, Pieces} = convoy_chunk:pieces(Io, PieceBytes),
+                      %% as they arrive: binaries of their own, not parts of the sender's
+                      {Kind, [binary:copy(P) || P <- Pieces]}
+              end,
+    {term, TermPieces} = Arrived(false),
+    {PathKind, PathPieces} = Arrived(true),
+    Whole = iolist_to_binary(TermPieces),
+    Rows = [{"cut (payload/2 + pieces/2)",
+             fun() -> convoy_chunk:pieces(element(2, convoy_chunk:payload(Msg, true)),
+                                          PieceBytes) end},
+            {"join (iolist_to_binary/1)", fun() -> iolist_to_binary(TermPieces) end},
+            {"decode (binary_to_term/1)", fun() -> binary_to_term(Whole) end},
+            {"kind term: join + decode", fun() -> convoy_chunk:assemble(term, TermPieces) end},
+            {"kind path: join + skeleton", fun() -> convoy_chunk:assemble(PathKind, PathPieces) end}],
+    io:format("10 MB {Pid, Binary} in ~b pieces of ~b bytes:~n",
+              [length(TermPieces), PieceBytes]),
     lists:foreach(fun({Label, F}) ->
                           Us = lists:min([element(1, timer:tc(F)) || _ <- lists:seq(1, 10)]),
                           io:format("  ~-32s ~8b us~n", [Label, Us])

@@ -7,7 +7,7 @@
 %% `chunk_window' of them unacknowledged (`convoy_chunk_send'), so other traffic to
 %% that node travels between the pieces instead of waiting behind one long copy.
 %%
-%% Sender: `payload/1' gives the bytes to cut. A binary message is cut as it is
+%% Sender: `payload/2' gives the bytes to cut. A binary message is cut as it is
 %% (no encoding, no copy: the pieces are sub-binaries of it); any other term is
 %% encoded once with `term_to_iovec/1', whose large binaries are referenced, not
 %% copied. `pieces/2' cuts that iodata into pieces: sub-binaries, except where a
@@ -17,6 +17,16 @@
 %% message is joined once (`iolist_to_binary/1', one copy of its bytes) and, for a
 %% term, decoded once (`binary_to_term/1', which copies the binaries in it once
 %% more). Both are built-in functions that yield, so they do not hold a scheduler.
+%%
+%% A binary carried in tuples (kind `path', protocol version 3): most large
+%% messages are a small envelope around one large binary (the seed's
+%% `{Pid, Binary}', a cast's `{'$gen_cast', {put, Key, Binary}}'). When the
+%% largest binary of a message sits at most `?PATH_DEPTH' tuples deep, in tuples
+%% of at most `?PATH_WIDTH' elements, and has at least `?PATH_BYTES' bytes, the
+%% bytes cut are the rest of the message encoded (its skeleton, with `<<>>' in the
+%% binary's place) followed by the binary's own bytes. The receiver joins them
+%% (one copy), decodes only the skeleton and puts a part of the joined bytes in
+%% the binary's place: the binary is not copied a second time by decoding.
 %%
 %% Reassembly state (`rx()'): partial messages keyed by the sender's reference
 %% (an alias, fresh per message), one per sender pid at a time. A start piece
@@ -35,7 +45,7 @@
 %% discard a dead sender's or node's partial messages.
 -module(convoy_chunk).
 
--export([payload/1, pieces/2, new/0, start/4, piece/5, down/2, nodedown/2, held/2,
+-export([payload/2, pieces/2, new/0, start/4, piece/5, down/2, nodedown/2, held/2,
          partials/1, assemble/2]).
 
 -export_type([rx/0, kind/0, start/0, result/0]).
@@ -43,7 +53,18 @@
 %% Completed messages remembered against replays.
 -define(DONE_KEEP, 4096).
 
--type kind() :: binary | term.
+%% Where a message's large binary is looked for (kind `path'): tuples at most
+%% this deep, of at most this many elements (so the search visits at most 16^3
+%% elements), and a binary at least this large (under it, decoding's copy is
+%% cheap and the message is encoded whole).
+-define(PATH_DEPTH, 3).
+-define(PATH_WIDTH, 16).
+-define(PATH_BYTES, 65536).
+
+%% `{path, Path, SkeletonBytes}': the message is its skeleton (the first
+%% SkeletonBytes bytes, encoded) with the rest of the bytes, a binary, put at Path
+%% (tuple indices, outermost first).
+-type kind() :: binary | term | {path, [pos_integer(), ...], non_neg_integer()}.
 %% What a start piece says: reference, sender, destination, kind, size, mon (an
 %% opaque term the caller keeps with the partial: its monitor), first data.
 -type start() :: #{ref := reference(), sender := pid(), to := term(), kind := kind(),
@@ -75,11 +96,53 @@
 %%--------------------------------------------------------------------
 %% Sender
 
-%% @doc The kind and the bytes to cut: a binary as it is, any other term encoded
-%% once (`term_to_iovec/1': large binaries in it are referenced, not copied).
--spec payload(term()) -> {kind(), iodata()}.
-payload(Msg) when is_binary(Msg) -> {binary, Msg};
-payload(Msg) -> {term, erlang:term_to_iovec(Msg)}.
+%% @doc The kind and the bytes to cut: a binary as it is; with `Paths' (the peer
+%% reads kind `path'), a message whose large binary sits in tuples near its top
+%% as its skeleton and that binary (see the module's header); any other term
+%% encoded once (`term_to_iovec/1': large binaries in it are referenced, not
+%% copied).
+-spec payload(term(), boolean()) -> {kind(), iodata()}.
+payload(Msg, _Paths) when is_binary(Msg) ->
+    {binary, Msg};
+payload(Msg, true) when is_tuple(Msg) ->
+    case largest(Msg, ?PATH_DEPTH) of
+        {Path, Bin} when byte_size(Bin) >= ?PATH_BYTES ->
+            Skeleton = erlang:term_to_iovec(put_at(Path, Msg, <<>>)),
+            {{path, Path, iolist_size(Skeleton)}, [Skeleton, Bin]};
+        _ ->
+            {term, erlang:term_to_iovec(Msg)}
+    end;
+payload(Msg, _Paths) ->
+    {term, erlang:term_to_iovec(Msg)}.
+
+%% The largest binary among a tuple's elements and, within the depth, those of
+%% the tuples in it: `{Path, Binary}' or `none'.
+largest(T, Depth) when is_tuple(T), Depth > 0, tuple_size(T) =< ?PATH_WIDTH ->
+    largest(T, 1, Depth, none);
+largest(_T, _Depth) ->
+    none.
+
+largest(T, I, _Depth, Best) when I > tuple_size(T) ->
+    Best;
+largest(T, I, Depth, Best) ->
+    Found = case element(I, T) of
+                B when is_binary(B) ->
+                    {[I], B};
+                E ->
+                    case largest(E, Depth - 1) of
+                        {P, B} -> {[I | P], B};
+                        none -> none
+                    end
+            end,
+    largest(T, I + 1, Depth, larger(Found, Best)).
+
+larger(none, Best) -> Best;
+larger(Found, none) -> Found;
+larger({_, B} = Found, {_, Best}) when byte_size(B) > byte_size(Best) -> Found;
+larger(_Found, Best) -> Best.
+
+put_at([I], T, V) -> setelement(I, T, V);
+put_at([I | Path], T, V) -> setelement(I, T, put_at(Path, element(I, T), V)).
 
 %% @doc `{Size, Pieces}': `Data' cut into pieces of `PieceBytes' (the last one
 %% shorter), in order; their concatenation is `Data'.
@@ -246,14 +309,31 @@ held(Node, Rx) -> maps:get(Node, Rx#rx.held, 0).
 partials(Rx) -> map_size(Rx#rx.partials).
 
 %% @doc The message of a completed one: `{ok, Msg}', or `error' when a term does
-%% not decode (forged bytes).
+%% not decode or a skeleton has no `<<>>' at its path (forged bytes). The binary
+%% of a `path' message is a part of the joined bytes, not a copy.
 -spec assemble(kind(), [binary()]) -> {ok, term()} | error.
 assemble(binary, [Bin]) -> {ok, Bin};
 assemble(binary, Parts) -> {ok, iolist_to_binary(Parts)};
 assemble(term, Parts) ->
     try {ok, binary_to_term(iolist_to_binary(Parts))}
     catch error:badarg -> error
+    end;
+assemble({path, Path, SkeletonBytes}, Parts) ->
+    case iolist_to_binary(Parts) of
+        <<Skeleton:SkeletonBytes/binary, Bin/binary>> ->
+            try
+                {ok, put_checked(Path, binary_to_term(Skeleton), Bin)}
+            catch
+                error:_ -> error
+            end;
+        _Shorter ->
+            error
     end.
+
+%% put_at/3 where the skeleton holds <<>> (fails otherwise).
+put_checked([I], T, V) when element(I, T) =:= <<>> -> setelement(I, T, V);
+put_checked([I | Path], T, V) when Path =/= [] ->
+    setelement(I, T, put_checked(Path, element(I, T), V)).
 
 -ifdef(TEST).
 -include_lib("eunit/include/eunit.hrl").
@@ -269,7 +349,7 @@ pieces_binary_test() ->
 pieces_iovec_test() ->
     Big = binary:copy(<<"ab">>, 100000),
     Msg = {self(), Big, #{k => [1, 2, 3]}, <<"tail">>},
-    {term, Io} = payload(Msg),
+    {term, Io} = payload(Msg, false),
     [begin
          {Size, Ps} = pieces(Io, N),
          ?assertEqual(iolist_size(Io), Size),
@@ -314,6 +394,37 @@ rx_bound_and_replace_test() ->
     {{ack, 0}, [], Rx4} = start(n, St(make_ref(), 3), 10, Rx3),
     {[_], Rx5} = nodedown(n, Rx4),
     ?assertEqual(0, partials(Rx5)).
+
+path_test() ->
+    Big = binary:copy(<<"xy">>, 40000),
+    Msg = {self(), {tag, Big, <<"small">>}, #{k => v}},
+    {{path, [2, 2], SkelBytes} = Kind, Io} = payload(Msg, true),
+    ?assertEqual(iolist_size(Io) - byte_size(Big), SkelBytes),
+    [?assertEqual({ok, Msg}, assemble(Kind, Ps)) || N <- [7, 1000, 65536],
+                                                    {_, Ps} <- [pieces(Io, N)]],
+    %% the binary is a part of the joined bytes, not a copy of its own
+    {ok, {_, {_, Got, _}, _}} = assemble(Kind, element(2, pieces(Io, 65536))),
+    ?assertEqual(iolist_size(Io), binary:referenced_byte_size(Got)),
+    %% a peer without paths, a binary too small, too deep or in too wide a tuple
+    ?assertMatch({term, _}, payload(Msg, false)),
+    ?assertMatch({term, _}, payload({a, <<"small">>}, true)),
+    ?assertMatch({term, _}, payload({{{{Big}}}}, true)),
+    ?assertMatch({term, _}, payload(list_to_tuple([Big | lists:seq(1, 16)]), true)),
+    ?assertMatch({{path, [1, 1, 1], _}, _}, payload({{{Big}}}, true)),
+    %% the largest binary wins
+    ?assertMatch({{path, [3], _}, _}, payload({Big, x, <<Big/binary, 0>>}, true)).
+
+path_forged_test() ->
+    Big = binary:copy(<<"z">>, 70000),
+    {{path, Path, SkelBytes}, Io} = payload({a, Big}, true),
+    Bytes = iolist_to_binary(Io),
+    ?assertEqual({ok, {a, Big}}, assemble({path, Path, SkelBytes}, [Bytes])),
+    [?assertEqual(error, assemble(Kind, [Bytes]))
+     || Kind <- [{path, [1], SkelBytes},          % an atom in the binary's place
+                 {path, [3], SkelBytes},          % past the tuple
+                 {path, [2, 1], SkelBytes},       % a binary is not a tuple
+                 {path, Path, SkelBytes - 1},     % the skeleton cut short
+                 {path, Path, byte_size(Bytes) + 1}]].
 
 assemble_forged_term_test() ->
     ?assertEqual(error, assemble(term, [<<131, 200>>])),

@@ -40,16 +40,22 @@
 
 -export([inbox/4, send/6, drain_lane/3]).
 
+-export_type([target/0]).
+
 -include("convoy_runtime.hrl").
 
 -define(SEND_OPTS, [nosuspend, noconnect]).
+
+%% Where the pieces go: the peer inbox's name, and whether the peer reads pieces
+%% of kind `path' (`convoy_chunk').
+-opaque target() :: {atom(), boolean()}.
 
 %% @doc The peer inbox that a large message (of `Bytes', its encoded size) from
 %% lane `L' to `Node' goes to in pieces, with the node's counters; `none' when it
 %% goes whole (under `chunk_threshold', no small traffic to protect within
 %% `chunk_guard' (`convoy_path:pieces/3'), or the peer does not read pieces).
 -spec inbox(#runtime{}, pos_integer(), node(), non_neg_integer()) ->
-          {atom(), counters:counters_ref()} | none.
+          {target(), counters:counters_ref()} | none.
 inbox(RT = #runtime{chunk_threshold = T, chunk_guard = G}, L, Node, Bytes) ->
     Since = convoy_slots:now_us(RT#runtime.clock)
         - convoy_slots:last_small_send(element(L, RT#runtime.slots)),
@@ -60,7 +66,8 @@ inbox(RT = #runtime{chunk_threshold = T, chunk_guard = G}, L, Node, Bytes) ->
             case convoy_peers:lookup(Node) of
                 {{convoy, Vsn, Inboxes}, C, _H} ->
                     case convoy_wire:supports(Vsn, piece) of
-                        true -> {convoy_wire:lane_inbox(L, Inboxes), C};
+                        true -> {{convoy_wire:lane_inbox(L, Inboxes),
+                                  convoy_wire:supports(Vsn, piece_path)}, C};
                         false -> none
                     end;
                 _ ->
@@ -77,15 +84,16 @@ drain_lane(#runtime{lanes = Lanes, barrier_timeout = T}, L, Node) ->
         _DownOrTimeout -> timeout
     end.
 
-%% @doc Send `Msg' to `To' on `Node' in pieces through the inbox `Inbox'.
-%% `delivered': the inbox delivered it; `sent': handed over, delivery not
-%% confirmed; `refused' (nothing sent but a refused first piece: the inbox has
-%% delivered everything before it) or `no_answer' (the first piece may be held or
-%% not): the caller sends the message whole; `dropped': counted.
--spec send(#runtime{}, node(), atom(), counters:counters_ref(), convoy_wire:dest(), term()) ->
+%% @doc Send `Msg' to `To' on `Node' in pieces through the inbox of `Target'
+%% (from `inbox/4'). `delivered': the inbox delivered it; `sent': handed over,
+%% delivery not confirmed; `refused' (nothing sent but a refused first piece: the
+%% inbox has delivered everything before it) or `no_answer' (the first piece may
+%% be held or not): the caller sends the message whole; `dropped': counted.
+-spec send(#runtime{}, node(), target(), counters:counters_ref(), convoy_wire:dest(),
+           term()) ->
           delivered | sent | refused | no_answer | dropped.
-send(RT = #runtime{chunk_bytes = PB}, Node, Inbox, C, To, Msg) ->
-    {Kind, Data} = convoy_chunk:payload(Msg),
+send(RT = #runtime{chunk_bytes = PB}, Node, {Inbox, Paths}, C, To, Msg) ->
+    {Kind, Data} = convoy_chunk:payload(Msg, Paths),
     case convoy_chunk:pieces(Data, PB) of
         {0, []} ->
             refused; % nothing to cut: it goes whole

@@ -253,9 +253,9 @@ admitted(RT, L, Node, To, Msg, Size, Calm) ->
 %% pieces goes in pieces through the inbox, behind what the lane shipped.
 bypass(RT, L, Node, To, Msg, {large, B} = Size, Calm) ->
     case convoy_chunk_send:inbox(RT, L, Node, B) of
-        {Inbox, C} ->
+        {Target, C} ->
             ok = convoy_slots:dispose(slots(RT, L), 1),
-            chunked(RT, L, Node, Inbox, C, To, Msg, Size);
+            chunked(RT, L, Node, Target, C, To, Msg, Size);
         none ->
             bypass_by_route(RT, L, Node, To, Msg, Size, Calm)
     end;
@@ -313,10 +313,10 @@ inbox_then_barrier(RT, L, Node, Inboxes, C, To, Msg, Size) ->
 %% (at most barrier_timeout ms) and then sends it in pieces behind that.
 busy_lane(RT, L, Node, To, Msg, {large, B} = Size) ->
     case convoy_chunk_send:inbox(RT, L, Node, B) of
-        {Inbox, C} ->
+        {Target, C} ->
             ok = convoy_slots:dispose(slots(RT, L), 1),
             case convoy_chunk_send:drain_lane(RT, L, Node) of
-                ok -> chunked(RT, L, Node, Inbox, C, To, Msg, Size);
+                ok -> chunked(RT, L, Node, Target, C, To, Msg, Size);
                 timeout -> admit_to_lane(RT, L, Node, To, Msg, Size)
             end;
         none ->
@@ -334,7 +334,7 @@ size_kind(_) -> small.
 %% its lane or an inbox).
 direct(RT, L, Node, To, Msg, {large, B} = Size) ->
     case convoy_chunk_send:inbox(RT, L, Node, B) of
-        {Inbox, C} -> chunked(RT, L, Node, Inbox, C, To, Msg, Size);
+        {Target, C} -> chunked(RT, L, Node, Target, C, To, Msg, Size);
         none -> direct_send(RT, L, Node, To, Msg, Size)
     end;
 direct(RT, L, Node, To, Msg, Size) ->
@@ -345,9 +345,9 @@ direct(RT, L, Node, To, Msg, Size) ->
 %% sender is marked while it waits; `delivered' (like a barrier's answer) and
 %% `refused' (the inbox reached the first piece, so it delivered everything
 %% before it) clear the marker.
-chunked(RT, L, Node, Inbox, C, To, Msg, Size) ->
+chunked(RT, L, Node, Target, C, To, Msg, Size) ->
     mark(Node),
-    case convoy_chunk_send:send(RT, Node, Inbox, C, To, Msg) of
+    case convoy_chunk_send:send(RT, Node, Target, C, To, Msg) of
         delivered ->
             unmark(Node),
             count_direct(C);

@@ -39,6 +39,10 @@
 %%     `{Ref, convoy_piece, delivered}' once the whole message was delivered; a
 %%     well-formed piece out of sequence is `bad_piece' (see
 %%     `convoy_chunk').</li>
+%%   <li>Version 3, kind `piece_path': a start piece's `Kind' may also be
+%%     `{path, Path, SkeletonBytes}' (`Path' a list of 1 to 3 positive integers,
+%%     `SkeletonBytes' at most `Size'): the message's bytes are its skeleton,
+%%     encoded, then a binary to put at `Path' in it (see `convoy_chunk').</li>
 %%   </ul>
 %%   The receiver checks every entry (`entry/3'). A malformed one, a destination
 %%   of another node, a barrier for a third node or a message that is itself a
@@ -70,7 +74,8 @@
 %% version 1's messages as they are (a batch's envelope still says 1, so a
 %% version-1 peer reads every batch it is sent) and adds entry kinds, listed with
 %% the entries above, that a sender puts only in batches for a peer whose
-%% negotiated version is 2 or more (`supports/2').
+%% negotiated version is 2 or more (`supports/2'); version 3 adds a kind of start
+%% piece in the same way.
 %%
 %% The limits on a multicast entry, measured on the 2-core machine convoy is
 %% developed on: a local send copies a large term at about 25 ns a word (a 4 MB
@@ -93,7 +98,7 @@
 
 %% The newest version this release speaks, and the one a batch's envelope carries
 %% (unchanged since version 1).
--define(VSN, 2).
+-define(VSN, 3).
 -define(BATCH_VSN, 1).
 -define(MAX_INBOXES, 1024).
 -define(MAX_ENTRY_WORDS, (1 bsl 18)).
@@ -103,12 +108,13 @@
 -define(MAX_DESTS, (?MAX_ENTRY_WORDS div ?SEND_WORDS)).
 
 -type dest() :: pid() | atom() | reference().
--type entry_kind() :: publish | piece.
+-type entry_kind() :: publish | piece | piece_path.
 %% An entry kind added after version 1 (see `supports/2').
 -type entry() :: {dest() | [dest()], term()} | {'$convoy_barrier', pid() | reference(), term()}
                | {'$convoy_publish', atom(), term(), term()}
                | {'$convoy_piece', reference(), pos_integer(), binary()}
-               | {'$convoy_piece', reference(), 0, binary(), {pid(), dest(), binary | term, pos_integer()}}.
+               | {'$convoy_piece', reference(), 0, binary(),
+                  {pid(), dest(), convoy_chunk:kind(), pos_integer()}}.
 -type hello_info() :: #{versions := [pos_integer()], node := node(), peers := pid(),
                         inboxes := pos_integer(), request => reference()}.
 -type decoded() :: {batch, pos_integer(), node(), maybe_improper_list()}
@@ -119,7 +125,7 @@
                  | {barrier, pid() | reference(), term()}
                  | {publish, atom(), term(), term()}
                  | {piece_start, #{ref := reference(), sender := pid(), to := dest(),
-                                   kind := binary | term, size := pos_integer(),
+                                   kind := convoy_chunk:kind(), size := pos_integer(),
                                    data := binary()}}
                  | {piece, reference(), pos_integer(), binary()}
                  | {error, bad_entry | too_costly}.
@@ -129,7 +135,7 @@ version() -> ?VSN.
 
 %% @doc Versions this release accepts.
 -spec versions() -> [pos_integer()].
-versions() -> [1, ?VSN].
+versions() -> [1, 2, ?VSN].
 
 %% @doc Whether a peer that negotiated version `Vsn' reads entries of `Kind'.
 -spec supports(pos_integer(), entry_kind()) -> boolean().
@@ -137,7 +143,8 @@ supports(Vsn, Kind) -> Vsn >= since(Kind).
 
 %% Entry kinds added after version 1 and the version that added them.
 since(publish) -> 2;
-since(piece) -> 2.
+since(piece) -> 2;
+since(piece_path) -> 3.
 
 -spec max_inboxes() -> pos_integer().
 max_inboxes() -> ?MAX_INBOXES.
@@ -168,7 +175,8 @@ publish(Scope, Group, Msg) -> {'$convoy_publish', Scope, Group, Msg}.
 barrier(ReplyTo, Tag) -> {'$convoy_barrier', ReplyTo, Tag}.
 
 %% @doc The first piece of a message sent in pieces (version 2, see `convoy_chunk').
--spec piece_start(reference(), pid(), dest(), binary | term, pos_integer(), binary()) -> entry().
+-spec piece_start(reference(), pid(), dest(), convoy_chunk:kind(), pos_integer(), binary()) ->
+          entry().
 piece_start(Ref, Sender, To, Kind, Size, Data) ->
     {'$convoy_piece', Ref, 0, Data, {Sender, To, Kind, Size}}.
 
@@ -243,8 +251,9 @@ entry({'$convoy_barrier', ReplyTo, Tag}, From, _Local) when is_pid(ReplyTo); is_
     end;
 entry({'$convoy_piece', Ref, 0, Data, {Sender, To, Kind, Size}}, From, Local)
   when is_reference(Ref), is_binary(Data), is_pid(Sender), is_integer(Size), Size > 0,
-       (Kind =:= binary orelse Kind =:= term), not is_list(To) ->
-    case node(Ref) =:= From andalso node(Sender) =:= From andalso local_dest(To, Local) of
+       not is_list(To) ->
+    case node(Ref) =:= From andalso node(Sender) =:= From andalso piece_kind(Kind, Size)
+        andalso local_dest(To, Local) of
         true -> {piece_start, #{ref => Ref, sender => Sender, to => To, kind => Kind,
                                 size => Size, data => Data}};
         false -> {error, bad_entry}
@@ -301,6 +310,16 @@ dests([D | Rest], Local, N) ->
         false -> bad_entry
     end;
 dests(_, _Local, _N) -> bad_entry.
+
+%% A start piece's kind (`convoy_chunk:kind()'): a path of 1 to 3 tuple indices
+%% and a skeleton within the message's size.
+piece_kind(binary, _Size) -> true;
+piece_kind(term, _Size) -> true;
+piece_kind({path, [_ | _] = Path, SkeletonBytes}, Size)
+  when is_integer(SkeletonBytes), SkeletonBytes >= 0, SkeletonBytes =< Size,
+       length(Path) =< 3 ->
+    lists:all(fun(I) -> is_integer(I) andalso I > 0 end, Path);
+piece_kind(_Kind, _Size) -> false.
 
 local_dest(D, Local) when is_pid(D); is_reference(D) -> node(D) =:= Local;
 local_dest(D, _Local) -> is_atom(D) andalso D =/= undefined.
@@ -584,7 +603,16 @@ piece_entry_test() ->
     ?assertEqual({error, bad_entry},
                  entry(piece_start(R, self(), foo, term, 3, <<"a">>), other@host, L)),
     ?assert(supports(2, piece)),
-    ?assertNot(supports(1, piece)).
+    ?assertNot(supports(1, piece)),
+    ?assert(supports(3, piece_path)),
+    ?assertNot(supports(2, piece_path)),
+    P = fun(Kind, Size) -> entry(piece_start(R, self(), foo, Kind, Size, <<"a">>), L, L) end,
+    ?assertMatch({piece_start, #{kind := {path, [2, 1], 5}}}, P({path, [2, 1], 5}, 9)),
+    ?assertMatch({piece_start, #{kind := {path, [1], 9}}}, P({path, [1], 9}, 9)),
+    [?assertEqual({error, bad_entry}, P(K, 9))
+     || K <- [{path, [], 5}, {path, [0], 5}, {path, [1, 2, 3, 4], 5}, {path, [1], 10},
+              {path, [1], -1}, {path, [a], 1}, {path, [1 | 2], 1}, {path, 1, 1},
+              {path, [1], 1.0}, {other, [1], 1}]].
 
 negotiate_test() ->
     ?assertEqual(2, negotiate([1, 2])),

@@ -11,11 +11,11 @@
 -export([all/0, suite/0, init_per_testcase/2, end_per_testcase/2]).
 -export([order_many_senders/1, exact_delivery/1, sender_killed_mid_message/1,
          node_killed_mid_message/1, forged_pieces/1, reassembly_bound/1,
-         plain_peer_gets_whole/1, old_path_when_infinity/1,
+         plain_peer_gets_whole/1, old_path_when_infinity/1, path_pieces_by_version/1,
          guard_cuts_only_with_small_traffic/1, guard_sees_small_traffic_with_max_delay/1]).
 %% Run on peer nodes, or spawned.
 -export([run_senders/1, sender/2, collector/0, forge/3, run_plan/2, spawn_sender/2,
-         exact_msgs/0, make/1, hold/3]).
+         exact_msgs/0, make/1, hold/3, route_as_version/2]).
 
 -define(INBOX, convoy_inbox_1).
 %% Sender settings: messages from 70,000 bytes go in pieces of 1 KiB, whether or
@@ -30,7 +30,7 @@ suite() ->
 all() ->
     [order_many_senders, exact_delivery, sender_killed_mid_message, node_killed_mid_message,
      forged_pieces, reassembly_bound, plain_peer_gets_whole, old_path_when_infinity,
-     guard_cuts_only_with_small_traffic, guard_sees_small_traffic_with_max_delay].
+     path_pieces_by_version, guard_cuts_only_with_small_traffic, guard_sees_small_traffic_with_max_delay].
 
 init_per_testcase(_TC, Config) ->
     ok = convoy_ct_peers:restart_here(),
@@ -235,6 +235,43 @@ old_path_when_infinity(_Config) ->
     ok = peer:call(Peer, ?MODULE, run_senders, [[[{Rec, S} || S <- Specs]]], 60000),
     ?assertEqual(Msgs, await_count(Rec, 3)),
     ?assertMatch(#{chunked := 0}, peer_node_info(Peer)).
+
+%% A tuple around a large binary goes as its skeleton and the binary (kind
+%% `path', protocol version 3): the binary delivered is a part of the joined
+%% bytes, not a copy made by decoding. To a peer whose route says version 2 the
+%% same message goes encoded whole, and arrives as a binary of its own. (This
+%% node reads version 3; the sender's route to it is rewritten as a version-2
+%% peer's would be.)
+path_pieces_by_version(_Config) ->
+    {Peer, _A} = convoy_peer(?SENDER),
+    Rec = spawn_link(?MODULE, collector, []),
+    Spec = {make, tagged, p, 300000},
+    {p, Bin} = Msg = make(Spec),
+    ok = peer:call(Peer, ?MODULE, run_senders, [[[{Rec, Spec}]]], 60000),
+    [{p, Got3}] = await_count(Rec, 1),
+    ?assertEqual(Bin, Got3),
+    ?assert(binary:referenced_byte_size(Got3) > byte_size(Bin)),
+    ok = peer:call(Peer, ?MODULE, route_as_version, [node(), 2]),
+    ok = peer:call(Peer, ?MODULE, run_senders, [[[{Rec, Spec}]]], 60000),
+    [_, {p, Got2} = Msg2] = await_count(Rec, 2),
+    ?assertEqual(Msg, Msg2),
+    ?assertEqual(byte_size(Bin), binary:referenced_byte_size(Got2)),
+    ?assertMatch(#{chunked := 2, stalled := 0}, peer_node_info(Peer)),
+    ?assertEqual(0, maps:get(bad_piece, rejected())).
+
+%% On the sending node: rewrite Node's route as a peer at protocol version Vsn
+%% would have it (convoy_peers is the table's writer: the write runs inside it).
+route_as_version(Node, Vsn) ->
+    _ = sys:replace_state(convoy_peers,
+                          fun(S) ->
+                                  [{Node, {convoy, _, Inboxes}, C, H}] =
+                                      ets:lookup(convoy_nodes, Node),
+                                  true = ets:insert(convoy_nodes,
+                                                    {Node, {convoy, Vsn, Inboxes}, C, H}),
+                                  S
+                          end),
+    {convoy, Vsn, _} = convoy_peers:route(Node),
+    ok.
 
 %% chunk_guard (default 1000 ms): bulk alone goes whole, as fast as `!'; once a
 %% small message took the sender's lane, large ones go in pieces.

@@ -1,7 +1,9 @@
 %% PropEr properties of `convoy_chunk', run from EUnit.
 %%
 %% Cutting: any term or binary, cut at any piece size, comes back whole and the
-%% pieces have the size asked (the last one at most).
+%% pieces have the size asked (the last one at most); so does a large binary in
+%% tuples, sent as a skeleton and a binary (kind `path') to a peer that reads
+%% them, encoded whole to one that does not.
 %%
 %% Reassembly: several senders each send messages one after another, as pieces
 %% (cut by `pieces/2'); their streams are interleaved at random, with faults: a
@@ -40,9 +42,12 @@ reassembly_test_() ->
 %% Cutting
 
 prop_cut() ->
-    ?FORALL({Msg, N}, {oneof([binary(), any(), {binary(), [binary()], any()}]), range(1, 70)},
+    ?FORALL({Msg, N, Paths},
+            oneof([{oneof([binary(), any(), {binary(), [binary()], any()}]), range(1, 70),
+                    boolean()},
+                   {enveloped(), range(1000, 70000), boolean()}]),
             begin
-                {Kind, Data} = convoy_chunk:payload(Msg),
+                {Kind, Data} = convoy_chunk:payload(Msg, Paths),
                 {Size, Pieces} = convoy_chunk:pieces(Data, N),
                 Whole = iolist_to_binary(Pieces),
                 Sizes = [byte_size(P) || P <- Pieces],
@@ -51,7 +56,24 @@ prop_cut() ->
                     andalso lists:all(fun(S) -> S =:= N end, lists:droplast([N | Sizes]))
                     andalso lists:all(fun(S) -> S > 0 andalso S =< N end, Sizes)
                     andalso convoy_chunk:assemble(Kind, Pieces) =:= {ok, Msg}
+                    andalso (Paths orelse not is_tuple(Kind))
             end).
+
+%% A binary of at least 64 KiB (where a peer that reads paths gets one), in
+%% tuples 1 to 4 deep (the 4th too deep for a path) of at most 15 elements,
+%% beside other terms.
+enveloped() ->
+    ?LET({Seed, Depth}, {non_empty(binary()), range(1, 4)},
+         wrap(Depth, binary:copy(Seed, 65536 div byte_size(Seed) + 1))).
+
+wrap(0, Inner) ->
+    Inner;
+wrap(Depth, Inner) ->
+    ?LET({Before, After}, {short_list(), short_list()},
+         ?LET(T, wrap(Depth - 1, Inner), list_to_tuple(Before ++ [T | After]))).
+
+short_list() ->
+    ?LET(L, list(oneof([atom(), integer(), binary(), {binary()}])), lists:sublist(L, 7)).
 
 %%--------------------------------------------------------------------
 %% Reassembly
