@@ -30,8 +30,8 @@
 %%
 %% Reassembly state (`rx()'): partial messages keyed by the sender's reference
 %% (an alias, fresh per message), one per sender pid at a time. A start piece
-%% names the sender, the destination, the kind (`binary' or `term') and the total
-%% size; pieces then come with sequence numbers 1, 2, ... and the message is
+%% names the sender, the destination, the kind (`binary', `term' or `path') and
+%% the total size; pieces then come with sequence numbers 1, 2, ... and the message is
 %% complete when the bytes received reach the size. A start reserves its whole
 %% size against the per-node bound: a start that does not fit is refused (the
 %% sender then sends the message whole, see `convoy_chunk_send'), so the bytes held
