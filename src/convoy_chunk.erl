@@ -66,14 +66,17 @@
 %% (tuple indices, outermost first).
 -type kind() :: binary | term | {path, [pos_integer(), ...], non_neg_integer()}.
 %% What a start piece says: reference, sender, destination, kind, size, mon (an
-%% opaque term the caller keeps with the partial: its monitor), first data.
+%% opaque term the caller keeps with the partial: its monitor), first data, and
+%% how often the sender wants an acknowledgement (every piece if absent).
 -type start() :: #{ref := reference(), sender := pid(), to := term(), kind := kind(),
-                   size := pos_integer(), mon := term(), data := binary()}.
+                   size := pos_integer(), mon := term(), data := binary(),
+                   ack_every => pos_integer()}.
 -record(partial, {node :: node(),
                   sender :: pid(),
                   to :: term(),
                   kind :: kind(),
                   size :: pos_integer(),
+                  ack_every :: pos_integer(),
                   mon :: term(),
                   got :: non_neg_integer(),
                   next :: non_neg_integer(),
@@ -84,11 +87,15 @@
              done = queue:new() :: queue:queue(reference()),
              done_set = #{} :: #{reference() => true}}).
 -opaque rx() :: #rx{}.
-%% `{ack, Seq}': stored; `{complete, Kind, To, Parts, Mon}': the message is whole
+%% `{ack, Seq}': stored, acknowledge it (and the pieces before it); `stored':
+%% stored, no acknowledgement asked for this one (the start's `ack_every': the
+%% start and every piece whose Seq rem ack_every is ack_every - 1 are
+%% acknowledged); `{complete, Kind, To, Parts, Mon}': the message is whole
 %% (`assemble/2' it); `refused': the start does not fit the bound (nothing kept);
 %% `{error, bad_piece}': rejected, nothing kept. `start/4' also returns the
 %% monitors of partials it discarded (the sender's previous message).
 -type result() :: {ack, non_neg_integer()}
+                | stored
                 | {complete, kind(), term(), [binary()], term()}
                 | refused
                 | {error, bad_piece}.
@@ -222,6 +229,7 @@ start(Node, #{ref := Ref, sender := Sender, size := Size, data := Data} = St, Bo
                 true ->
                     P = #partial{node = Node, sender = Sender, to = maps:get(to, St),
                                  kind = maps:get(kind, St), size = Size,
+                                 ack_every = maps:get(ack_every, St, 1),
                                  mon = maps:get(mon, St), got = 0, next = 0, parts = []},
                     Rx2 = Rx1#rx{held = (Rx1#rx.held)#{Node => Held + Size},
                                  senders = (Rx1#rx.senders)#{Sender => Ref}},
@@ -250,13 +258,17 @@ add(Ref, P = #partial{next = Seq, got = Got, size = Size}, Seq, Data, Rx)
     case Got1 =:= Size of
         false ->
             P1 = P#partial{got = Got1, next = Seq + 1, parts = Parts},
-            {{ack, Seq}, Rx#rx{partials = (Rx#rx.partials)#{Ref => P1}}};
+            {acked(Seq, P#partial.ack_every), Rx#rx{partials = (Rx#rx.partials)#{Ref => P1}}};
         true ->
             Rx1 = remember(Ref, remove(Ref, P, Rx)),
             {{complete, P#partial.kind, P#partial.to, lists:reverse(Parts), P#partial.mon}, Rx1}
     end;
 add(_Ref, _P, _Seq, _Data, Rx) ->
     {{error, bad_piece}, Rx}.
+
+acked(0, _Every) -> {ack, 0};
+acked(Seq, Every) when Seq rem Every =:= Every - 1 -> {ack, Seq};
+acked(_Seq, _Every) -> stored.
 
 remove(Ref, #partial{node = Node, sender = Sender, size = Size}, Rx) ->
     Held = maps:get(Node, Rx#rx.held) - Size,
@@ -425,6 +437,16 @@ path_forged_test() ->
                  {path, [2, 1], SkelBytes},       % a binary is not a tuple
                  {path, Path, SkelBytes - 1},     % the skeleton cut short
                  {path, Path, byte_size(Bytes) + 1}]].
+
+ack_every_test() ->
+    Ref = make_ref(),
+    {{ack, 0}, [], Rx0} = start(n, #{ref => Ref, sender => self(), to => t, kind => binary,
+                                     size => 8, mon => m, data => <<"a">>, ack_every => 3},
+                                infinity, new()),
+    {Results, _} = lists:mapfoldl(fun(Seq, Rx) -> piece(n, Ref, Seq, <<"b">>, Rx) end,
+                                  Rx0, lists:seq(1, 7)),
+    ?assertMatch([stored, {ack, 2}, stored, stored, {ack, 5}, stored,
+                  {complete, binary, t, _, m}], Results).
 
 assemble_forged_term_test() ->
     ?assertEqual(error, assemble(term, [<<131, 200>>])),

@@ -51,6 +51,8 @@ handle({piece, Ref, Seq, Data}, From) ->
 result({ack, Seq}, Ref, _From) ->
     ack(Ref, Seq),
     none;
+result(stored, _Ref, _From) ->
+    none;
 result({complete, Kind, To, Parts, Mon}, Ref, From) ->
     erlang:demonitor(Mon, [flush]),
     case convoy_chunk:assemble(Kind, Parts) of

@@ -4,11 +4,12 @@
 %% ordering rules allow a message to go to its lane's inbox (the lane holds
 %% nothing of the sender's).
 %%
-%% The sender encodes the message once (`convoy_chunk:payload/1'), sends the first
+%% The sender encodes the message once (`convoy_chunk:payload/2'), sends the first
 %% piece to its lane's inbox on the peer (the inbox its batches use) and waits for
 %% that piece's ack (or `refused': the peer's reassembly bound is reached), then
-%% sends the others with at most `chunk_window' unacknowledged, and finally waits
-%% for the inbox's `delivered'. Each piece is a batch of one entry: other traffic
+%% sends the others with at most `chunk_window' unacknowledged (a peer at
+%% protocol version 3 acknowledges every `chunk_window div 2' of them, see
+%% `start/7'), and finally waits for the inbox's `delivered'. Each piece is a batch of one entry: other traffic
 %% to the node travels between them. The sender does not return before the
 %% message is delivered, so its later messages cannot overtake it, and, since the
 %% inbox delivers in order, everything it sent through that inbox before was
@@ -46,9 +47,9 @@
 
 -define(SEND_OPTS, [nosuspend, noconnect]).
 
-%% Where the pieces go: the peer inbox's name, and whether the peer reads pieces
-%% of kind `path' (`convoy_chunk').
--opaque target() :: {atom(), boolean()}.
+%% Where the pieces go: the peer inbox's name, and the protocol version the peer
+%% negotiated (which kinds of pieces it reads, see `convoy_wire').
+-opaque target() :: {atom(), pos_integer()}.
 
 %% @doc The peer inbox that a large message (of `Bytes', its encoded size) from
 %% lane `L' to `Node' goes to in pieces, with the node's counters; `none' when it
@@ -66,8 +67,7 @@ inbox(RT = #runtime{chunk_threshold = T, chunk_guard = G}, L, Node, Bytes) ->
             case convoy_peers:lookup(Node) of
                 {{convoy, Vsn, Inboxes}, C, _H} ->
                     case convoy_wire:supports(Vsn, piece) of
-                        true -> {{convoy_wire:lane_inbox(L, Inboxes),
-                                  convoy_wire:supports(Vsn, piece_path)}, C};
+                        true -> {{convoy_wire:lane_inbox(L, Inboxes), Vsn}, C};
                         false -> none
                     end;
                 _ ->
@@ -92,16 +92,16 @@ drain_lane(#runtime{lanes = Lanes, barrier_timeout = T}, L, Node) ->
 -spec send(#runtime{}, node(), target(), counters:counters_ref(), convoy_wire:dest(),
            term()) ->
           delivered | sent | refused | no_answer | dropped.
-send(RT = #runtime{chunk_bytes = PB}, Node, {Inbox, Paths}, C, To, Msg) ->
-    {Kind, Data} = convoy_chunk:payload(Msg, Paths),
+send(RT = #runtime{chunk_bytes = PB}, Node, {Inbox, Vsn}, C, To, Msg) ->
+    {Kind, Data} = convoy_chunk:payload(Msg, convoy_wire:supports(Vsn, piece_path)),
     case convoy_chunk:pieces(Data, PB) of
         {0, []} ->
             refused; % nothing to cut: it goes whole
         {Size, [First | Rest]} ->
             Dest = {Inbox, Node},
             Mon = erlang:monitor(process, Dest, [{alias, demonitor}]),
-            Result = first(RT, Dest, Mon, C, convoy_wire:piece_start(Mon, self(), To, Kind,
-                                                                     Size, First), Rest),
+            Start = start(RT, Vsn, Mon, To, Kind, Size, First),
+            Result = first(RT, Dest, Mon, C, Start, Rest),
             erlang:demonitor(Mon, [flush]),
             case Result of
                 dropped ->
@@ -111,6 +111,18 @@ send(RT = #runtime{chunk_bytes = PB}, Node, {Inbox, Paths}, C, To, Msg) ->
                     ok
             end,
             Result
+    end.
+
+%% A peer at version 3 is asked to acknowledge every `chunk_window div 2'
+%% pieces (each answer covers the pieces before it): half the answers, each a
+%% distribution message both nodes handle, and the window opens by half at a
+%% time. Any `chunk_window' pieces in a row hold one that is acknowledged, or the
+%% last piece, after which the sender waits for `delivered' instead: it never
+%% waits for an answer that is not coming.
+start(#runtime{chunk_window = W}, Vsn, Mon, To, Kind, Size, First) ->
+    case convoy_wire:supports(Vsn, piece_acks) of
+        true -> convoy_wire:piece_start(Mon, self(), To, Kind, Size, max(1, W div 2), First);
+        false -> convoy_wire:piece_start(Mon, self(), To, Kind, Size, First)
     end.
 
 first(RT, Dest, Mon, C, Start, Rest) ->

@@ -43,6 +43,12 @@
 %%     `{path, Path, SkeletonBytes}' (`Path' a list of 1 to 3 positive integers,
 %%     `SkeletonBytes' at most `Size'): the message's bytes are its skeleton,
 %%     encoded, then a binary to put at `Path' in it (see `convoy_chunk').</li>
+%%   <li>Version 3, kind `piece_acks': a start piece may be
+%%     `{'$convoy_piece', Ref, 0, Data, {Sender, To, Kind, Size, AckEvery}}'
+%%     (`AckEvery' 1 to 1024): the inbox then answers `{Ref, convoy_piece, Seq}'
+%%     only for the start and for the pieces whose `Seq rem AckEvery' is
+%%     `AckEvery - 1', each answer covering the pieces before it (a 4-element
+%%     start asks for every piece).</li>
 %%   </ul>
 %%   The receiver checks every entry (`entry/3'). A malformed one, a destination
 %%   of another node, a barrier for a third node or a message that is itself a
@@ -89,7 +95,8 @@
 -module(convoy_wire).
 
 -export([version/0, versions/0, max_inboxes/0, max_dests/0, max_entry_words/0,
-         batch/2, barrier/2, publish/3, piece_start/6, piece/3, hello/2, supports/2,
+         batch/2, barrier/2, publish/3, piece_start/6, piece_start/7, piece/3, hello/2,
+         supports/2,
          address/2, send_words/1, take_members/3, entry_to/3, decode/1, entry/3, cost/1,
          multicast_entries/2,
          creation/1, negotiate/1, inbox_name/1, inbox_names/1, lane_inbox/2]).
@@ -101,6 +108,8 @@
 -define(VSN, 3).
 -define(BATCH_VSN, 1).
 -define(MAX_INBOXES, 1024).
+%% A start piece's acknowledgement interval: at most the largest `chunk_window'.
+-define(MAX_ACK_EVERY, 1024).
 -define(MAX_ENTRY_WORDS, (1 bsl 18)).
 %% What one local send costs beyond the words it copies, in word copies (a send
 %% that wakes a waiting process takes about as long as copying 32 words).
@@ -108,13 +117,15 @@
 -define(MAX_DESTS, (?MAX_ENTRY_WORDS div ?SEND_WORDS)).
 
 -type dest() :: pid() | atom() | reference().
--type entry_kind() :: publish | piece | piece_path.
+-type entry_kind() :: publish | piece | piece_path | piece_acks.
 %% An entry kind added after version 1 (see `supports/2').
 -type entry() :: {dest() | [dest()], term()} | {'$convoy_barrier', pid() | reference(), term()}
                | {'$convoy_publish', atom(), term(), term()}
                | {'$convoy_piece', reference(), pos_integer(), binary()}
                | {'$convoy_piece', reference(), 0, binary(),
-                  {pid(), dest(), convoy_chunk:kind(), pos_integer()}}.
+                  {pid(), dest(), convoy_chunk:kind(), pos_integer()}}
+               | {'$convoy_piece', reference(), 0, binary(),
+                  {pid(), dest(), convoy_chunk:kind(), pos_integer(), pos_integer()}}.
 -type hello_info() :: #{versions := [pos_integer()], node := node(), peers := pid(),
                         inboxes := pos_integer(), request => reference()}.
 -type decoded() :: {batch, pos_integer(), node(), maybe_improper_list()}
@@ -126,7 +137,7 @@
                  | {publish, atom(), term(), term()}
                  | {piece_start, #{ref := reference(), sender := pid(), to := dest(),
                                    kind := convoy_chunk:kind(), size := pos_integer(),
-                                   data := binary()}}
+                                   ack_every := pos_integer(), data := binary()}}
                  | {piece, reference(), pos_integer(), binary()}
                  | {error, bad_entry | too_costly}.
 
@@ -144,7 +155,8 @@ supports(Vsn, Kind) -> Vsn >= since(Kind).
 %% Entry kinds added after version 1 and the version that added them.
 since(publish) -> 2;
 since(piece) -> 2;
-since(piece_path) -> 3.
+since(piece_path) -> 3;
+since(piece_acks) -> 3.
 
 -spec max_inboxes() -> pos_integer().
 max_inboxes() -> ?MAX_INBOXES.
@@ -179,6 +191,13 @@ barrier(ReplyTo, Tag) -> {'$convoy_barrier', ReplyTo, Tag}.
           entry().
 piece_start(Ref, Sender, To, Kind, Size, Data) ->
     {'$convoy_piece', Ref, 0, Data, {Sender, To, Kind, Size}}.
+
+%% @doc The first piece, asking for an acknowledgement every `AckEvery' pieces
+%% (version 3, kind `piece_acks').
+-spec piece_start(reference(), pid(), dest(), convoy_chunk:kind(), pos_integer(),
+                  pos_integer(), binary()) -> entry().
+piece_start(Ref, Sender, To, Kind, Size, AckEvery, Data) ->
+    {'$convoy_piece', Ref, 0, Data, {Sender, To, Kind, Size, AckEvery}}.
 
 %% @doc Piece `Seq' (1, 2, ...) of a message sent in pieces (version 2).
 -spec piece(reference(), pos_integer(), binary()) -> entry().
@@ -249,13 +268,15 @@ entry({'$convoy_barrier', ReplyTo, Tag}, From, _Local) when is_pid(ReplyTo); is_
         true -> {barrier, ReplyTo, Tag};
         false -> {error, bad_entry}
     end;
-entry({'$convoy_piece', Ref, 0, Data, {Sender, To, Kind, Size}}, From, Local)
+entry({'$convoy_piece', Ref, 0, Data, {Sender, To, Kind, Size}}, From, Local) ->
+    entry({'$convoy_piece', Ref, 0, Data, {Sender, To, Kind, Size, 1}}, From, Local);
+entry({'$convoy_piece', Ref, 0, Data, {Sender, To, Kind, Size, AckEvery}}, From, Local)
   when is_reference(Ref), is_binary(Data), is_pid(Sender), is_integer(Size), Size > 0,
-       not is_list(To) ->
+       is_integer(AckEvery), AckEvery >= 1, AckEvery =< ?MAX_ACK_EVERY, not is_list(To) ->
     case node(Ref) =:= From andalso node(Sender) =:= From andalso piece_kind(Kind, Size)
         andalso local_dest(To, Local) of
         true -> {piece_start, #{ref => Ref, sender => Sender, to => To, kind => Kind,
-                                size => Size, data => Data}};
+                                size => Size, ack_every => AckEvery, data => Data}};
         false -> {error, bad_entry}
     end;
 entry({'$convoy_piece', Ref, Seq, Data}, From, _Local)
@@ -612,7 +633,16 @@ piece_entry_test() ->
     [?assertEqual({error, bad_entry}, P(K, 9))
      || K <- [{path, [], 5}, {path, [0], 5}, {path, [1, 2, 3, 4], 5}, {path, [1], 10},
               {path, [1], -1}, {path, [a], 1}, {path, [1 | 2], 1}, {path, 1, 1},
-              {path, [1], 1.0}, {other, [1], 1}]].
+              {path, [1], 1.0}, {other, [1], 1}]],
+    %% an acknowledgement interval (version 3); a 4-element start asks for every piece
+    ?assert(supports(3, piece_acks)),
+    ?assertNot(supports(2, piece_acks)),
+    ?assertMatch({piece_start, #{ack_every := 1}},
+                 entry(piece_start(R, self(), foo, term, 3, <<"a">>), L, L)),
+    A = fun(K) -> entry(piece_start(R, self(), foo, term, 3, K, <<"a">>), L, L) end,
+    ?assertMatch({piece_start, #{ack_every := 2, kind := term, size := 3}}, A(2)),
+    ?assertMatch({piece_start, #{ack_every := 1024}}, A(1024)),
+    [?assertEqual({error, bad_entry}, A(K)) || K <- [0, -1, 1025, 1.0, x]].
 
 negotiate_test() ->
     ?assertEqual(2, negotiate([1, 2])),

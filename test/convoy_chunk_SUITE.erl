@@ -245,6 +245,8 @@ old_path_when_infinity(_Config) ->
 path_pieces_by_version(_Config) ->
     {Peer, _A} = convoy_peer(?SENDER),
     Rec = spawn_link(?MODULE, collector, []),
+    Tracer = spawn_link(fun() -> starts([]) end),
+    erlang:trace(whereis(?INBOX), true, ['receive', {tracer, Tracer}]),
     Spec = {make, tagged, p, 300000},
     {p, Bin} = Msg = make(Spec),
     ok = peer:call(Peer, ?MODULE, run_senders, [[[{Rec, Spec}]]], 60000),
@@ -257,7 +259,24 @@ path_pieces_by_version(_Config) ->
     ?assertEqual(Msg, Msg2),
     ?assertEqual(byte_size(Bin), binary:referenced_byte_size(Got2)),
     ?assertMatch(#{chunked := 2, stalled := 0}, peer_node_info(Peer)),
-    ?assertEqual(0, maps:get(bad_piece, rejected())).
+    ?assertEqual(0, maps:get(bad_piece, rejected())),
+    %% the start pieces: at version 3 with an acknowledgement every
+    %% chunk_window div 2 pieces and kind path, at version 2 as version 2 has them
+    erlang:trace(whereis(?INBOX), false, ['receive']),
+    Tracer ! {get, self()},
+    Starts = receive {starts, S} -> S after 5000 -> ct:fail(no_starts) end,
+    ?assertMatch([{_, _, {path, [2], _}, _, 2}, {_, _, term, _}], Starts).
+
+%% A tracer keeping the descriptors of the start pieces an inbox received.
+starts(Acc) ->
+    receive
+        {trace, _, 'receive', {'$convoy', _, batch, _, [{'$convoy_piece', _, 0, _, D}]}} ->
+            starts([D | Acc]);
+        {trace, _, 'receive', _} ->
+            starts(Acc);
+        {get, From} ->
+            From ! {starts, lists:reverse(Acc)}
+    end.
 
 %% On the sending node: rewrite Node's route as a peer at protocol version Vsn
 %% would have it (convoy_peers is the table's writer: the write runs inside it).

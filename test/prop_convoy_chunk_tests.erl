@@ -17,7 +17,9 @@
 %% which messages are delivered: exactly those, byte for byte, in that order
 %% (so in order per sender and never twice), every non-ack result is counted
 %% where the model expects it, the bytes held always equal the model's and
-%% never exceed the bound, and nothing is held after the nodedown.
+%% never exceed the bound, and nothing is held after the nodedown. Each message
+%% asks for an acknowledgement every 1 to 4 pieces: the start and exactly the
+%% pieces that interval names are acknowledged, the others only stored.
 %% PropEr 1.2 cannot report an exception raised inside a property on OTP 25, so
 %% the properties catch and print their own.
 -module(prop_convoy_chunk_tests).
@@ -92,7 +94,7 @@ prop_reassembly() ->
 scenario() ->
     {oneof([infinity, range(20, 400)]),
      range(1, 40),
-     non_empty(list(list({binary(), fault()}))),
+     non_empty(list(list({binary(), fault(), range(1, 4)}))),
      list(range(1, 4)),
      list({range(0, 200), forged()})}.
 
@@ -123,13 +125,13 @@ stream(Pid, Msgs, N) ->
 
 stream(_Pid, [], _N, Acc) ->
     lists:reverse(Acc);
-stream(Pid, [{Payload, Fault} | Rest], N, Acc) ->
+stream(Pid, [{Payload, Fault, AckEvery} | Rest], N, Acc) ->
     Ref = make_ref(),
     {Size, Pieces} = convoy_chunk:pieces(Payload, N),
     Entries = case Pieces of
                   [] -> [];
                   [First | More] ->
-                      [{start, Pid, Ref, Size, First, Payload}
+                      [{start, Pid, Ref, Size, First, Payload, AckEvery}
                        | [{piece, Pid, Ref, Seq, P} || {Seq, P} <- lists:zip(lists:seq(1, length(More)), More)]]
               end,
     case Fault of
@@ -160,7 +162,7 @@ interleave(T, [I | Order], Acc) ->
     end.
 
 known_refs(Events) ->
-    [{Pid, Ref, Size} || {start, Pid, Ref, Size, _, _} <- Events].
+    [{Pid, Ref, Size} || {start, Pid, Ref, Size, _, _, _} <- Events].
 
 insert_forged(Events, [], _Known) ->
     Events;
@@ -186,17 +188,17 @@ forge(_, []) ->
 model() ->
     #{held => 0, cur => #{}, refs => #{}, delivered => []}.
 
-step({start, Pid, Ref, Size, First, Payload}, Bound, {D, Rx, M}) ->
+step({start, Pid, Ref, Size, First, Payload, AckEvery}, Bound, {D, Rx, M}) ->
     St = #{ref => Ref, sender => Pid, to => dest, kind => binary, size => Size,
-           mon => Ref, data => First},
+           mon => Ref, data => First, ack_every => AckEvery},
     {R, Dropped, Rx1} = convoy_chunk:start(?NODE, St, Bound, Rx),
-    M1 = model_start(Pid, Ref, Size, First, Payload, Bound, M),
+    M1 = model_start(Pid, Ref, Size, First, Payload, AckEvery, Bound, M),
     check(R, Dropped, Rx1, Bound, M1, D);
 step({forged_start, Pid, Ref, Size}, Bound, {D, Rx, M}) ->
     St = #{ref => Ref, sender => Pid, to => dest, kind => binary, size => Size,
            mon => Ref, data => <<"x">>},
     {R, Dropped, Rx1} = convoy_chunk:start(?NODE, St, Bound, Rx),
-    M1 = model_start(Pid, Ref, Size, <<"x">>, forged, Bound, M),
+    M1 = model_start(Pid, Ref, Size, <<"x">>, forged, 1, Bound, M),
     check(R, Dropped, Rx1, Bound, M1, D);
 step({piece, _Pid, Ref, Seq, Data}, Bound, {D, Rx, M}) ->
     {R, Rx1} = convoy_chunk:piece(?NODE, Ref, Seq, Data, Rx),
@@ -213,6 +215,7 @@ check(R, Dropped, Rx, Bound, M = #{held := Held}, D) ->
     Expect = maps:get(expect, M, none),
     Got = case R of
               {ack, _} -> ack;
+              stored -> stored;
               {complete, binary, dest, Parts, _Mon} -> {complete, iolist_to_binary(Parts)};
               refused -> refused;
               {error, bad_piece} -> bad_piece;
@@ -230,7 +233,7 @@ check(R, Dropped, Rx, Bound, M = #{held := Held}, D) ->
     {D1, Rx, maps:without([expect, dropped], M)}.
 
 %% refs: every reference ever started: in_progress, done or dropped.
-model_start(Pid, Ref, Size, First, Payload, Bound, M = #{refs := Refs}) ->
+model_start(Pid, Ref, Size, First, Payload, AckEvery, Bound, M = #{refs := Refs}) ->
     case maps:get(Ref, Refs, none) of
         S when S =:= in_progress; S =:= done ->
             M#{expect => bad_piece};
@@ -241,7 +244,7 @@ model_start(Pid, Ref, Size, First, Payload, Bound, M = #{refs := Refs}) ->
                     M1#{expect => refused};
                 true ->
                     Cur = #{ref => Ref, size => Size, got => byte_size(First), next => 1,
-                            data => [First], payload => Payload},
+                            data => [First], payload => Payload, ack_every => AckEvery},
                     M2 = M1#{held := Held + Size, cur := (maps:get(cur, M1))#{Pid => Cur},
                              refs := Refs1#{Ref => in_progress}, expect => ack},
                     maybe_complete(Pid, Cur, M2)
@@ -254,7 +257,11 @@ model_piece(Ref, Seq, Data, M = #{cur := Cur}) ->
           when byte_size(Data) > 0, Got + byte_size(Data) =< Size ->
             C1 = C#{next := Seq + 1, got := Got + byte_size(Data),
                     data := maps:get(data, C) ++ [Data]},
-            maybe_complete(Pid, C1, M#{cur := Cur#{Pid := C1}, expect => ack});
+            Expect = case Seq rem maps:get(ack_every, C) =:= maps:get(ack_every, C) - 1 of
+                         true -> ack;
+                         false -> stored
+                     end,
+            maybe_complete(Pid, C1, M#{cur := Cur#{Pid := C1}, expect => Expect});
         _ ->
             M#{expect => bad_piece}
     end.
