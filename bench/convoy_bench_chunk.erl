@@ -32,8 +32,7 @@
 %%       -pa _build/bench/lib/convoy/bench -eval 'convoy_bench_chunk:cpu(), halt().'
 -module(convoy_bench_chunk).
 
--export([copies/0, timeline/0, sink/0, cpu/0, cpu_sink/1, cpu_server/1, cpu_sender/4,
-         cpu_prober/3, os_cpu_ticks/0]).
+-export([copies/0, timeline/0, sink/0, cpu/0, cpu_sender/4, cpu_prober/3, os_cpu_ticks/0]).
 
 -spec copies() -> ok.
 copies() ->
@@ -164,8 +163,9 @@ cpu() ->
     ok.
 
 cpu_row(Label, Mode, A, B, Hz) ->
-    Sinks = [spawn(B, ?MODULE, cpu_sink, [Mode]) || _ <- lists:seq(1, 4)],
-    Server = spawn(B, ?MODULE, cpu_server, [Mode]),
+    %% the harness's own sink (answers each binary) and server (answers `{req, ...}')
+    Sinks = [spawn(B, convoy_bench_measure, bulk_sink, [Mode]) || _ <- lists:seq(1, 4)],
+    Server = spawn(B, convoy_bench_measure, server, [Mode]),
     Ticks0 = [erpc:call(N, ?MODULE, os_cpu_ticks, []) || N <- [A, B]],
     Idle0 = idle_ticks(),
     T0 = erlang:monotonic_time(millisecond),
@@ -205,18 +205,6 @@ idle_ticks() ->
 cpu_send(plain, To, Msg) -> erlang:send(To, Msg);
 cpu_send(convoy, To, Msg) -> convoy:send(To, Msg).
 
-%% @doc `cpu/0''s sink: answers each binary with `is_binary/1' of it.
--spec cpu_sink(plain | convoy) -> no_return().
-cpu_sink(M) ->
-    receive {From, Bin} -> cpu_send(M, From, is_binary(Bin)) end,
-    cpu_sink(M).
-
-%% @doc `cpu/0''s small server: answers each request.
--spec cpu_server(plain | convoy) -> no_return().
-cpu_server(M) ->
-    receive {req, From} -> cpu_send(M, From, resp) end,
-    cpu_server(M).
-
 %% @doc Sends its binary and waits for the answer until the deadline, then tells
 %% the driver how many it sent.
 -spec cpu_sender(plain | convoy, pid(), pos_integer(), {pid(), integer()}) -> ok.
@@ -238,7 +226,7 @@ bulk_loop(M, Sink, Msg, Deadline, N) ->
 %% @doc Small round trips until the deadline; tells the driver their durations (us).
 -spec cpu_prober(plain | convoy, pid(), {pid(), integer()}) -> ok.
 cpu_prober(M, Server, {Driver, Deadline}) ->
-    Driver ! {done, self(), probe_loop(M, Server, {req, self()}, Deadline, [])},
+    Driver ! {done, self(), probe_loop(M, Server, {req, self(), ping}, Deadline, [])},
     ok.
 
 probe_loop(M, Server, Req, Deadline, Acc) ->

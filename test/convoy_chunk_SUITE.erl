@@ -15,7 +15,7 @@
          guard_cuts_only_with_small_traffic/1, guard_sees_small_traffic_with_max_delay/1]).
 %% Run on peer nodes, or spawned.
 -export([run_senders/1, sender/2, collector/0, forge/3, run_plan/2, spawn_sender/2,
-         exact_msgs/0, make/1, hold/3, route_as_version/2]).
+         exact_msgs/0, make/1, hold/3]).
 
 -define(INBOX, convoy_inbox_1).
 %% Sender settings: messages from 70,000 bytes go in pieces of 1 KiB, whether or
@@ -245,15 +245,16 @@ old_path_when_infinity(_Config) ->
 path_pieces_by_version(_Config) ->
     {Peer, _A} = convoy_peer(?SENDER),
     Rec = spawn_link(?MODULE, collector, []),
-    Tracer = spawn_link(fun() -> starts([]) end),
-    erlang:trace(whereis(?INBOX), true, ['receive', {tracer, Tracer}]),
+    Tracer = convoy_ct_peers:trace_inbox(?INBOX),
     Spec = {make, tagged, p, 300000},
     {p, Bin} = Msg = make(Spec),
     ok = peer:call(Peer, ?MODULE, run_senders, [[[{Rec, Spec}]]], 60000),
     [{p, Got3}] = await_count(Rec, 1),
     ?assertEqual(Bin, Got3),
     ?assert(binary:referenced_byte_size(Got3) > byte_size(Bin)),
-    ok = peer:call(Peer, ?MODULE, route_as_version, [node(), 2]),
+    Here = node(),
+    ok = peer:call(Peer, convoy_ct_peers, route_as_version, [Here, 2]),
+    {convoy, 2, _} = peer:call(Peer, convoy_peers, route, [Here]),
     ok = peer:call(Peer, ?MODULE, run_senders, [[[{Rec, Spec}]]], 60000),
     [_, {p, Got2} = Msg2] = await_count(Rec, 2),
     ?assertEqual(Msg, Msg2),
@@ -262,35 +263,8 @@ path_pieces_by_version(_Config) ->
     ?assertEqual(0, maps:get(bad_piece, rejected())),
     %% the start pieces: at version 3 with an acknowledgement every
     %% chunk_window div 2 pieces and kind path, at version 2 as version 2 has them
-    erlang:trace(whereis(?INBOX), false, ['receive']),
-    Tracer ! {get, self()},
-    Starts = receive {starts, S} -> S after 5000 -> ct:fail(no_starts) end,
+    Starts = [D || {'$convoy_piece', _, 0, _, D} <- convoy_ct_peers:traced(Tracer)],
     ?assertMatch([{_, _, {path, [2], _}, _, 2}, {_, _, term, _}], Starts).
-
-%% A tracer keeping the descriptors of the start pieces an inbox received.
-starts(Acc) ->
-    receive
-        {trace, _, 'receive', {'$convoy', _, batch, _, [{'$convoy_piece', _, 0, _, D}]}} ->
-            starts([D | Acc]);
-        {trace, _, 'receive', _} ->
-            starts(Acc);
-        {get, From} ->
-            From ! {starts, lists:reverse(Acc)}
-    end.
-
-%% On the sending node: rewrite Node's route as a peer at protocol version Vsn
-%% would have it (convoy_peers is the table's writer: the write runs inside it).
-route_as_version(Node, Vsn) ->
-    _ = sys:replace_state(convoy_peers,
-                          fun(S) ->
-                                  [{Node, {convoy, _, Inboxes}, C, H}] =
-                                      ets:lookup(convoy_nodes, Node),
-                                  true = ets:insert(convoy_nodes,
-                                                    {Node, {convoy, Vsn, Inboxes}, C, H}),
-                                  S
-                          end),
-    {convoy, Vsn, _} = convoy_peers:route(Node),
-    ok.
 
 %% chunk_guard (default 1000 ms): bulk alone goes whole, as fast as `!'; once a
 %% small message took the sender's lane, large ones go in pieces.

@@ -6,7 +6,7 @@
 -module(convoy_ct_peers).
 
 -export([start/3, start_convoy/2, convoy_peer/3, await_route/2, route_kind/1, await/3,
-         restart_here/0]).
+         restart_here/0, route_as_version/2, trace_inbox/1, traced/1]).
 
 %% A peer named Name for Suite; Extra: peer:start_options(), `args' appended.
 start(Suite, Name, Extra) ->
@@ -61,3 +61,37 @@ restart_here() ->
     _ = application:stop(convoy),
     {ok, _} = application:ensure_all_started(convoy),
     ok.
+
+%% Rewrite Node's route on this node as a convoy peer at protocol version Vsn
+%% would have it (convoy_peers is the table's writer: the write runs inside it).
+-spec route_as_version(node(), pos_integer()) -> ok.
+route_as_version(Node, Vsn) ->
+    _ = sys:replace_state(convoy_peers,
+                          fun(S) ->
+                                  [{Node, {convoy, _, Inboxes}, C, H}] =
+                                      ets:lookup(convoy_nodes, Node),
+                                  true = ets:insert(convoy_nodes,
+                                                    {Node, {convoy, Vsn, Inboxes}, C, H}),
+                                  S
+                          end),
+    ok.
+
+%% Trace the batches the inbox registered as Name receives; returns the tracer.
+-spec trace_inbox(atom()) -> pid().
+trace_inbox(Name) ->
+    Tracer = spawn(fun() -> tracer([]) end),
+    1 = erlang:trace(whereis(Name), true, ['receive', {tracer, Tracer}]),
+    Tracer.
+
+tracer(Acc) ->
+    receive
+        {trace, _, 'receive', {'$convoy', _, batch, _, Entries}} -> tracer(lists:reverse(Entries, Acc));
+        {trace, _, 'receive', _} -> tracer(Acc);
+        {get, From} -> From ! {traced, lists:reverse(Acc)}
+    end.
+
+%% The batch entries a tracer saw, in order (`timeout' if it does not answer).
+-spec traced(pid()) -> list() | timeout.
+traced(Tracer) ->
+    Tracer ! {get, self()},
+    receive {traced, Entries} -> Entries after 5000 -> timeout end.

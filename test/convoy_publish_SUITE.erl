@@ -15,7 +15,7 @@
          forged_publish_entries/1, huge_group_does_not_hold_inbox/1,
          run_of_publishes_member_by_member/1, run_of_multicasts_dest_by_dest/1]).
 %% Run on peer nodes.
--export([member/0, start_scope/1, fake_scope/1, trace_inbox/1, traced/1, trace_sends/1,
+-export([member/0, start_scope/1, fake_scope/1, trace_sends/1,
          huge_group/3, huge_member/2]).
 
 suite() ->
@@ -222,9 +222,9 @@ version1_peer_gets_multicast(_Config) ->
     await_members(pub_v1, g, 4),
     {convoy, Vsn, Inboxes} = convoy_peers:route(B),
     ?assertEqual(convoy_wire:version(), Vsn),
-    ok = as_version1(B, Inboxes),
+    ok = convoy_ct_peers:route_as_version(B, 1),
     {convoy, 1, Inboxes} = convoy_peers:route(B),
-    Tracer = peer:call(PeerB, ?MODULE, trace_inbox, [convoy_inbox_1]),
+    Tracer = peer:call(PeerB, convoy_ct_peers, trace_inbox, [convoy_inbox_1]),
     %% Several senders: some find the lane idle (batch of one from the sender),
     %% some queue behind others in the lane.
     Self = self(),
@@ -237,43 +237,12 @@ version1_peer_gets_multicast(_Config) ->
     [receive {done, S} -> ok after 20000 -> ct:fail(sender_stuck) end || S <- Senders],
     [convoy_ct_peers:await(fun() -> length(got(P)) end, fun(L) -> L =:= 80 end, 20000)
      || P <- Pids],
-    Entries = peer:call(PeerB, ?MODULE, traced, [Tracer]),
+    Entries = peer:call(PeerB, convoy_ct_peers, traced, [Tracer]),
     ?assert(length(Entries) >= 80),
     ?assertEqual([], [E || E <- Entries, element(1, E) =:= '$convoy_publish']),
     ?assertEqual([], [E || {Tos, _} = E <- Entries, lists:sort(Tos) =/= lists:sort(Pids)]),
     %% and to a node without members nothing at all
     ok = convoy:publish(pub_v1, nobody, x).
-
-%% Rewrite B's route as a version-1 peer's (convoy_peers is the table's writer:
-%% the write runs inside it).
-as_version1(B, Inboxes) ->
-    _ = sys:replace_state(convoy_peers,
-                          fun(S) ->
-                                  [{B, _, C, H}] = ets:lookup(convoy_nodes, B),
-                                  true = ets:insert(convoy_nodes, {B, {convoy, 1, Inboxes}, C, H}),
-                                  S
-                          end),
-    ok.
-
-%% On a peer: trace what an inbox receives; returns the tracer.
--spec trace_inbox(atom()) -> pid().
-trace_inbox(Name) ->
-    Tracer = spawn(fun() -> tracer([]) end),
-    1 = erlang:trace(whereis(Name), true, ['receive', {tracer, Tracer}]),
-    Tracer.
-
-tracer(Acc) ->
-    receive
-        {trace, _, 'receive', {'$convoy', _, batch, _, Entries}} -> tracer(lists:reverse(Entries, Acc));
-        {trace, _, 'receive', _} -> tracer(Acc);
-        {get, From} -> From ! {traced, lists:reverse(Acc)}
-    end.
-
-%% On a peer: the batch entries a tracer saw.
--spec traced(pid()) -> list().
-traced(Tracer) ->
-    Tracer ! {get, self()},
-    receive {traced, Entries} -> Entries after 5000 -> timeout end.
 
 %% A node without convoy: its members get plain sends.
 node_without_convoy(Config) ->
@@ -453,7 +422,7 @@ run_of_publishes_member_by_member(_Config) ->
     await_got([M1, M3], [1, 2, 3, 4, 5, 6, 8]),
     await_got([M2], [1, 2, 3, between, 4, 5, 6, 8]),
     await_got([Other], [x]),
-    Sends = peer:call(PeerB, ?MODULE, traced, [Tracer]),
+    Sends = peer:call(PeerB, convoy_ct_peers, traced, [Tracer]),
     %% the runs [1, 2, 3] and [5, 6]: each member gets all of a run before the next
     %% member gets any of it
     Order = pg_order(PeerB, pub_run, g),
@@ -471,7 +440,8 @@ run_of_publishes_member_by_member(_Config) ->
 pg_order(Peer, Scope, Group) ->
     peer:call(Peer, pg, get_local_members, [Scope, Group]).
 
-%% On a peer: trace what a process sends; `traced/1' returns `{To, Msg}' in order.
+%% On a peer: trace what a process sends; `convoy_ct_peers:traced/1' returns
+%% `{To, Msg}' in order.
 -spec trace_sends(atom()) -> pid().
 trace_sends(Name) ->
     Tracer = spawn(fun() -> send_tracer([]) end),
@@ -502,7 +472,7 @@ run_of_multicasts_dest_by_dest(_Config) ->
     await_got([R1], [1, 2, 3, 4, 5, 6, 7, 7, 8, 8]),
     await_got([R2], [1, 2, 3, 4, 5, 6, 7, 8]),
     await_got([R3], [1, 2, 3, 6]),
-    Sends = peer:call(PeerB, ?MODULE, traced, [Tracer]),
+    Sends = peer:call(PeerB, convoy_ct_peers, traced, [Tracer]),
     %% (the trace shows the attempts to the name nobody holds too)
     ?assertEqual([{To, X} || To <- Tos, X <- [1, 2, 3]],
                  [{To, X} || {To, X} <- Sends, lists:member(X, [1, 2, 3])]),
