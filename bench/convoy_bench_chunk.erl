@@ -26,13 +26,15 @@
 %% starts, for 3 s per variant, variants interleaved, 3 rounds. Per row: bulk
 %% MB/s, the CPU time of each node's OS process (user + system, from
 %% /proc/PID/stat, so Linux only) per MB moved, the share of the machine left
-%% idle, and the small round trips' count and median:
+%% idle, the small round trips' count and median, and what the bulk senders were
+%% doing (`sender_state/1', sampled every millisecond):
 %%
 %%   erl -noshell -sname chunk_cpu -pa _build/bench/lib/convoy/ebin \
 %%       -pa _build/bench/lib/convoy/bench -eval 'convoy_bench_chunk:cpu(), halt().'
 -module(convoy_bench_chunk).
 
--export([copies/0, timeline/0, sink/0, cpu/0, cpu_sender/4, cpu_prober/3, os_cpu_ticks/0]).
+-export([copies/0, timeline/0, sink/0, cpu/0, cpu_sender/4, cpu_prober/3, cpu_sampler/2,
+         os_cpu_ticks/0]).
 
 -spec copies() -> ok.
 copies() ->
@@ -127,6 +129,8 @@ acks(Acc) ->
 
 -define(CPU_SECS, 3).
 -define(CPU_BULK, 10000000).
+%% What the senders were doing, as shares of samples (`sender_state/1').
+-define(SENDER_STATES, [window, first, delivered, answer, suspended, working]).
 
 -spec cpu() -> ok.
 cpu() ->
@@ -148,9 +152,14 @@ cpu() ->
     Defaults = convoy_config:defaults(),
     Hz = list_to_integer(string:trim(os:cmd("getconf CLK_TCK"))),
     io:format("hol's pattern for ~b s per row: 4 senders of 10 MB, small round trips "
-              "beside them~n", [?CPU_SECS]),
-    io:format("  ~-42s ~8s ~9s ~9s ~9s ~6s ~7s ~9s~n",
-              ["variant", "MB/s", "A ms/MB", "B ms/MB", "ms/MB", "idle", "rt", "rt p50"]),
+              "beside them.~nLast columns, the senders' time: waiting for an "
+              "acknowledgement to open the window, for the first piece's, for "
+              "`delivered',~nfor the sink's answer; suspended on a busy connection; "
+              "working (sampled every ms)~n", [?CPU_SECS]),
+    io:format("  ~-42s ~8s ~9s ~9s ~9s ~6s ~7s ~9s ~s~n",
+              ["variant", "MB/s", "A ms/MB", "B ms/MB", "ms/MB", "idle", "rt", "rt p50",
+               [io_lib:format(" ~6s", [K])
+                || K <- ["window", "first", "deliv", "answer", "susp", "work"]]]),
     lists:foreach(
       fun(_Round) ->
               [begin
@@ -169,10 +178,15 @@ cpu_row(Label, Mode, A, B, Hz) ->
     Ticks0 = [erpc:call(N, ?MODULE, os_cpu_ticks, []) || N <- [A, B]],
     Idle0 = idle_ticks(),
     T0 = erlang:monotonic_time(millisecond),
-    Until = {self(), T0 + ?CPU_SECS * 1000},
+    %% the deadline by the sending node's clock: each node's monotonic time has
+    %% its own origin
+    Until = {self(), erpc:call(A, erlang, monotonic_time, [millisecond]) + ?CPU_SECS * 1000},
     Senders = [spawn(A, ?MODULE, cpu_sender, [Mode, S, ?CPU_BULK, Until]) || S <- Sinks],
     Prober = spawn(A, ?MODULE, cpu_prober, [Mode, Server, Until]),
+    Sampler = spawn(A, ?MODULE, cpu_sampler, [Senders, #{}]),
     Sent = lists:sum([receive {done, P, N} -> N end || P <- Senders]),
+    Sampler ! {stop, self()},
+    Waits = receive {samples, Sampler, Counts} -> Counts end,
     Rts = receive {done, Prober, L} -> lists:sort(L) end,
     Secs = (erlang:monotonic_time(millisecond) - T0) / 1000,
     [TA, TB] = [(T1 - T) / Hz || {T, T1} <- lists:zip(Ticks0, [erpc:call(N, ?MODULE,
@@ -182,10 +196,48 @@ cpu_row(Label, Mode, A, B, Hz) ->
         / Secs,
     [exit(P, kill) || P <- [Server | Sinks]],
     MB = max(Sent, 1) * ?CPU_BULK / 1.0e6,
-    io:format("  ~-42s ~8.1f ~9.3f ~9.3f ~9.3f ~5.1f% ~7b ~7b us~n",
+    Total = max(1, lists:sum(maps:values(Waits))),
+    io:format("  ~-42s ~8.1f ~9.3f ~9.3f ~9.3f ~5.1f% ~7b ~7b us ~s~n",
               [Label, Sent * ?CPU_BULK / 1.0e6 / Secs, TA * 1000 / MB, TB * 1000 / MB,
                (TA + TB) * 1000 / MB, 100 * Idle, length(Rts),
-               lists:nth(max(1, length(Rts) div 2), Rts ++ [0])]).
+               lists:nth(max(1, length(Rts) div 2), Rts ++ [0]),
+               [io_lib:format(" ~5.1f%", [100 * maps:get(K, Waits, 0) / Total])
+                || K <- ?SENDER_STATES]]).
+
+%% @doc Every millisecond until told to stop, what each sender is doing
+%% (`sender_state/1'); answers the counts.
+-spec cpu_sampler([pid()], #{atom() => non_neg_integer()}) -> ok.
+cpu_sampler(Senders, Counts) ->
+    receive
+        {stop, From} -> From ! {samples, self(), Counts}, ok
+    after 1 ->
+        cpu_sampler(Senders,
+                    lists:foldl(fun(P, C) ->
+                                        case sender_state(P) of
+                                            gone -> C;
+                                            K -> maps:update_with(K, fun(X) -> X + 1 end, 1, C)
+                                        end
+                                end, Counts, Senders))
+    end.
+
+%% What a bulk sender is doing: waiting for an acknowledgement to open its window,
+%% for its first piece's, for its message's `delivered' or for its sink's answer,
+%% suspended on a busy connection, or working (running or ready to).
+sender_state(P) ->
+    case erlang:process_info(P, [status, current_stacktrace]) of
+        [{status, waiting}, {current_stacktrace, Stack}] ->
+            Frames = [F || {convoy_chunk_send, F, _, _} <- Stack],
+            case {lists:member(stream, Frames), lists:member(first, Frames),
+                  lists:member(finish, Frames)} of
+                {true, _, _} -> window;
+                {_, true, _} -> first;
+                {_, _, true} -> delivered;
+                _ -> answer
+            end;
+        [{status, suspended}, _] -> suspended;
+        [{status, _}, _] -> working;
+        undefined -> gone
+    end.
 
 %% @doc This node's OS process: CPU clock ticks spent (user + system).
 -spec os_cpu_ticks() -> non_neg_integer().

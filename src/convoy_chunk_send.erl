@@ -55,11 +55,13 @@
 %% lane `L' to `Node' goes to in pieces, with the node's counters; `none' when it
 %% goes whole (under `chunk_threshold', no small traffic to protect within
 %% `chunk_guard' (`convoy_path:pieces/3'), or the peer does not read pieces).
+%%
+%% Small traffic on any lane counts: every lane's messages to `Node' share its
+%% one distribution connection, so a large message sent whole delays them all.
 -spec inbox(#runtime{}, pos_integer(), node(), non_neg_integer()) ->
           {target(), counters:counters_ref()} | none.
 inbox(RT = #runtime{chunk_threshold = T, chunk_guard = G}, L, Node, Bytes) ->
-    Since = convoy_slots:now_us(RT#runtime.clock)
-        - convoy_slots:last_small_send(element(L, RT#runtime.slots)),
+    Since = convoy_slots:now_us(RT#runtime.clock) - latest_small_send(RT#runtime.slots),
     case convoy_path:pieces(Bytes, T, {G, Since}) of
         false ->
             none;
@@ -74,6 +76,9 @@ inbox(RT = #runtime{chunk_threshold = T, chunk_guard = G}, L, Node, Bytes) ->
                     none
             end
     end.
+
+latest_small_send(Slots) ->
+    lists:max([convoy_slots:last_small_send(S) || S <- tuple_to_list(Slots)]).
 
 %% @doc Wait until lane `L' has shipped (handed to distribution) everything it
 %% holds for `Node', as `convoy:flush/2' does, for at most `barrier_timeout' ms.

@@ -12,10 +12,11 @@
 -export([order_many_senders/1, exact_delivery/1, sender_killed_mid_message/1,
          node_killed_mid_message/1, forged_pieces/1, reassembly_bound/1,
          plain_peer_gets_whole/1, old_path_when_infinity/1, path_pieces_by_version/1,
-         guard_cuts_only_with_small_traffic/1, guard_sees_small_traffic_with_max_delay/1]).
+         guard_cuts_only_with_small_traffic/1, guard_sees_small_traffic_with_max_delay/1,
+         guard_sees_small_traffic_on_other_lanes/1]).
 %% Run on peer nodes, or spawned.
 -export([run_senders/1, sender/2, collector/0, forge/3, run_plan/2, spawn_sender/2,
-         exact_msgs/0, make/1, hold/3]).
+         exact_msgs/0, make/1, hold/3, small_then_large_on_other_lane/3]).
 
 -define(INBOX, convoy_inbox_1).
 %% Sender settings: messages from 70,000 bytes go in pieces of 1 KiB, whether or
@@ -30,7 +31,8 @@ suite() ->
 all() ->
     [order_many_senders, exact_delivery, sender_killed_mid_message, node_killed_mid_message,
      forged_pieces, reassembly_bound, plain_peer_gets_whole, old_path_when_infinity,
-     path_pieces_by_version, guard_cuts_only_with_small_traffic, guard_sees_small_traffic_with_max_delay].
+     path_pieces_by_version, guard_cuts_only_with_small_traffic, guard_sees_small_traffic_with_max_delay,
+     guard_sees_small_traffic_on_other_lanes].
 
 init_per_testcase(_TC, Config) ->
     ok = convoy_ct_peers:restart_here(),
@@ -287,6 +289,43 @@ guarded(Settings) ->
     ok = peer:call(Peer, ?MODULE, run_senders, [[[{Rec, S} || S <- Mixed]]], 60000),
     ?assertEqual([make(S) || S <- Bulk ++ Mixed], await_count(Rec, 4)),
     ?assertMatch(#{chunked := 1}, peer_node_info(Peer)).
+
+%% With two lanes, a small message on one lane makes a large message on the
+%% other go in pieces: both share the node's one distribution connection.
+guard_sees_small_traffic_on_other_lanes(_Config) ->
+    {Peer, _A} = convoy_peer((maps:remove(chunk_guard, ?SENDER))#{lanes => 2}),
+    Rec = spawn_link(?MODULE, collector, []),
+    Large = {make, big, 250000},
+    %% alone, a large message goes whole
+    ok = peer:call(Peer, ?MODULE, run_senders, [[[{Rec, Large}]]], 60000),
+    ?assertEqual([make(Large)], await_count(Rec, 1)),
+    ?assertMatch(#{chunked := 0}, peer_node_info(Peer)),
+    [SmallLane, LargeLane] = peer:call(Peer, ?MODULE, small_then_large_on_other_lane,
+                                       [Rec, {small, 1}, Large], 60000),
+    ?assertNotEqual(SmallLane, LargeLane),
+    %% two senders: no order between them
+    ?assertEqual(lists:sort([make(Large), {small, 1}, make(Large)]),
+                 lists:sort(await_count(Rec, 3))),
+    ?assertMatch(#{chunked := 1}, peer_node_info(Peer)).
+
+%% On the peer: Small sent by one process, then Large by one whose lane (as
+%% `convoy_route' picks it among 2) differs; returns both lanes.
+small_then_large_on_other_lane(Dest, Small, Large) ->
+    Self = self(),
+    SmallSender = spawn_link(?MODULE, sender, [[{Dest, Small}], Self]),
+    receive {sent, SmallSender} -> ok end,
+    SmallLane = erlang:phash2(SmallSender, 2),
+    LargeSender = other_lane_sender(SmallLane),
+    LargeSender ! {send, Dest, Large, Self},
+    receive {sent, LargeSender} -> ok end,
+    [SmallLane, erlang:phash2(LargeSender, 2)].
+
+other_lane_sender(Lane) ->
+    P = spawn_link(fun() -> receive {send, D, M, From} -> sender([{D, M}], From) end end),
+    case erlang:phash2(P, 2) of
+        Lane -> unlink(P), exit(P, kill), other_lane_sender(Lane);
+        _ -> P
+    end.
 
 %%--------------------------------------------------------------------
 %% Helpers (some run on the peer)
