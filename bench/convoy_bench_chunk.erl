@@ -222,16 +222,19 @@ cpu_sampler(Senders, Counts) ->
 
 %% What a bulk sender is doing: waiting for an acknowledgement to open its window,
 %% for its first piece's, for its message's `delivered' or for its sink's answer,
-%% suspended on a busy connection, or working (running or ready to).
+%% suspended on a busy connection (or waiting for the helper that is), or working
+%% (running or ready to).
 sender_state(P) ->
     case erlang:process_info(P, [status, current_stacktrace]) of
         [{status, waiting}, {current_stacktrace, Stack}] ->
             Frames = [F || {convoy_chunk_send, F, _, _} <- Stack],
-            case {lists:member(stream, Frames), lists:member(first, Frames),
-                  lists:member(finish, Frames)} of
-                {true, _, _} -> window;
-                {_, true, _} -> first;
-                {_, _, true} -> delivered;
+            %% a helper pushing a piece into the busy connection: as if suspended
+            case {lists:member(busy_send, Frames), lists:member(stream, Frames),
+                  lists:member(first, Frames), lists:member(finish, Frames)} of
+                {true, _, _, _} -> suspended;
+                {_, true, _, _} -> window;
+                {_, _, true, _} -> first;
+                {_, _, _, true} -> delivered;
                 _ -> answer
             end;
         [{status, suspended}, _] -> suspended;
