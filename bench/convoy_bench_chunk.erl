@@ -26,15 +26,17 @@
 %% starts, for 3 s per variant, variants interleaved, 3 rounds. Per row: bulk
 %% MB/s, the CPU time of each node's OS process (user + system, from
 %% /proc/PID/stat, so Linux only) per MB moved, the share of the machine left
-%% idle, the small round trips' count and median, and what the bulk senders were
-%% doing (`sender_state/1', sampled every millisecond):
+%% idle, the receiving node's minor page faults per MB, the small round trips'
+%% count and median, and what the bulk senders were doing (`sender_state/1',
+%% sampled every millisecond). `cpu/1' starts the peer nodes with extra emulator
+%% flags (`cpu(["+MMscs", "1024"])'):
 %%
 %%   erl -noshell -sname chunk_cpu -pa _build/bench/lib/convoy/ebin \
 %%       -pa _build/bench/lib/convoy/bench -eval 'convoy_bench_chunk:cpu(), halt().'
 -module(convoy_bench_chunk).
 
--export([copies/0, timeline/0, sink/0, cpu/0, cpu_sender/4, cpu_prober/3, cpu_sampler/2,
-         os_cpu_ticks/0]).
+-export([copies/0, timeline/0, sink/0, cpu/0, cpu/1, cpu_sender/4, cpu_prober/3,
+         cpu_sampler/2, os_counts/0]).
 
 -spec copies() -> ok.
 copies() ->
@@ -134,11 +136,17 @@ acks(Acc) ->
 
 -spec cpu() -> ok.
 cpu() ->
+    cpu([]).
+
+%% @doc `cpu/0' with these emulator flags on both peer nodes, e.g.
+%% `["+MMscs", "1024"]'.
+-spec cpu([string()]) -> ok.
+cpu(Flags) ->
     Paths = ["-pa", filename:dirname(code:which(convoy)),
              "-pa", filename:dirname(code:which(?MODULE))],
     Peers = [begin
                  {ok, P, N} = peer:start_link(#{name => peer:random_name(chunk_cpu),
-                                                args => Paths}),
+                                                args => Paths ++ Flags}),
                  {ok, _} = erpc:call(N, application, ensure_all_started, [convoy]),
                  {P, N}
              end || _ <- [sender, sink]],
@@ -152,12 +160,14 @@ cpu() ->
     Defaults = convoy_config:defaults(),
     Hz = list_to_integer(string:trim(os:cmd("getconf CLK_TCK"))),
     io:format("hol's pattern for ~b s per row: 4 senders of 10 MB, small round trips "
-              "beside them.~nLast columns, the senders' time: waiting for an "
+              "beside them; peer nodes' flags: ~s.~nB faults: the receiving node's minor "
+              "page faults per MB moved.~nLast columns, the senders' time: waiting for an "
               "acknowledgement to open the window, for the first piece's, for "
               "`delivered',~nfor the sink's answer; suspended on a busy connection; "
-              "working (sampled every ms)~n", [?CPU_SECS]),
-    io:format("  ~-42s ~8s ~9s ~9s ~9s ~6s ~7s ~9s ~s~n",
-              ["variant", "MB/s", "A ms/MB", "B ms/MB", "ms/MB", "idle", "rt", "rt p50",
+              "working (sampled every ms)~n", [?CPU_SECS, lists:join(" ", ["none" || Flags =:= []] ++ Flags)]),
+    io:format("  ~-42s ~8s ~9s ~9s ~9s ~8s ~6s ~7s ~9s ~s~n",
+              ["variant", "MB/s", "A ms/MB", "B ms/MB", "ms/MB", "B faults", "idle", "rt",
+               "rt p50",
                [io_lib:format(" ~6s", [K])
                 || K <- ["window", "first", "deliv", "answer", "susp", "work"]]]),
     lists:foreach(
@@ -175,7 +185,7 @@ cpu_row(Label, Mode, A, B, Hz) ->
     %% the harness's own sink (answers each binary) and server (answers `{req, ...}')
     Sinks = [spawn(B, convoy_bench_measure, bulk_sink, [Mode]) || _ <- lists:seq(1, 4)],
     Server = spawn(B, convoy_bench_measure, server, [Mode]),
-    Ticks0 = [erpc:call(N, ?MODULE, os_cpu_ticks, []) || N <- [A, B]],
+    Counts0 = [erpc:call(N, ?MODULE, os_counts, []) || N <- [A, B]],
     Idle0 = idle_ticks(),
     T0 = erlang:monotonic_time(millisecond),
     %% the deadline by the sending node's clock: each node's monotonic time has
@@ -189,17 +199,17 @@ cpu_row(Label, Mode, A, B, Hz) ->
     Waits = receive {samples, Sampler, Counts} -> Counts end,
     Rts = receive {done, Prober, L} -> lists:sort(L) end,
     Secs = (erlang:monotonic_time(millisecond) - T0) / 1000,
-    [TA, TB] = [(T1 - T) / Hz || {T, T1} <- lists:zip(Ticks0, [erpc:call(N, ?MODULE,
-                                                                         os_cpu_ticks, [])
-                                                               || N <- [A, B]])],
+    Counts1 = [erpc:call(N, ?MODULE, os_counts, []) || N <- [A, B]],
+    [{TA, _}, {TB, FaultsB}] = [{(T1 - T) / Hz, F1 - F}
+                                || {{T, F}, {T1, F1}} <- lists:zip(Counts0, Counts1)],
     Idle = (idle_ticks() - Idle0) / Hz / erlang:system_info(logical_processors_available)
         / Secs,
     [exit(P, kill) || P <- [Server | Sinks]],
     MB = max(Sent, 1) * ?CPU_BULK / 1.0e6,
     Total = max(1, lists:sum(maps:values(Waits))),
-    io:format("  ~-42s ~8.1f ~9.3f ~9.3f ~9.3f ~5.1f% ~7b ~7b us ~s~n",
+    io:format("  ~-42s ~8.1f ~9.3f ~9.3f ~9.3f ~8.1f ~5.1f% ~7b ~7b us ~s~n",
               [Label, Sent * ?CPU_BULK / 1.0e6 / Secs, TA * 1000 / MB, TB * 1000 / MB,
-               (TA + TB) * 1000 / MB, 100 * Idle, length(Rts),
+               (TA + TB) * 1000 / MB, FaultsB / MB, 100 * Idle, length(Rts),
                lists:nth(max(1, length(Rts) div 2), Rts ++ [0]),
                [io_lib:format(" ~5.1f%", [100 * maps:get(K, Waits, 0) / Total])
                 || K <- ?SENDER_STATES]]).
@@ -242,13 +252,17 @@ sender_state(P) ->
         undefined -> gone
     end.
 
-%% @doc This node's OS process: CPU clock ticks spent (user + system).
--spec os_cpu_ticks() -> non_neg_integer().
-os_cpu_ticks() ->
+%% @doc This node's OS process: CPU clock ticks spent (user + system) and minor
+%% page faults (a page the process touched for the first time, or again after
+%% the runtime gave it back to the OS).
+-spec os_counts() -> {non_neg_integer(), non_neg_integer()}.
+os_counts() ->
     {ok, Stat} = file:read_file("/proc/" ++ os:getpid() ++ "/stat"),
     [_, AfterName] = binary:split(Stat, <<") ">>),
+    %% fields 3 (state) on: minflt is field 10, utime 14, stime 15
     Fields = binary:split(AfterName, <<" ">>, [global]),
-    binary_to_integer(lists:nth(12, Fields)) + binary_to_integer(lists:nth(13, Fields)).
+    {binary_to_integer(lists:nth(12, Fields)) + binary_to_integer(lists:nth(13, Fields)),
+     binary_to_integer(lists:nth(8, Fields))}.
 
 %% The machine's idle clock ticks, all processors (/proc/stat).
 idle_ticks() ->
