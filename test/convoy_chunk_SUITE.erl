@@ -31,8 +31,8 @@ suite() ->
 all() ->
     [order_many_senders, exact_delivery, sender_killed_mid_message, node_killed_mid_message,
      forged_pieces, reassembly_bound, plain_peer_gets_whole, old_path_when_infinity,
-     path_pieces_by_version, guard_cuts_only_with_small_traffic, guard_sees_small_traffic_with_max_delay,
-     guard_sees_small_traffic_on_other_lanes].
+     path_pieces_by_version, guard_cuts_only_with_small_traffic,
+     guard_sees_small_traffic_with_max_delay, guard_sees_small_traffic_on_other_lanes].
 
 init_per_testcase(_TC, Config) ->
     ok = convoy_ct_peers:restart_here(),
