@@ -164,7 +164,8 @@ cpu(Flags) ->
               "page faults per MB moved.~nLast columns, the senders' time: waiting for an "
               "acknowledgement to open the window, for the first piece's, for "
               "`delivered',~nfor the sink's answer; suspended on a busy connection; "
-              "working (sampled every ms)~n", [?CPU_SECS, lists:join(" ", ["none" || Flags =:= []] ++ Flags)]),
+              "working (sampled every ms)~n",
+              [?CPU_SECS, lists:join(" ", ["none" || Flags =:= []] ++ Flags)]),
     io:format("  ~-42s ~8s ~9s ~9s ~9s ~8s ~6s ~7s ~9s ~s~n",
               ["variant", "MB/s", "A ms/MB", "B ms/MB", "ms/MB", "B faults", "idle", "rt",
                "rt p50",

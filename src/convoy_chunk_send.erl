@@ -10,10 +10,11 @@
 %% sends the others with at most `chunk_window' unacknowledged (a peer at
 %% protocol version 3 acknowledges every `chunk_window div 2' of them, see
 %% `start/7'), and finally waits for the inbox's `delivered'. Each piece is a
-%% batch of one entry: other traffic to the node travels between them. The sender does not return before the
-%% message is delivered, so its later messages cannot overtake it, and, since the
-%% inbox delivers in order, everything it sent through that inbox before was
-%% delivered too: it may send directly again (as after a barrier).
+%% batch of one entry: other traffic to the node travels between them. The
+%% sender does not return before the message is delivered, so its later messages
+%% cannot overtake it, and, since the inbox delivers in order, everything it sent
+%% through that inbox before was delivered too: it may send directly again (as
+%% after a barrier).
 %%
 %% Acks go to an alias that is also a monitor of the inbox, so a dead inbox or a
 %% lost connection ends the wait at once. Bounds:
