@@ -14,7 +14,7 @@
 -export([consumer/2, pong/3, pinger/4, server/1, spawn_servers/2, client/4,
          bulk_sink/1, bulk_sender/4, fan_group/3, fan_counter/4, fan_receiver/1,
          fan_sender/1, pub_scope/1, pub_group/5, pub_dispatcher/2, pub_dispatch/2,
-         slow_consumer/4]).
+         slow_consumer/4, fault_meter/2]).
 -export([gen_host/2, caster/5, caller/3]).
 
 -type mode() :: plain | call | convoy | ceiling.
@@ -164,12 +164,18 @@ measure(hol, #{bulk_senders := K, size := Size, bulk_by := By} = P, Ctx = #{mode
     {Sinks, Senders} = bulk_pairs(K, Size, BulkCtx),
     [S] = erpc:call(sink(Ctx), ?MODULE, spawn_servers, [M, 1]),
     Prober = spawn_link(?MODULE, client, [M, S, {req, ping}, self()]),
-    {Dur, Results} = window_tagged([{bulk, B} || B <- Senders] ++ [{probe, Prober}], P, Ctx),
+    Meter = spawn_link(?MODULE, fault_meter, [sink(Ctx), self()]),
+    {Dur, Results} = window_tagged([{bulk, B} || B <- Senders] ++ [{probe, Prober},
+                                                                  {faults, Meter}],
+                                   P, Ctx),
     stop_all([S | Sinks]),
     Probes = [X || {probe, X} <- Results],
     Bulk = [X || {bulk, X} <- Results],
-    (latency_figures(Probes))#{rt_s => length(Probes) / Dur,
-                               bulk_mb_s => length(Bulk) * Size / Dur / 1.0e6};
+    MB = length(Bulk) * Size / 1.0e6,
+    Faults = maps:from_list([{sink_faults_mb, F / MB} || {faults, F} <- Results, MB > 0]),
+    maps:merge((latency_figures(Probes))#{rt_s => length(Probes) / Dur,
+                                          bulk_mb_s => MB / Dur},
+               Faults);
 %% One message to R processes spread over the sink nodes, from each of S senders
 %% per round.
 measure(fanout, #{receivers := R, rounds := Rounds0, senders := S}, Ctx = #{sinks := Sinks}) ->
@@ -541,6 +547,32 @@ latency_figures(Samples) ->
       p99_us => us(convoy_bench_stats:percentile(99, Sorted)),
       p999_us => us(convoy_bench_stats:percentile(99.9, Sorted)),
       max_us => us(lists:last(Sorted))}.
+
+%% @doc A window's worker that measures instead of sending: the minor page faults
+%% of `Node''s OS process from the window's start to its end (one sample; none
+%% where /proc is not there). A node that receives bulk in pieces faults in fresh
+%% pages when its allocators give emptied carriers back to the OS (README, "Nodes
+%% that receive large messages in pieces").
+-spec fault_meter(node(), pid()) -> ok.
+fault_meter(Node, Driver) ->
+    receive {go, Warm, Deadline} -> ok end,
+    sleep_until(Warm),
+    F0 = minor_faults(Node),
+    sleep_until(Deadline),
+    F1 = minor_faults(Node),
+    Driver ! {window_done, self(), [F1 - F0 || is_integer(F0), is_integer(F1)]},
+    ok.
+
+sleep_until(T) ->
+    timer:sleep(max(0, erlang:convert_time_unit(T - erlang:monotonic_time(), native,
+                                                millisecond))).
+
+minor_faults(Node) ->
+    try erpc:call(Node, convoy_bench_chunk, os_counts, []) of
+        {_Ticks, Faults} -> Faults
+    catch
+        _:_ -> undefined
+    end.
 
 %% K sinks on the sink node, each with its sender here.
 bulk_pairs(K, Size, Ctx = #{mode := M}) ->

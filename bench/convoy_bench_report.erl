@@ -132,6 +132,7 @@ spread_text(#{median := M, min := Min, max := Max}, Unit) ->
 
 value(V, rate) -> number(V);
 value(V, mbs) -> number(V);
+value(V, number) -> number(V);
 value(V, count) -> integer_to_list(round(V));
 value(V, bytes) when V >= 1.0e4 -> [number(V), "B"];
 value(V, bytes) -> [number(V), " B"];

@@ -18,7 +18,7 @@
 -export([names/0, default_selection/0, spec/3, param_keys/1]).
 
 -type size() :: tiny | normal.
--type unit() :: rate | us | ms | ns | mbs | count | bytes.
+-type unit() :: rate | us | ms | ns | mbs | count | bytes | number.
 -type point() :: #{label := binary(), params := map()}.
 -type spec() :: #{name := atom(),
                   title := binary(),
@@ -233,7 +233,10 @@ describe(hol, P = #{bulk_senders := K, size := Size}) ->
       points => [point(fmt("~b bulk", [K]), P#{bulk_by => variant}),
                  point(fmt("~b bulk by !", [K]), P#{bulk_by => plain})],
       figures => [{p50_us, <<"p50">>, us}, {p99_us, <<"p99">>, us},
-                  {max_us, <<"max">>, us}, {bulk_mb_s, <<"bulk MB/s">>, mbs}],
+                  {max_us, <<"max">>, us}, {bulk_mb_s, <<"bulk MB/s">>, mbs},
+                  {sink_faults_mb, <<"B faults/MB">>, number}],
+      %% the receiving node's minor page faults per MB of bulk (Linux's /proc)
+      optional => [sink_faults_mb],
       ratio => [p50_us, p99_us, bulk_mb_s], primary => {p99_us, lower}, convoy => measured};
 describe(fanout, P = #{receivers := R, senders := Senders}) ->
     #{title => fmt("one message to ~b processes on two remote nodes: convoy:multicast "

@@ -72,6 +72,11 @@ every_scenario_tiny(Config) ->
     ?assertMatch(#{otp_release := <<_/binary>>, schedulers_online := _,
                    logical_processors := _, convoy_defaults := #{lanes := _}}, Facts),
     [check_scenario(S) || S <- Scenarios],
+    %% hol measures the receiving node's page faults wherever /proc tells them.
+    [?assert(is_number(maps:get(sink_faults_mb, Fs, none)), Run)
+     || filelib:is_regular("/proc/self/stat"),
+        #{name := hol, runs := Runs} <- Scenarios,
+        Run = #{status := ok, figures := Fs = #{bulk_mb_s := MBs}} <- Runs, MBs > 0],
     %% `local_call' (`!' behind one call) runs in the same-node scenario only.
     [?assertEqual(N =:= local, lists:member(<<"local_call">>, Vs), N)
      || #{name := N, variants := Vs} <- Scenarios],
