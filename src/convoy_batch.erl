@@ -76,8 +76,11 @@ push_many(Node, Entries, K, Large, Now, Core) ->
              #{Node := Q} -> Q;
              _ -> #nq{}
          end,
+    %% Only a message starts the wait: a flush mark pushed to a queue with no
+    %% messages must not reset it, or messages put back after it (`requeue/3')
+    %% would look newer than they are (never due with a negative clock).
     Since = case NQ#nq.msgs of
-                0 -> Now;
+                0 when K > 0 -> Now;
                 _ -> NQ#nq.since
             end,
     Core#{Node => NQ#nq{q = append(Entries, NQ#nq.q),
@@ -190,7 +193,9 @@ split(N, Q, Acc) ->
     {{value, E}, Q1} = queue:out(Q),
     split(N - count(E), Q1, [E | Acc]).
 
-%% @doc Put a chunk that could not leave back at the head of its queue.
+%% @doc Put a chunk that could not leave back at the head of its queue. The
+%% queue's wait keeps the time the chunk's oldest message (or an older one) was
+%% pushed, so the chunk is due as soon as the queue is ready again.
 -spec requeue(node(), [term()], core()) -> core().
 requeue(Node, Chunk, Core) ->
     NQ = maps:get(Node, Core, #nq{}),
@@ -379,6 +384,17 @@ run_groups_test() ->
     ?assertEqual(Run, lists:append(run_groups(Run))),
     Big = lists:duplicate(3, L(262144)),
     ?assertEqual([[E] || E <- Big], run_groups(Big)).
+
+%% A flush mark pushed after a take does not restart the wait: the chunk put back
+%% is as old as when it was pushed (the clock is negative here, as it can be).
+requeue_after_mark_keeps_age_test() ->
+    T0 = -576460752303423488,
+    C0 = push(n, {p, 1}, T0, new()),
+    {Chunk, C1} = take(n, 10, C0),
+    C2 = push(n, {'$convoy_mark', 1, n}, T0 + 5, C1),
+    C3 = requeue(n, Chunk, C2),
+    ?assertEqual([{n, max_delay}], due(T0 + 1000, 10, 1000, C3)),
+    ?assertEqual(0, next_timeout(T0 + 1000, 1000, C3)).
 
 requeue_test() ->
     C0 = push(n, {p, 3}, 0, new()),

@@ -141,8 +141,8 @@ event({wait, _Node, Alias, true}, _Now, {C, A}) ->
 event({wait, Node, Alias, false}, _Now, {C = #core{waiters = W}, A}) ->
     Q = maps:get(Node, W, queue:new()),
     {C#core{waiters = W#{Node => queue:in(Alias, Q)}}, A};
-event({flush, Which, ReplyTo, Tag}, _Now, CA) ->
-    flush(Which, ReplyTo, Tag, CA);
+event({flush, Which, ReplyTo, Tag}, Now, CA) ->
+    flush(Which, ReplyTo, Tag, Now, CA);
 event({courier_done, Node, Result}, _Now, {C = #core{couriers = Cs}, A})
   when is_map_key(Node, Cs) ->
     #{Node := {Msgs, Marks}} = Cs,
@@ -161,10 +161,10 @@ event({connected, Node, true}, _Now, {C, A}) ->
 event({connected, Node, false}, _Now, {C, A}) ->
     {Entries, Q} = convoy_batch:drop(Node, C#core.queues),
     prune(Node, dropped(Node, Entries, noconnect, {ready(Node, C#core{queues = Q}), A}));
-event({hold, Nodes}, _Now, {C = #core{held = all}, A}) ->
-    released({C#core{held = node_set(Nodes)}, A});
-event({release, Node}, _Now, {C = #core{held = Held}, A}) when is_map(Held) ->
-    released({C#core{held = maps:remove(Node, Held)}, A});
+event({hold, Nodes}, Now, {C = #core{held = all}, A}) ->
+    released(Now, {C#core{held = node_set(Nodes)}, A});
+event({release, Node}, Now, {C = #core{held = Held}, A}) when is_map(Held) ->
+    released(Now, {C#core{held = maps:remove(Node, Held)}, A});
 event({retire, K}, _Now, {C = #core{retiring = false}, A}) ->
     {C#core{retiring = {draining, K}}, A};
 event({admissions_disposed, N}, _Now, {C = #core{retiring = {draining, K}}, A}) ->
@@ -216,10 +216,10 @@ barriers_left(CA) ->
 
 %% Every held node released: the lane opens (its admissions started one behind, so
 %% no sender saw it idle) and flushes deferred while it was held are served.
-released({C = #core{held = Held, deferred = D}, A}) when map_size(Held) =:= 0 ->
-    lists:foldr(fun({ReplyTo, Tag}, Acc) -> flush(all, ReplyTo, Tag, Acc) end,
+released(Now, {C = #core{held = Held, deferred = D}, A}) when map_size(Held) =:= 0 ->
+    lists:foldr(fun({ReplyTo, Tag}, Acc) -> flush(all, ReplyTo, Tag, Now, Acc) end,
                 {C#core{held = none, deferred = []}, [{dispose, 1} | A]}, D);
-released(CA) ->
+released(_Now, CA) ->
     CA.
 
 %%--------------------------------------------------------------------
@@ -376,9 +376,9 @@ prune(Node, {C = #core{queues = Q, segments = Segs, waiters = W}, A}) ->
 %%--------------------------------------------------------------------
 %% Flush: a mark in each queue concerned, answered once all are reached.
 
-flush(all, ReplyTo, Tag, {C = #core{held = Held}, A}) when Held =/= none ->
+flush(all, ReplyTo, Tag, _Now, {C = #core{held = Held}, A}) when Held =/= none ->
     {C#core{deferred = [{ReplyTo, Tag} | C#core.deferred]}, A};
-flush(Which, ReplyTo, Tag, {C = #core{queues = Q, next_mark = Id}, A}) ->
+flush(Which, ReplyTo, Tag, Now, {C = #core{queues = Q, next_mark = Id}, A}) ->
     Nodes = case Which of
                 all -> convoy_batch:nodes(Q);
                 Node -> [Node]
@@ -387,7 +387,7 @@ flush(Which, ReplyTo, Tag, {C = #core{queues = Q, next_mark = Id}, A}) ->
         [] ->
             {C, [{reply, ReplyTo, Tag} | A]};
         _ ->
-            Q1 = lists:foldl(fun(N, Acc) -> convoy_batch:push(N, {'$convoy_mark', Id, N}, 0, Acc)
+            Q1 = lists:foldl(fun(N, Acc) -> convoy_batch:push(N, {'$convoy_mark', Id, N}, Now, Acc)
                              end, Q, Nodes),
             C1 = C#core{queues = Q1, next_mark = Id + 1,
                         flushes = (C#core.flushes)#{Id => {ReplyTo, Tag, length(Nodes)}}},

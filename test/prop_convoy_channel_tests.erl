@@ -50,7 +50,7 @@
 
 channel_test_() ->
     {timeout, 120,
-     ?_assert(proper:quickcheck(prop_channel(),
+     ?_assertEqual(ok, convoy_prop:check(prop_channel(),
                                 [{numtests, 500}, {to_file, user}, {max_shrinks, 200}]))}.
 
 %%--------------------------------------------------------------------

@@ -33,11 +33,11 @@
 
 cut_test_() ->
     {timeout, 120,
-     ?_assert(proper:quickcheck(prop_cut(), [{numtests, 2000}, {to_file, user}]))}.
+     ?_assertEqual(ok, convoy_prop:check(prop_cut(), [{numtests, 2000}, {to_file, user}]))}.
 
 reassembly_test_() ->
     {timeout, 300,
-     ?_assert(proper:quickcheck(prop_reassembly(),
+     ?_assertEqual(ok, convoy_prop:check(prop_reassembly(),
                                 [{numtests, 3000}, {to_file, user}, {max_shrinks, 200}]))}.
 
 %%--------------------------------------------------------------------

@@ -14,7 +14,7 @@
 
 model_test_() ->
     {timeout, 120,
-     ?_assert(proper:quickcheck(prop_model(),
+     ?_assertEqual(ok, convoy_prop:check(prop_model(),
                                 [{numtests, 5000}, {to_file, user}, {max_shrinks, 300}]))}.
 
 prop_model() ->

@@ -22,7 +22,7 @@
 
 lane_core_test_() ->
     {timeout, 600,
-     fun() -> ?assert(proper:quickcheck(prop_lane_core(), [{numtests, 5000}, {to_file, user}])) end}.
+     fun() -> ?assertEqual(ok, convoy_prop:check(prop_lane_core(), [{numtests, 5000}, {to_file, user}])) end}.
 
 %%--------------------------------------------------------------------
 %% Generators
@@ -385,3 +385,11 @@ wakes_one_blocked_sender_per_message_test() ->
     St = lists:foldl(fun(Cmd, Acc) -> St1 = cmd(Cmd, Acc), ok = check(St1, Cmd), St1 end,
                      St0, Cmds),
     ?assertEqual(#{{alias, 0} => true}, maps:get(woken, St)).
+
+%% Found by the property: a flush while the node cannot be reached, its message put
+%% back behind the flush's mark, must still leave once the node connects (the mark
+%% restarted the queue's wait, and with a negative clock it never ended).
+requeued_behind_flush_mark_leaves_test() ->
+    Cmds = [{flush, all}, {mode, b@h, unconnected}, {flush, all}, {send, 1, b@h, small, 0},
+            {hold, []}],
+    ?assertEqual(ok, catch run(Cmds, init(2, 1, all, true), false)).
