@@ -48,6 +48,8 @@
              q = queue:new() :: queue:queue(term()),
              msgs = 0 :: non_neg_integer(),
              large = 0 :: non_neg_integer(),
+             %% when the oldest queued message was pushed (or earlier): read
+             %% only while msgs > 0, set by the push that makes msgs > 0
              since = 0 :: integer()}).
 
 -opaque core() :: #{node() => #nq{}}.
