@@ -197,7 +197,8 @@ split(N, Q, Acc) ->
 
 %% @doc Put a chunk that could not leave back at the head of its queue. The
 %% queue's wait keeps the time the chunk's oldest message (or an older one) was
-%% pushed, so the chunk is due as soon as the queue is ready again.
+%% pushed (the lane pushes no message between a take and its requeue), so the
+%% chunk is due as soon as the queue is ready again.
 -spec requeue(node(), [term()], core()) -> core().
 requeue(Node, Chunk, Core) ->
     NQ = maps:get(Node, Core, #nq{}),

@@ -51,7 +51,8 @@ run_groups_test_() ->
 
 run(Prop, N) ->
     {timeout, 120,
-     ?_assertEqual(ok, convoy_prop:check(Prop, [{numtests, N}, {to_file, user}, {max_shrinks, 500}]))}.
+     ?_assertEqual(ok, convoy_prop:check(Prop, [{numtests, N}, {to_file, user},
+                                                {max_shrinks, 500}]))}.
 
 %%--------------------------------------------------------------------
 %% Generators

@@ -51,7 +51,7 @@
 channel_test_() ->
     {timeout, 120,
      ?_assertEqual(ok, convoy_prop:check(prop_channel(),
-                                [{numtests, 500}, {to_file, user}, {max_shrinks, 200}]))}.
+                                         [{numtests, 500}, {to_file, user}, {max_shrinks, 200}]))}.
 
 %%--------------------------------------------------------------------
 %% The property

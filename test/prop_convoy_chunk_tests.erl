@@ -38,7 +38,7 @@ cut_test_() ->
 reassembly_test_() ->
     {timeout, 300,
      ?_assertEqual(ok, convoy_prop:check(prop_reassembly(),
-                                [{numtests, 3000}, {to_file, user}, {max_shrinks, 200}]))}.
+                                         [{numtests, 3000}, {to_file, user}, {max_shrinks, 200}]))}.
 
 %%--------------------------------------------------------------------
 %% Cutting

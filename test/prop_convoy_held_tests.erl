@@ -15,7 +15,7 @@
 model_test_() ->
     {timeout, 120,
      ?_assertEqual(ok, convoy_prop:check(prop_model(),
-                                [{numtests, 5000}, {to_file, user}, {max_shrinks, 300}]))}.
+                                         [{numtests, 5000}, {to_file, user}, {max_shrinks, 300}]))}.
 
 prop_model() ->
     ?FORALL({Start, Ops}, {start(), list(op())},

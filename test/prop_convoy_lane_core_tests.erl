@@ -22,7 +22,10 @@
 
 lane_core_test_() ->
     {timeout, 600,
-     fun() -> ?assertEqual(ok, convoy_prop:check(prop_lane_core(), [{numtests, 5000}, {to_file, user}])) end}.
+     fun() ->
+             ?assertEqual(ok, convoy_prop:check(prop_lane_core(),
+                                                [{numtests, 5000}, {to_file, user}]))
+     end}.
 
 %%--------------------------------------------------------------------
 %% Generators

@@ -62,7 +62,8 @@ config_maps_test_() -> ?RUN(prop_config_maps(), 3000).
 
 run(Prop, N) ->
     {timeout, 120,
-     ?_assertEqual(ok, convoy_prop:check(Prop, [{numtests, N}, {to_file, user}, {max_shrinks, 300}]))}.
+     ?_assertEqual(ok, convoy_prop:check(Prop, [{numtests, N}, {to_file, user},
+                                                {max_shrinks, 300}]))}.
 
 %% Evaluate a check, turning an exception into a printed failure.
 safe(Name, Input, Fun) ->
