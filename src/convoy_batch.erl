@@ -266,13 +266,15 @@ due(Now, MaxBatch, MaxDelay, Core) ->
       end, [], Core).
 
 %% @doc Milliseconds until the oldest waiting ready queue is due (`infinity' if none).
+%% Never more than `MaxDelay': whatever a queue's time says, the lane's receive
+%% timeout stays in range (a wait computed from a wrong time once crashed it).
 -spec next_timeout(integer(), non_neg_integer(), core()) -> timeout().
 next_timeout(_Now, 0, _Core) ->
     infinity;
 next_timeout(Now, MaxDelay, Core) ->
     maps:fold(
       fun(_Node, #nq{status = ready, msgs = Msgs, since = Since}, Acc) when Msgs > 0 ->
-              Left = max(0, Since + MaxDelay - Now),
+              Left = max(0, min(MaxDelay, Since + MaxDelay - Now)),
               min(Acc, (Left + 999) div 1000);
          (_Node, _NQ, Acc) ->
               Acc
@@ -398,6 +400,14 @@ requeue_after_mark_keeps_age_test() ->
     C3 = requeue(n, Chunk, C2),
     ?assertEqual([{n, max_delay}], due(T0 + 1000, 10, 1000, C3)),
     ?assertEqual(0, next_timeout(T0 + 1000, 1000, C3)).
+
+%% A queue's time after the lane's clock (it cannot be, but a wrong time once
+%% made a receive timeout out of range): the wait is at most max_delay.
+wait_at_most_max_delay_test() ->
+    T0 = -576460752303423488,
+    C0 = push(n, {p, 1}, T0 + (1 bsl 50), new()),
+    ?assertEqual(1, next_timeout(T0, 1000, C0)),
+    ?assertEqual(10000, next_timeout(T0, 10000000, C0)).
 
 requeue_test() ->
     C0 = push(n, {p, 3}, 0, new()),

@@ -12,7 +12,7 @@
          killed_under_user_supervisor/1,
          forged_down_to_control/1, stray_lane_messages/1,
          large_multicast_skips_lane/1, killed_while_lanes_slow_to_stop/1,
-         large_multicast_through_busy_lane/1]).
+         large_multicast_through_busy_lane/1, flushes_on_held_lane_then_connect/1]).
 %% Run on peer nodes.
 -export([collector/0, length_reporter/1, reporter/1]).
 %% A logger handler, added by the cases that read convoy's log events.
@@ -25,7 +25,8 @@ all() ->
     [setting_change_while_peer_stalled, killed_lane_is_replaced, stop_mid_flood_keeps_order,
      stop_with_stalled_peer_counts_drops, killed_under_user_supervisor,
      killed_while_lanes_slow_to_stop, forged_down_to_control, stray_lane_messages,
-     large_multicast_skips_lane, large_multicast_through_busy_lane].
+     large_multicast_skips_lane, large_multicast_through_busy_lane,
+     flushes_on_held_lane_then_connect].
 
 init_per_testcase(_TC, Config) ->
     _ = application:stop(convoy),
@@ -401,3 +402,44 @@ reporter(To) ->
 
 length_reporter(To) ->
     receive L when is_list(L) -> To ! {length, length(L)} end.
+
+%% Flushes waiting on a lane that starts held (a lanes change while the old lanes
+%% are slow to go: suspended here), with a message in it for a node that is not
+%% connected: when the lane opens, the message leaves once the lane has connected
+%% the node, and both flushes are answered. The second flush's mark, pushed while
+%% the first one's chunk was out, once restarted the node queue's wait at the
+%% time 0: with `max_delay' above 0 and a negative monotonic clock, the message
+%% put back behind it never became due.
+flushes_on_held_lane_then_connect(_Config) ->
+    start_convoy(#{lanes => 2, max_delay => 20000}),
+    {Peer, Node} = convoy_ct_peers:start(?MODULE, ?CT_PEER_NAME(), #{}),
+    %% A process that keeps what it gets, queried over stdio: a query over
+    %% distribution would connect the node itself.
+    Holder = peer:call(Peer, erlang, spawn, [timer, sleep, [infinity]]),
+    true = erlang:disconnect_node(Node),
+    ?assertNot(lists:member(Node, nodes())),
+    Old = lanes(),
+    [true = erlang:suspend_process(L) || L <- Old],
+    ok = convoy:set_config(#{lanes => 1}),
+    [New] = lanes(),
+    ok = convoy:send(Holder, held_then_connected),
+    Self = self(),
+    Flushers = [spawn_link(fun() -> Self ! {flushed, self(), convoy:flush(all, 20000)} end)
+                || _ <- [1, 2]],
+    %% Both flushes reached the new lane, which holds them while it is held.
+    convoy_ct_peers:await(
+      fun() -> {erlang:process_info(New, message_queue_len),
+                [erlang:process_info(F, status) || F <- Flushers]} end,
+      fun({{message_queue_len, Q}, Sts}) ->
+              Q =:= 0 andalso Sts =:= [{status, waiting}, {status, waiting}]
+      end,
+      10000),
+    ?assertMatch(#{held := all}, sys:get_state(New)),
+    [true = erlang:resume_process(L) || L <- Old],
+    ?assertEqual([ok, ok], [receive {flushed, F, R} -> R after 30000 -> ct:fail({flush_stuck, F}) end
+                            || F <- Flushers]),
+    ?assertEqual({message_queue_len, 1},
+                 convoy_ct_peers:await(
+                   fun() -> peer:call(Peer, erlang, process_info, [Holder, message_queue_len]) end,
+                   fun(L) -> L =:= {message_queue_len, 1} end, 10000)),
+    ?assertMatch(#{messages := 1, dropped := 0}, maps:get(Node, maps:get(nodes, convoy:info()))).

@@ -6,6 +6,7 @@
 %% network.
 %%
 %% After every step: order per sender and node kept, nothing delivered twice,
+%% the lane's receive timeout in range,
 %% handed = sent + dropped + held by the core (exactly), no chunk over max_batch,
 %% large messages never in a chunk with others, nothing shipped for a held node, a flush answered only
 %% once everything handed before it left, a blocked sender woken once, and
@@ -294,7 +295,11 @@ deliver_one(Node, {Sender, Seq} = Id, St = #{delivered := D, delivered_ids := Id
 %% Invariants after every step
 
 check(#{core := C, handed := H, sent := S, dropped := D, owed := O, bytes_by := BB,
-        disposed_bytes := DBy}, _Cmd) ->
+        disposed_bytes := DBy, now := Now}, _Cmd) ->
+    %% The lane waits for this in a receive: out of range would crash it.
+    T = convoy_lane_core:timeout(Now, C),
+    T =:= infinity orelse (is_integer(T) andalso T >= 0 andalso T =< 16#FFFFFFFF)
+        orelse throw({timeout_out_of_range, T}),
     Held = case maps:get(held, convoy_lane_core:summary(C)) of none -> 0; _ -> 1 end,
     H =:= S + D + convoy_lane_core:holding(C) - Held
         orelse throw({accounting, H, S, D, convoy_lane_core:holding(C)}),
