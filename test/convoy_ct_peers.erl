@@ -14,7 +14,9 @@ start(Suite, Name, Extra) ->
             "-pa", filename:dirname(code:which(Suite))] ++ maps:get(args, Extra, []),
     Opts = (maps:remove(args, Extra))#{name => Name, args => Args, connection => standard_io},
     {ok, Peer, Node} = test_server:start_peer(Opts, Suite, Name),
-    true = net_kernel:connect_node(Node),
+    %% A connection attempt can fail on a loaded machine (seen once with both
+    %% cores busy): try again for a while rather than fail the case.
+    true = await(fun() -> net_kernel:connect_node(Node) end, fun(Up) -> Up end, 30000),
     {Peer, Node}.
 
 %% Start convoy on a peer with Settings (application environment).
