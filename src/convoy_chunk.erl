@@ -43,10 +43,14 @@
 %% delivered twice. A new start from a sender that has a message in progress
 %% discards that one (the sender gave up on it). `down/2' and `nodedown/2'
 %% discard a dead sender's or node's partial messages.
+%%
+%% A node's messages take turns (see "Turns" below): one streams while the
+%% acknowledgements of the other starts wait, so the node does not hold the
+%% pieces of all of them at once.
 -module(convoy_chunk).
 
 -export([payload/2, pieces/2, new/0, start/4, piece/5, down/2, nodedown/2, held/2,
-         partials/1, assemble/2]).
+         partials/1, assemble/2, take_granted/1, waiting/1, tick/2]).
 
 -export_type([rx/0, kind/0, start/0, result/0]).
 
@@ -85,12 +89,22 @@
              senders = #{} :: #{pid() => reference()},
              held = #{} :: #{node() => non_neg_integer()},
              done = queue:new() :: queue:queue(reference()),
-             done_set = #{} :: #{reference() => true}}).
+             done_set = #{} :: #{reference() => true},
+             %% per node, the message whose sender may stream now, with its
+             %% next sequence number at the last tick (`fresh' until a tick
+             %% after its grant)
+             active = #{} :: #{node() => {reference(), non_neg_integer() | fresh}},
+             %% per node, started messages whose first acknowledgement waits,
+             %% oldest first, with the ticks they waited
+             queued = #{} :: #{node() => [{reference(), non_neg_integer()}, ...]},
+             %% granted since `take_granted/1', newest first
+             granted = [] :: [reference()]}).
 -opaque rx() :: #rx{}.
 %% `{ack, Seq}': stored, acknowledge it (and the pieces before it); `stored':
 %% stored, no acknowledgement asked for this one (the start's `ack_every': the
 %% start and every piece whose Seq rem ack_every is ack_every - 1 are
-%% acknowledged); `{complete, Kind, To, Parts, Mon}': the message is whole
+%% acknowledged), or a start whose acknowledgement waits for its turn
+%% (`take_granted/1' names it when it comes); `{complete, Kind, To, Parts, Mon}': the message is whole
 %% (`assemble/2' it); `refused': the start does not fit the bound (nothing kept);
 %% `{error, bad_piece}': rejected, nothing kept. `start/4' also returns the
 %% monitors of partials it discarded (the sender's previous message).
@@ -234,7 +248,8 @@ start(Node, #{ref := Ref, sender := Sender, size := Size, data := Data} = St, Bo
                     Rx2 = Rx1#rx{held = (Rx1#rx.held)#{Node => Held + Size},
                                  senders = (Rx1#rx.senders)#{Sender => Ref}},
                     {R, Rx3} = add(Ref, P, 0, Data, Rx2),
-                    {R, Dropped, Rx3}
+                    {R1, Rx4} = take_turn(Node, Ref, R, Rx3),
+                    {R1, Dropped, Rx4}
             end
     end;
 start(_Node, _St, _Bound, Rx) ->
@@ -272,12 +287,107 @@ acked(_Seq, _Every) -> stored.
 
 remove(Ref, #partial{node = Node, sender = Sender, size = Size}, Rx) ->
     Held = maps:get(Node, Rx#rx.held) - Size,
-    Rx#rx{partials = maps:remove(Ref, Rx#rx.partials),
-          senders = maps:remove(Sender, Rx#rx.senders),
-          held = case Held of
-                     0 -> maps:remove(Node, Rx#rx.held);
-                     _ -> (Rx#rx.held)#{Node := Held}
-                 end}.
+    release(Node, Ref,
+            Rx#rx{partials = maps:remove(Ref, Rx#rx.partials),
+                  senders = maps:remove(Sender, Rx#rx.senders),
+                  held = case Held of
+                             0 -> maps:remove(Node, Rx#rx.held);
+                             _ -> (Rx#rx.held)#{Node := Held}
+                         end}).
+
+%%--------------------------------------------------------------------
+%% Turns: one message in pieces per node streams at a time
+%%
+%% Every piece is kept (as a part of the runtime's receive buffer) until its
+%% message is whole, so senders streaming side by side make the node hold all
+%% their messages at once, and with the runtime's default allocator settings
+%% those buffers are then received into fresh pages (README, "Nodes that receive
+%% large messages in pieces"). So a node's messages take turns: a start that
+%% comes while another message of its node streams is stored but its
+%% acknowledgement, which its sender waits for before the next piece, waits
+%% until that message is whole or discarded. Turns are kept only while they
+%% make progress (`tick/2', every few ms while starts wait): a message that got
+%% no piece between two ticks gives up its turn, and a start that waited
+%% `Patience' ticks gets its acknowledgement anyway (the sender gives up after
+%% `barrier_timeout' and sends the message whole). Nothing else changes: a
+%% waiting message takes pieces and completes as any other.
+
+%% A start that completed nothing takes the node's turn, or waits for it.
+take_turn(Node, Ref, {ack, 0}, Rx = #rx{active = Active}) ->
+    case Active of
+        #{Node := _} ->
+            {stored, Rx#rx{queued = set_queue(Node, maps:get(Node, Rx#rx.queued, []) ++ [{Ref, 0}],
+                                              Rx#rx.queued)}};
+        _ ->
+            {{ack, 0}, Rx#rx{active = Active#{Node => {Ref, fresh}}}}
+    end;
+take_turn(_Node, _Ref, R, Rx) ->
+    {R, Rx}.
+
+%% A message left: its turn passes on, or it stops waiting for one.
+release(Node, Ref, Rx = #rx{active = Active}) ->
+    case Active of
+        #{Node := {Ref, _}} ->
+            grant_next(Node, Rx#rx{active = maps:remove(Node, Active)});
+        _ ->
+            Queue = lists:keydelete(Ref, 1, maps:get(Node, Rx#rx.queued, [])),
+            Rx#rx{queued = set_queue(Node, Queue, Rx#rx.queued)}
+    end.
+
+grant_next(Node, Rx = #rx{queued = Queued}) ->
+    case maps:get(Node, Queued, []) of
+        [] ->
+            Rx;
+        [{Ref, _} | Rest] ->
+            Rx#rx{queued = set_queue(Node, Rest, Queued),
+                  active = (Rx#rx.active)#{Node => {Ref, fresh}},
+                  granted = [Ref | Rx#rx.granted]}
+    end.
+
+set_queue(Node, [], Queued) -> maps:remove(Node, Queued);
+set_queue(Node, Queue, Queued) -> Queued#{Node => Queue}.
+
+%% @doc The messages whose start is now acknowledged (their turn came), oldest
+%% first: the caller sends each its acknowledgement of piece 0.
+-spec take_granted(rx()) -> {[reference()], rx()}.
+take_granted(Rx = #rx{granted = []}) ->
+    {[], Rx};
+take_granted(Rx = #rx{granted = Granted, partials = Partials}) ->
+    {[R || R <- lists:reverse(Granted), is_map_key(R, Partials)], Rx#rx{granted = []}}.
+
+%% @doc Whether starts wait for their turn (then `tick/2' must come).
+-spec waiting(rx()) -> boolean().
+waiting(#rx{queued = Queued}) -> map_size(Queued) > 0.
+
+%% @doc A tick, per node with waiting starts: the streaming message gives up
+%% its turn if it took no piece since the last tick (one tick after its turn
+%% came at the earliest: its sender needs the acknowledgement first, and the tick
+%% may come right after the grant); every waiting start has
+%% waited one tick more, and those that waited `Patience' ticks are granted;
+%% then a free turn goes to the oldest start still waiting.
+-spec tick(pos_integer(), rx()) -> rx().
+tick(Patience, Rx) ->
+    lists:foldl(fun(Node, Acc) -> tick(Node, Patience, Acc) end, Rx,
+                lists:sort(maps:keys(Rx#rx.queued))).
+
+tick(Node, Patience, Rx = #rx{active = Active}) ->
+    Active1 = case Active of
+                  #{Node := {Ref, Mark}} ->
+                      case maps:get(Ref, Rx#rx.partials) of
+                          #partial{next = Mark} -> maps:remove(Node, Active);
+                          #partial{next = Next} -> Active#{Node := {Ref, Next}}
+                      end;
+                  _ ->
+                      Active
+              end,
+    {Done, Waiting} = lists:partition(fun({_, W}) -> W >= Patience end,
+                                      [{R, W + 1} || {R, W} <- maps:get(Node, Rx#rx.queued)]),
+    Rx1 = Rx#rx{active = Active1, queued = set_queue(Node, Waiting, Rx#rx.queued),
+                granted = lists:reverse([R || {R, _} <- Done], Rx#rx.granted)},
+    case Active1 of
+        #{Node := _} -> Rx1;
+        _ -> grant_next(Node, Rx1)
+    end.
 
 drop(Ref, Rx) ->
     P = maps:get(Ref, Rx#rx.partials),
@@ -447,6 +557,32 @@ ack_every_test() ->
                                   Rx0, lists:seq(1, 7)),
     ?assertMatch([stored, {ack, 2}, stored, stored, {ack, 5}, stored,
                   {complete, binary, t, _, m}], Results).
+
+%% Turns: B's start waits while A streams, and gets its acknowledgement when A
+%% completes; C's, when the streaming B took no piece for a tick (not at the
+%% first tick after B's grant); D's, when it waited its patience.
+turns_test() ->
+    St = fun(R, Size) -> #{ref => R, sender => spawn(fun() -> ok end), to => t,
+                           kind => binary, size => Size, mon => R, data => <<"a">>} end,
+    [A, B, C, D] = [make_ref() || _ <- lists:seq(1, 4)],
+    {{ack, 0}, [], Rx1} = start(n, St(A, 2), infinity, new()),
+    {stored, [], Rx2} = start(n, St(B, 3), infinity, Rx1),
+    {stored, [], Rx3} = start(n, St(C, 3), infinity, Rx2),
+    ?assert(waiting(Rx3)),
+    ?assertEqual({[], Rx3}, take_granted(Rx3)),
+    %% another node's start does not wait for n's
+    {{ack, 0}, [], _} = start(o, St(make_ref(), 3), infinity, Rx3),
+    {{complete, binary, t, _, A}, Rx4} = piece(n, A, 1, <<"b">>, Rx3),
+    {[B], Rx5} = take_granted(Rx4),
+    {[], Rx6} = take_granted(tick(10, Rx5)),       % B was just granted
+    {[C], Rx7} = take_granted(tick(10, Rx6)),      % B took no piece since
+    ?assertNot(waiting(Rx7)),
+    {stored, [], Rx8} = start(n, St(D, 3), infinity, Rx7),
+    {{ack, 1}, Rx9} = piece(n, C, 1, <<"b">>, Rx8),
+    {[], Rx10} = take_granted(tick(2, Rx9)),       % C took a piece; D waited 1
+    {[D], Rx11} = take_granted(tick(2, Rx10)),     % D waited 2: its patience
+    ?assertNot(waiting(Rx11)),
+    ?assertEqual(3, partials(Rx11)).
 
 assemble_forged_term_test() ->
     ?assertEqual(error, assemble(term, [<<131, 200>>])),

@@ -14,14 +14,38 @@
 %% size) is `bad_piece'; a start over `max_reassembly_bytes' for its node is
 %% answered `refused' and counted (`reassembly_full'): its sender then sends the
 %% message whole.
+%%
+%% A node's messages in pieces take turns (`convoy_chunk', "Turns"): a start's
+%% acknowledgement may wait for its turn, which this module sends when
+%% `convoy_chunk' grants it. While starts wait, a timer (`erlang:start_timer/3',
+%% its reference kept beside the state) brings a tick every `?TICK_MS' ms, and
+%% a start waits at most half of `barrier_timeout' (this node's) in all, so its
+%% sender, which gives up after `barrier_timeout', gets its turn first.
 -module(convoy_chunk_rx).
 
--export([handle/2, delivered/1, down/1, nodedown/1, held/2, partials/1]).
+-export([handle/2, delivered/1, down/1, nodedown/1, tick/1, held/2, partials/1]).
 
 -include("convoy_runtime.hrl").
 
 -define(KEY, '$convoy_chunks').
+-define(TIMER_KEY, '$convoy_chunk_timer').
+%% The timer's message is `{timeout, TRef, ?TICK}' (convoy_inbox passes it to
+%% `tick/1').
+-define(TICK, convoy_chunk_tick).
+-define(TICK_MS, 10).
 -define(ACK_OPTS, [noconnect]).
+
+%% The state after a change: acknowledge the starts whose turn came, and keep a
+%% tick coming while starts wait.
+store(Rx0) ->
+    {Granted, Rx} = convoy_chunk:take_granted(Rx0),
+    put(?KEY, Rx),
+    lists:foreach(fun(Ref) -> ack(Ref, 0) end, Granted),
+    case convoy_chunk:waiting(Rx) andalso get(?TIMER_KEY) =:= undefined of
+        true -> put(?TIMER_KEY, erlang:start_timer(?TICK_MS, self(), ?TICK));
+        false -> ok
+    end,
+    ok.
 
 rx() ->
     case get(?KEY) of
@@ -36,16 +60,17 @@ rx() ->
 handle({piece_start, St = #{ref := Ref, sender := Sender}}, From) ->
     Mon = erlang:monitor(process, Sender),
     {R, Dropped, Rx} = convoy_chunk:start(From, St#{mon => Mon}, bound(), rx()),
-    put(?KEY, Rx),
+    store(Rx),
     discarded(Dropped),
     case R of
         {ack, _} -> ok;
+        stored -> ok;       % waits for its turn
         _ -> erlang:demonitor(Mon, [flush])
     end,
     result(R, Ref, From);
 handle({piece, Ref, Seq, Data}, From) ->
     {R, Rx} = convoy_chunk:piece(From, Ref, Seq, Data, rx()),
-    put(?KEY, Rx),
+    store(Rx),
     result(R, Ref, From).
 
 result({ack, Seq}, Ref, _From) ->
@@ -97,7 +122,7 @@ delivered(Ref) ->
 -spec down(pid()) -> boolean().
 down(Pid) ->
     {Mons, Rx} = convoy_chunk:down(Pid, rx()),
-    put(?KEY, Rx),
+    store(Rx),
     discarded(Mons),
     Mons =/= [].
 
@@ -105,7 +130,7 @@ down(Pid) ->
 -spec nodedown(node()) -> ok.
 nodedown(Node) ->
     {Mons, Rx} = convoy_chunk:nodedown(Node, rx()),
-    put(?KEY, Rx),
+    store(Rx),
     discarded(Mons).
 
 discarded(Mons) ->
@@ -113,6 +138,28 @@ discarded(Mons) ->
                           erlang:demonitor(M, [flush]),
                           convoy_metrics:rejected(partial_discarded)
                   end, Mons).
+
+%% @doc A message `{timeout, TRef, convoy_chunk_tick}' came: if `TRef' is the
+%% tick's timer, starts waiting for their turn are served (true); otherwise it
+%% is not convoy's (false: the caller counts it).
+-spec tick(reference()) -> boolean().
+tick(TRef) ->
+    case get(?TIMER_KEY) of
+        TRef ->
+            erase(?TIMER_KEY),
+            store(convoy_chunk:tick(patience(), rx())),
+            true;
+        _ ->
+            false
+    end.
+
+%% Ticks a start waits at most: half of barrier_timeout.
+patience() ->
+    T = case persistent_term:get(?RUNTIME_KEY, undefined) of
+            #runtime{barrier_timeout = B} -> B;
+            undefined -> maps:get(barrier_timeout, convoy_config:defaults())
+        end,
+    max(1, T div (2 * ?TICK_MS)).
 
 %% @doc Bytes reserved for partial messages from `Node' in the inbox `Inbox'
 %% (for tests and inspection: reads its process dictionary).

@@ -6,7 +6,9 @@
 %%
 %% The sender encodes the message once (`convoy_chunk:payload/2'), sends the first
 %% piece to its lane's inbox on the peer (the inbox its batches use) and waits for
-%% that piece's ack (or `refused': the peer's reassembly bound is reached), then
+%% that piece's ack (or `refused': the peer's reassembly bound is reached; the
+%% ack waits while another message of this node streams to that inbox, for half
+%% the peer's `barrier_timeout' at most, see `convoy_chunk''s "Turns"), then
 %% sends the others with at most `chunk_window' unacknowledged (a peer at
 %% protocol version 3 acknowledges every `chunk_window div 2' of them, see
 %% `start/7'), and finally waits for the inbox's `delivered'. Each piece is a

@@ -127,6 +127,13 @@ handle({'DOWN', _Mon, process, Pid, _Reason}, S) when is_pid(Pid) ->
     S;
 handle({nodeup, _Node}, S) ->
     S;
+handle({timeout, TRef, convoy_chunk_tick}, S) when is_reference(TRef) ->
+    %% the tick of messages in pieces waiting for their turn (convoy_chunk_rx)
+    case convoy_chunk_rx:tick(TRef) of
+        true -> ok;
+        false -> convoy_metrics:rejected(unknown_message)
+    end,
+    S;
 handle(Msg, S) ->
     case convoy_wire:decode(Msg) of
         {batch, _Vsn, From, Entries} ->

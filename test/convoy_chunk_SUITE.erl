@@ -12,6 +12,7 @@
 -export([order_many_senders/1, exact_delivery/1, sender_killed_mid_message/1,
          node_killed_mid_message/1, forged_pieces/1, reassembly_bound/1,
          plain_peer_gets_whole/1, old_path_when_infinity/1, path_pieces_by_version/1,
+         turn_passes_from_silent_sender/1, stray_ticks_counted/1,
          guard_cuts_only_with_small_traffic/1, guard_sees_small_traffic_with_max_delay/1,
          guard_sees_small_traffic_on_other_lanes/1]).
 %% Run on peer nodes, or spawned.
@@ -31,7 +32,8 @@ suite() ->
 all() ->
     [order_many_senders, exact_delivery, sender_killed_mid_message, node_killed_mid_message,
      forged_pieces, reassembly_bound, plain_peer_gets_whole, old_path_when_infinity,
-     path_pieces_by_version, guard_cuts_only_with_small_traffic,
+     path_pieces_by_version, turn_passes_from_silent_sender, stray_ticks_counted,
+     guard_cuts_only_with_small_traffic,
      guard_sees_small_traffic_with_max_delay, guard_sees_small_traffic_on_other_lanes].
 
 init_per_testcase(_TC, Config) ->
@@ -207,6 +209,44 @@ reassembly_bound(_Config) ->
     true = peer:call(Peer, erlang, exit, [Holder, kill]),
     await(fun() -> convoy_chunk_rx:held(Inbox, A) end, fun(H) -> H =:= 0 end, 20000),
     ?assertEqual(1, maps:get(partial_discarded, rejected()) - maps:get(partial_discarded, Before)).
+
+%% A node's messages in pieces take turns: a message in progress whose sender
+%% went silent (forged: it never sends the rest) has the turn, and a real
+%% sender's message starts behind it. The silent one gives up its turn after
+%% two ticks without a piece (tens of ms, far under the sender's
+%% barrier_timeout of 10 s), so the real message still goes in pieces: it
+%% arrives, counted chunked and never stalled, and the silent one stays held
+%% until its sender dies.
+turn_passes_from_silent_sender(_Config) ->
+    {Peer, A} = convoy_peer(?SENDER),
+    Rec = spawn_link(?MODULE, collector, []),
+    Inbox = whereis(?INBOX),
+    Before = rejected(),
+    Holder = peer:call(Peer, ?MODULE, hold, [{?INBOX, node()}, Rec, 2500000]),
+    await(fun() -> convoy_chunk_rx:held(Inbox, A) end, fun(H) -> H =:= 2500000 end, 20000),
+    {Us, ok} = timer:tc(peer, call, [Peer, ?MODULE, run_senders,
+                                     [[[{Rec, {make, tagged, one, 1000000}}]]], 60000]),
+    ?assertEqual([make({make, tagged, one, 1000000})], await_count(Rec, 1)),
+    ?assert(Us < 5000000),
+    ?assertMatch(#{chunked := 1, stalled := 0}, peer_node_info(Peer)),
+    ?assertEqual(2500000, convoy_chunk_rx:held(Inbox, A)),
+    ?assertEqual(1, convoy_chunk_rx:partials(Inbox)),
+    true = peer:call(Peer, erlang, exit, [Holder, kill]),
+    await(fun() -> convoy_chunk_rx:partials(Inbox) end, fun(P) -> P =:= 0 end, 20000),
+    ?assertEqual(1, maps:get(partial_discarded, rejected()) - maps:get(partial_discarded, Before)),
+    ?assertEqual(0, maps:get(bad_piece, rejected()) - maps:get(bad_piece, Before)).
+
+%% Messages shaped like the turns' tick but not its timer's are counted, and
+%% the inbox goes on.
+stray_ticks_counted(_Config) ->
+    ok = convoy:set_config(?SENDER),
+    Inbox = whereis(?INBOX),
+    Before = maps:get(unknown_message, rejected()),
+    Inbox ! {timeout, make_ref(), convoy_chunk_tick},
+    Inbox ! {timeout, not_a_ref, convoy_chunk_tick},
+    _ = sys:get_state(Inbox),
+    ?assertEqual(Before + 2, maps:get(unknown_message, rejected())),
+    ?assertEqual(Inbox, whereis(?INBOX)).
 
 %% On the peer: a process that starts a message of Size bytes to To and sends
 %% nothing more.

@@ -20,6 +20,13 @@
 %% never exceed the bound, and nothing is held after the nodedown. Each message
 %% asks for an acknowledgement every 1 to 4 pieces: the start and exactly the
 %% pieces that interval names are acknowledged, the others only stored.
+%% Turns: messages of the node take turns, so a start whose node has a message
+%% streaming is stored and its acknowledgement comes later (`take_granted/1'),
+%% in the order the starts came, when the streaming message completes or is
+%% discarded, or at a tick (inserted at random, with a patience of 1 to 3 ticks)
+%% where the streaming one took no piece since the tick before (one tick after
+%% its turn came at the earliest) or a start has waited its patience. The model
+%% says which starts are granted at each step: exactly those, in that order.
 %% PropEr 1.2 cannot report an exception raised inside a property on OTP 25, so
 %% the properties catch and print their own.
 -module(prop_convoy_chunk_tests).
@@ -88,15 +95,16 @@ prop_reassembly() ->
                           Result =:= true)
             end).
 
-%% {Bound, PieceBytes, Plans, Order, Forged}: per sender a list of messages
-%% (payload, fault); Order: which sender's stream takes the next step; Forged:
-%% where forged entries go.
+%% {Bound, PieceBytes, Plans, Order, Forged, Patience}: per sender a list of
+%% messages (payload, fault); Order: which sender's stream takes the next step;
+%% Forged: where forged entries and ticks go; Patience: ticks a start waits at most.
 scenario() ->
     {oneof([infinity, range(20, 400)]),
      range(1, 40),
      non_empty(list(list({binary(), fault(), range(1, 4)}))),
      list(range(1, 4)),
-     list({range(0, 200), forged()})}.
+     list({range(0, 200), oneof([forged(), tick])}),
+     range(1, 3)}.
 
 fault() ->
     frequency([{6, none}, {1, {gap, range(0, 6)}}, {1, {dup, range(0, 6)}},
@@ -105,12 +113,12 @@ fault() ->
 forged() ->
     oneof([unknown_ref, {known_ref, range(1000, 2000)}, known_start]).
 
-run({Bound, N, Plans, Order, Forged}) ->
+run({Bound, N, Plans, Order, Forged, Patience}) ->
     Senders = [{S, spawn(fun() -> ok end)} || S <- lists:seq(1, length(Plans))],
     Streams = [{Pid, stream(Pid, Msgs, N)} || {{_, Pid}, Msgs} <- lists:zip(Senders, Plans)],
     Events0 = interleave(Streams, Order),
     Events = insert_forged(Events0, Forged, known_refs(Events0)),
-    {Delivered, Rx, Model} = lists:foldl(fun(E, Acc) -> step(E, Bound, Acc) end,
+    {Delivered, Rx, Model} = lists:foldl(fun(E, Acc) -> step(E, {Bound, Patience}, Acc) end,
                                          {[], convoy_chunk:new(), model()}, Events),
     Expected = lists:reverse(maps:get(delivered, Model)),
     {_, RxEnd} = convoy_chunk:nodedown(?NODE, Rx),
@@ -170,6 +178,8 @@ insert_forged(Events, [{At, F} | Rest], Known) ->
     {Before, After} = lists:split(min(At, length(Events)), Events),
     insert_forged(Before ++ [forge(F, Known)] ++ After, Rest, Known).
 
+forge(tick, _Known) ->
+    tick;
 forge(unknown_ref, _Known) ->
     {forged_piece, make_ref(), 1, <<"f">>};
 forge({known_ref, Seq}, [{_, Ref, _} | _]) ->
@@ -185,9 +195,18 @@ forge(_, []) ->
 %%--------------------------------------------------------------------
 %% The model and one step of both
 
+%% cur: per sender its message in progress; active: the message whose turn it
+%% is ({Ref, next piece at the last tick, or fresh}) or none; queue: starts
+%% waiting for their turn, oldest first, with the ticks waited; granted: turns
+%% given in this step.
 model() ->
-    #{held => 0, cur => #{}, refs => #{}, delivered => []}.
+    #{held => 0, cur => #{}, refs => #{}, delivered => [], active => none, queue => [],
+      granted => []}.
 
+step(tick, {Bound, Patience}, {D, Rx, M}) ->
+    check(none, [], convoy_chunk:tick(Patience, Rx), Bound, model_tick(Patience, M), D);
+step(E, {Bound, _Patience}, Acc) ->
+    step(E, Bound, Acc);
 step({start, Pid, Ref, Size, First, Payload, AckEvery}, Bound, {D, Rx, M}) ->
     St = #{ref => Ref, sender => Pid, to => dest, kind => binary, size => Size,
            mon => Ref, data => First, ack_every => AckEvery},
@@ -211,8 +230,12 @@ step({down, Pid}, Bound, {D, Rx, M}) ->
     check(none, Dropped, Rx1, Bound, model_drop(Pid, M), D).
 
 %% The model's expectations travel in `expect' (result kind) and `dropped'.
-check(R, Dropped, Rx, Bound, M = #{held := Held}, D) ->
+check(R, Dropped, Rx0, Bound, M = #{held := Held}, D) ->
     Expect = maps:get(expect, M, none),
+    {Granted, Rx} = convoy_chunk:take_granted(Rx0),
+    Granted =:= maps:get(granted, M) orelse throw({granted, Granted, expected, maps:get(granted, M)}),
+    convoy_chunk:waiting(Rx) =:= (maps:get(queue, M) =/= [])
+        orelse throw({waiting, convoy_chunk:waiting(Rx), expected, maps:get(queue, M)}),
     Got = case R of
               {ack, _} -> ack;
               stored -> stored;
@@ -230,7 +253,7 @@ check(R, Dropped, Rx, Bound, M = #{held := Held}, D) ->
              {complete, Bin} -> [Bin | D];
              _ -> D
          end,
-    {D1, Rx, maps:without([expect, dropped], M)}.
+    {D1, Rx, (maps:without([expect, dropped], M))#{granted := []}}.
 
 %% refs: every reference ever started: in_progress, done or dropped.
 model_start(Pid, Ref, Size, First, Payload, AckEvery, Bound, M = #{refs := Refs}) ->
@@ -247,7 +270,14 @@ model_start(Pid, Ref, Size, First, Payload, AckEvery, Bound, M = #{refs := Refs}
                             data => [First], payload => Payload, ack_every => AckEvery},
                     M2 = M1#{held := Held + Size, cur := (maps:get(cur, M1))#{Pid => Cur},
                              refs := Refs1#{Ref => in_progress}, expect => ack},
-                    maybe_complete(Pid, Cur, M2)
+                    case maybe_complete(Pid, Cur, M2) of
+                        M3 = #{expect := ack, active := none} ->
+                            M3#{active := {Ref, fresh}};
+                        M3 = #{expect := ack, queue := Q} ->
+                            M3#{queue := Q ++ [{Ref, 0}], expect := stored};
+                        M3 ->
+                            M3
+                    end
             end
     end.
 
@@ -268,9 +298,10 @@ model_piece(Ref, Seq, Data, M = #{cur := Cur}) ->
 
 maybe_complete(Pid, #{ref := Ref, got := Size, size := Size, data := Data},
                M = #{cur := Cur, held := Held, refs := Refs}) ->
-    M#{cur := maps:remove(Pid, Cur), held := Held - Size, refs := Refs#{Ref := done},
-       delivered := [iolist_to_binary(Data) | maps:get(delivered, M)],
-       expect => {complete, iolist_to_binary(Data)}};
+    model_release(Ref, M#{cur := maps:remove(Pid, Cur), held := Held - Size,
+                          refs := Refs#{Ref := done},
+                          delivered := [iolist_to_binary(Data) | maps:get(delivered, M)],
+                          expect => {complete, iolist_to_binary(Data)}});
 maybe_complete(Pid, C, M = #{cur := Cur}) ->
     M#{cur := Cur#{Pid => C}}.
 
@@ -278,8 +309,45 @@ maybe_complete(Pid, C, M = #{cur := Cur}) ->
 model_drop(Pid, M = #{cur := Cur, held := Held, refs := Refs}) ->
     case Cur of
         #{Pid := #{ref := Ref, size := Size}} ->
-            M#{cur := maps:remove(Pid, Cur), held := Held - Size,
-               refs := Refs#{Ref := dropped}, dropped => 1};
+            model_release(Ref, M#{cur := maps:remove(Pid, Cur), held := Held - Size,
+                                  refs := Refs#{Ref := dropped}, dropped => 1});
         _ ->
             M#{dropped => 0}
     end.
+
+%% A message left (completed or discarded): if it had the turn, the oldest
+%% waiting start gets it; if it waited, it waits no more.
+model_release(Ref, M = #{active := {Ref, _}}) ->
+    model_grant_next(M#{active := none});
+model_release(Ref, M = #{queue := Q}) ->
+    M#{queue := lists:keydelete(Ref, 1, Q)}.
+
+model_grant_next(M = #{queue := []}) ->
+    M;
+model_grant_next(M = #{queue := [{Ref, _} | Rest], granted := G}) ->
+    M#{queue := Rest, active := {Ref, fresh}, granted := G ++ [Ref]}.
+
+%% Ticks only matter while starts wait.
+model_tick(_Patience, M = #{queue := []}) ->
+    M;
+model_tick(Patience, M = #{active := Active, queue := Q, granted := G}) ->
+    Active1 = case Active of
+                  none -> none;
+                  {Ref, Mark} ->
+                      case next_of(Ref, M) of
+                          Mark -> none;                   % no piece since the last tick
+                          Next -> {Ref, Next}
+                      end
+              end,
+    Q1 = [{R, W + 1} || {R, W} <- Q],
+    Done = [R || {R, W} <- Q1, W >= Patience],
+    M1 = M#{active := Active1, queue := [E || E = {_, W} <- Q1, W < Patience],
+            granted := G ++ Done},
+    case Active1 of
+        none -> model_grant_next(M1);
+        _ -> M1
+    end.
+
+next_of(Ref, #{cur := Cur}) ->
+    [Next] = [N || #{ref := R, next := N} <- maps:values(Cur), R =:= Ref],
+    Next.
