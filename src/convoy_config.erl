@@ -56,10 +56,10 @@
 %% fits in one of the runtime's 64 KiB distribution fragments: a piece of 64 KiB
 %% traveled as two, which the receiving node joins with one more copy.
 %%
-%% `chunk_window' defaults to 8: with acknowledgements every `chunk_window div 2'
-%% pieces, a window of 4 left each sender of bulk waiting for one most of the
-%% time while small round trips beside it had room to spare (README "Choosing
-%% the defaults").
+%% `chunk_window' defaults to 16: a node's messages in pieces take turns at the
+%% receiving inbox, so one sender's window is all that node has in flight there,
+%% and 16 moved more bulk than 8 beside small round trips that stayed well under
+%% `!`'s (README "Choosing the defaults").
 -spec settings() -> [{atom(), term(), accepts()}].
 settings() ->
     [{lanes, 1, [{integer, 1, 1024}]},
@@ -68,7 +68,7 @@ settings() ->
      {large_threshold, 65536, [infinity, {integer, 0, unbounded}]},
      {chunk_threshold, 4 * 1024 * 1024, [infinity, {integer, 0, unbounded}]},
      {chunk_bytes, 63 * 1024, [{integer, 1024, 64 * 1024 * 1024}]},
-     {chunk_window, 8, [{integer, 1, 1024}]},
+     {chunk_window, 16, [{integer, 1, 1024}]},
      {chunk_guard, 1000, [always, {integer, 0, 3600000}]},
      {max_reassembly_bytes, 256 * 1024 * 1024, [infinity, {integer, 1, unbounded}]},
      {barrier_timeout, 100, [{integer, 0, 60000}]},
