@@ -155,7 +155,8 @@ measure(bulk, #{senders := K, size := Size} = P, Ctx) ->
     stop_all(Sinks),
     #{mb_s => length(Done) * Size / Dur / 1.0e6};
 %% Small round trips while bulk senders push large binaries to the same node;
-%% the bulk sent as the variant sends (`bulk_by' variant) or by plain `!'.
+%% the bulk sent as the variant sends (`bulk_by' variant) or by plain `!'; the
+%% round trips back to back, or `probe_ms' apart.
 measure(hol, #{bulk_senders := K, size := Size, bulk_by := By} = P, Ctx = #{mode := M}) ->
     BulkCtx = case By of
                   variant -> Ctx;
@@ -163,7 +164,11 @@ measure(hol, #{bulk_senders := K, size := Size, bulk_by := By} = P, Ctx = #{mode
               end,
     {Sinks, Senders} = bulk_pairs(K, Size, BulkCtx),
     [S] = erpc:call(sink(Ctx), ?MODULE, spawn_servers, [M, 1]),
-    Prober = spawn_link(?MODULE, client, [M, S, {req, ping}, self()]),
+    Probe = case maps:get(probe_ms, P, 0) of
+                0 -> {req, ping};
+                Gap -> {paced, Gap, {req, ping}}
+            end,
+    Prober = spawn_link(?MODULE, client, [M, S, Probe, self()]),
     Meter = spawn_link(?MODULE, fault_meter, [sink(Ctx), self()]),
     {Dur, Results} = window_tagged([{bulk, B} || B <- Senders] ++ [{probe, Prober},
                                                                   {faults, Meter}],
@@ -481,11 +486,27 @@ round_trips(M, S, Req, N, Acc) ->
 %% before the deadline; answers `{window_done, self(), Samples}'.
 %% Its requests: `{req, Body}' sends `{req, Self, Body}'; `{event, Payload}' sends
 %% `{req, Self, {event, Id, <<"user-42">>, #{k => Id, body => Payload}}}', Id the
-%% client's sequence number.
--spec client(mode(), pid(), {req | event, term()}, pid()) -> ok.
+%% client's sequence number; `{paced, GapMs, What}' waits GapMs after each
+%% answer before its next request (not counted in the latency).
+-spec client(mode(), pid(), {req | event, term()} | {paced, pos_integer(), {req | event, term()}},
+             pid()) -> ok.
+client(M, Server, {paced, GapMs, What}, Driver) ->
+    Exchange = exchange(M, Server, What),
+    receive
+        {go, Warm, Deadline} ->
+            window_loop(Exchange, fun(T0, T1) -> T1 - T0 end, Driver, Warm, Deadline, 1, [],
+                        GapMs)
+    end;
 client(M, Server, What, Driver) ->
+    Exchange = exchange(M, Server, What),
+    receive
+        {go, Warm, Deadline} ->
+            window_loop(Exchange, fun(T0, T1) -> T1 - T0 end, Driver, Warm, Deadline, 1, [])
+    end.
+
+exchange(M, Server, What) ->
     Self = self(),
-    Exchange = case What of
+    case What of
                    {req, Body} ->
                        Req = {req, Self, Body},
                        fun(_Id) -> snd(M, Server, Req), receive resp -> ok end end;
@@ -495,17 +516,17 @@ client(M, Server, What, Driver) ->
                                                            #{k => Id, body => Payload}}}),
                                receive resp -> ok end
                        end
-               end,
-    receive
-        {go, Warm, Deadline} ->
-            window_loop(Exchange, fun(T0, T1) -> T1 - T0 end, Driver, Warm, Deadline, 1, [])
-    end.
+               end.
 
 %% Exchange(Id) (one request and its answer; Id counts from 1) again and again
 %% until the deadline; keeps Sample(T0, T1) of the exchanges that started after the
 %% warm-up and ended before the deadline, then answers `{window_done, self(),
 %% Samples}'.
 window_loop(Exchange, Sample, Driver, Warm, Deadline, Id, Acc) ->
+    window_loop(Exchange, Sample, Driver, Warm, Deadline, Id, Acc, 0).
+
+%% The same with a pause of GapMs after each exchange.
+window_loop(Exchange, Sample, Driver, Warm, Deadline, Id, Acc, GapMs) ->
     T0 = erlang:monotonic_time(),
     case T0 >= Deadline of
         true ->
@@ -518,8 +539,12 @@ window_loop(Exchange, Sample, Driver, Warm, Deadline, Id, Acc) ->
                        true -> [Sample(T0, T1) | Acc];
                        false -> Acc
                    end,
-            window_loop(Exchange, Sample, Driver, Warm, Deadline, Id + 1, Acc1)
+            pause(GapMs),
+            window_loop(Exchange, Sample, Driver, Warm, Deadline, Id + 1, Acc1, GapMs)
     end.
+
+pause(0) -> ok;
+pause(Ms) -> timer:sleep(Ms).
 
 %% Start `Workers' together; they report `{window_done, Pid, Samples}' after the
 %% deadline. Returns the measured window in seconds and all samples.

@@ -112,9 +112,9 @@ params(bulk, normal) -> #{senders => [1, 16], size => 10000000,
                           duration_ms => 1500, warmup_ms => 300};
 params(bulk, tiny) -> #{senders => [1, 4], size => 200000,
                         duration_ms => 100, warmup_ms => 20};
-params(hol, normal) -> #{bulk_senders => 4, size => 10000000,
+params(hol, normal) -> #{bulk_senders => 4, size => 10000000, probe_ms => 10,
                          duration_ms => 2000, warmup_ms => 300};
-params(hol, tiny) -> #{bulk_senders => 2, size => 200000,
+params(hol, tiny) -> #{bulk_senders => 2, size => 200000, probe_ms => 2,
                        duration_ms => 150, warmup_ms => 20};
 params(fanout, normal) -> #{receivers => 10000, rounds => 20, senders => [1, 100]};
 params(fanout, tiny) -> #{receivers => 200, rounds => 3, senders => [1, 10]};
@@ -223,17 +223,21 @@ describe(bulk, P = #{senders := Senders, size := Size}) ->
                  || K <- Senders],
       figures => [{mb_s, <<"MB/s">>, mbs}],
       ratio => [mb_s], primary => {mb_s, higher}, convoy => measured};
-describe(hol, P = #{bulk_senders := K, size := Size}) ->
+describe(hol, P = #{bulk_senders := K, size := Size, probe_ms := Gap}) ->
     #{title => fmt("small round trips while ~b senders push ~s binaries to the same node; "
                    "\"bulk\": the bulk goes as the variant sends (convoy carries it), "
                    "\"bulk by !\": the bulk goes by plain ! from other code (what convoy "
-                   "cannot pace) while the round trips use the variant",
-                   [K, size_label(Size)]),
+                   "cannot pace) while the round trips use the variant; round trips back "
+                   "to back (the faster they are, the more of them share the CPU with the "
+                   "bulk), or ~b ms apart (\"paced\": about the same few in every variant)",
+                   [K, size_label(Size), Gap]),
       placement => cross, sinks => 1,
-      points => [point(fmt("~b bulk", [K]), P#{bulk_by => variant}),
-                 point(fmt("~b bulk by !", [K]), P#{bulk_by => plain})],
+      points => [point(fmt("~b bulk", [K]), P#{bulk_by => variant, probe_ms => 0}),
+                 point(fmt("~b bulk, paced", [K]), P#{bulk_by => variant}),
+                 point(fmt("~b bulk by !", [K]), P#{bulk_by => plain, probe_ms => 0})],
       figures => [{p50_us, <<"p50">>, us}, {p99_us, <<"p99">>, us},
-                  {max_us, <<"max">>, us}, {bulk_mb_s, <<"bulk MB/s">>, mbs},
+                  {max_us, <<"max">>, us}, {rt_s, <<"rt/s">>, rate},
+                  {bulk_mb_s, <<"bulk MB/s">>, mbs},
                   {sink_faults_mb, <<"B faults/MB">>, number}],
       %% the receiving node's minor page faults per MB of bulk (Linux's /proc)
       optional => [sink_faults_mb],

@@ -104,8 +104,8 @@
 %% stored, no acknowledgement asked for this one (the start's `ack_every': the
 %% start and every piece whose Seq rem ack_every is ack_every - 1 are
 %% acknowledged), or a start whose acknowledgement waits for its turn
-%% (`take_granted/1' names it when it comes); `{complete, Kind, To, Parts, Mon}': the message is whole
-%% (`assemble/2' it); `refused': the start does not fit the bound (nothing kept);
+%% (`take_granted/1' names it when it comes); `{complete, Kind, To, Parts,
+%% Mon}': the message is whole (`assemble/2' it); `refused': the start does not fit the bound (nothing kept);
 %% `{error, bad_piece}': rejected, nothing kept. `start/4' also returns the
 %% monitors of partials it discarded (the sender's previous message).
 -type result() :: {ack, non_neg_integer()}
@@ -361,10 +361,10 @@ waiting(#rx{queued = Queued}) -> map_size(Queued) > 0.
 
 %% @doc A tick, per node with waiting starts: the streaming message gives up
 %% its turn if it took no piece since the last tick (one tick after its turn
-%% came at the earliest: its sender needs the acknowledgement first, and the tick
-%% may come right after the grant); every waiting start has
-%% waited one tick more, and those that waited `Patience' ticks are granted;
-%% then a free turn goes to the oldest start still waiting.
+%% came at the earliest: its sender needs the acknowledgement first, and the
+%% tick may come right after the grant); every waiting start has waited one
+%% tick more, and those that waited `Patience' ticks are granted; then a free
+%% turn goes to the oldest start still waiting.
 -spec tick(pos_integer(), rx()) -> rx().
 tick(Patience, Rx) ->
     lists:foldl(fun(Node, Acc) -> tick(Node, Patience, Acc) end, Rx,
