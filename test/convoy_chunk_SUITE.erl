@@ -195,19 +195,30 @@ forged_pieces(_Config) ->
 %% never pass the bound. The holder's death frees its reservation.
 reassembly_bound(_Config) ->
     ok = convoy:set_config(#{max_reassembly_bytes => 3000000}),
+    {Peer, A, Rec, Inbox, Before, Holder} = silent_holder(),
+    ok = peer:call(Peer, ?MODULE, run_senders, [[[{Rec, {make, tagged, one, 1000000}}]]], 60000),
+    ?assertEqual([make({make, tagged, one, 1000000})], await_count(Rec, 1)),
+    ?assertEqual(2500000, convoy_chunk_rx:held(Inbox, A)),
+    ?assertEqual(1, maps:get(reassembly_full, rejected()) - maps:get(reassembly_full, Before)),
+    ?assertMatch(#{chunked := 0, stalled := 0}, peer_node_info(Peer)),
+    holder_killed(Peer, A, Inbox, Before, Holder).
+
+%% A peer with convoy set to ?SENDER, a collector here and, from a process on
+%% the peer, a message of 2.5 MB started to it and never sent further.
+silent_holder() ->
     {Peer, A} = convoy_peer(?SENDER),
     Rec = spawn_link(?MODULE, collector, []),
     Inbox = whereis(?INBOX),
     Before = rejected(),
     Holder = peer:call(Peer, ?MODULE, hold, [{?INBOX, node()}, Rec, 2500000]),
     await(fun() -> convoy_chunk_rx:held(Inbox, A) end, fun(H) -> H =:= 2500000 end, 20000),
-    ok = peer:call(Peer, ?MODULE, run_senders, [[[{Rec, {make, tagged, one, 1000000}}]]], 60000),
-    ?assertEqual([make({make, tagged, one, 1000000})], await_count(Rec, 1)),
-    ?assertEqual(2500000, convoy_chunk_rx:held(Inbox, A)),
-    ?assertEqual(1, maps:get(reassembly_full, rejected()) - maps:get(reassembly_full, Before)),
-    ?assertMatch(#{chunked := 0, stalled := 0}, peer_node_info(Peer)),
+    {Peer, A, Rec, Inbox, Before, Holder}.
+
+%% The holder's death discards its message (counted) and frees its reservation.
+holder_killed(Peer, A, Inbox, Before, Holder) ->
     true = peer:call(Peer, erlang, exit, [Holder, kill]),
     await(fun() -> convoy_chunk_rx:held(Inbox, A) end, fun(H) -> H =:= 0 end, 20000),
+    ?assertEqual(0, convoy_chunk_rx:partials(Inbox)),
     ?assertEqual(1, maps:get(partial_discarded, rejected()) - maps:get(partial_discarded, Before)).
 
 %% A node's messages in pieces take turns: a message in progress whose sender
@@ -218,12 +229,7 @@ reassembly_bound(_Config) ->
 %% arrives, counted chunked and never stalled, and the silent one stays held
 %% until its sender dies.
 turn_passes_from_silent_sender(_Config) ->
-    {Peer, A} = convoy_peer(?SENDER),
-    Rec = spawn_link(?MODULE, collector, []),
-    Inbox = whereis(?INBOX),
-    Before = rejected(),
-    Holder = peer:call(Peer, ?MODULE, hold, [{?INBOX, node()}, Rec, 2500000]),
-    await(fun() -> convoy_chunk_rx:held(Inbox, A) end, fun(H) -> H =:= 2500000 end, 20000),
+    {Peer, A, Rec, Inbox, Before, Holder} = silent_holder(),
     {Us, ok} = timer:tc(peer, call, [Peer, ?MODULE, run_senders,
                                      [[[{Rec, {make, tagged, one, 1000000}}]]], 60000]),
     ?assertEqual([make({make, tagged, one, 1000000})], await_count(Rec, 1)),
@@ -231,10 +237,8 @@ turn_passes_from_silent_sender(_Config) ->
     ?assertMatch(#{chunked := 1, stalled := 0}, peer_node_info(Peer)),
     ?assertEqual(2500000, convoy_chunk_rx:held(Inbox, A)),
     ?assertEqual(1, convoy_chunk_rx:partials(Inbox)),
-    true = peer:call(Peer, erlang, exit, [Holder, kill]),
-    await(fun() -> convoy_chunk_rx:partials(Inbox) end, fun(P) -> P =:= 0 end, 20000),
-    ?assertEqual(1, maps:get(partial_discarded, rejected()) - maps:get(partial_discarded, Before)),
-    ?assertEqual(0, maps:get(bad_piece, rejected()) - maps:get(bad_piece, Before)).
+    ?assertEqual(0, maps:get(bad_piece, rejected()) - maps:get(bad_piece, Before)),
+    holder_killed(Peer, A, Inbox, Before, Holder).
 
 %% Messages shaped like the turns' tick but not its timer's are counted, and
 %% the inbox goes on.
