@@ -59,7 +59,7 @@
 %% `chunk_window' defaults to 16: a node's messages in pieces take turns at the
 %% receiving inbox, so one sender's window is all that node has in flight there,
 %% and 16 moved more bulk than 8 beside small round trips that stayed well under
-%% `!`'s (README "Choosing the defaults").
+%% those beside plain sends (README "Choosing the defaults").
 -spec settings() -> [{atom(), term(), accepts()}].
 settings() ->
     [{lanes, 1, [{integer, 1, 1024}]},
