@@ -164,10 +164,7 @@ measure(hol, #{bulk_senders := K, size := Size, bulk_by := By} = P, Ctx = #{mode
               end,
     {Sinks, Senders} = bulk_pairs(K, Size, BulkCtx),
     [S] = erpc:call(sink(Ctx), ?MODULE, spawn_servers, [M, 1]),
-    Probe = case maps:get(probe_ms, P, 0) of
-                0 -> {req, ping};
-                Gap -> {paced, Gap, {req, ping}}
-            end,
+    Probe = {paced, maps:get(probe_ms, P, 0), {req, ping}},
     Prober = spawn_link(?MODULE, client, [M, S, Probe, self()]),
     Meter = spawn_link(?MODULE, fault_meter, [sink(Ctx), self()]),
     {Dur, Results} = window_tagged([{bulk, B} || B <- Senders] ++ [{probe, Prober},
@@ -488,35 +485,30 @@ round_trips(M, S, Req, N, Acc) ->
 %% `{req, Self, {event, Id, <<"user-42">>, #{k => Id, body => Payload}}}', Id the
 %% client's sequence number; `{paced, GapMs, What}' waits GapMs after each
 %% answer before its next request (not counted in the latency).
--spec client(mode(), pid(), {req | event, term()} | {paced, pos_integer(), {req | event, term()}},
+-spec client(mode(), pid(),
+             {req | event, term()} | {paced, non_neg_integer(), {req | event, term()}},
              pid()) -> ok.
-client(M, Server, {paced, GapMs, What}, Driver) ->
+client(M, Server, What0, Driver) ->
+    {GapMs, What} = case What0 of
+                        {paced, Gap, W} -> {Gap, W};
+                        _ -> {0, What0}
+                    end,
     Exchange = exchange(M, Server, What),
     receive
         {go, Warm, Deadline} ->
             window_loop(Exchange, fun(T0, T1) -> T1 - T0 end, Driver, Warm, Deadline, 1, [],
                         GapMs)
-    end;
-client(M, Server, What, Driver) ->
-    Exchange = exchange(M, Server, What),
-    receive
-        {go, Warm, Deadline} ->
-            window_loop(Exchange, fun(T0, T1) -> T1 - T0 end, Driver, Warm, Deadline, 1, [])
     end.
 
-exchange(M, Server, What) ->
+exchange(M, Server, {req, Body}) ->
+    Req = {req, self(), Body},
+    fun(_Id) -> snd(M, Server, Req), receive resp -> ok end end;
+exchange(M, Server, {event, Payload}) ->
     Self = self(),
-    case What of
-                   {req, Body} ->
-                       Req = {req, Self, Body},
-                       fun(_Id) -> snd(M, Server, Req), receive resp -> ok end end;
-                   {event, Payload} ->
-                       fun(Id) ->
-                               snd(M, Server, {req, Self, {event, Id, <<"user-42">>,
-                                                           #{k => Id, body => Payload}}}),
-                               receive resp -> ok end
-                       end
-               end.
+    fun(Id) ->
+            snd(M, Server, {req, Self, {event, Id, <<"user-42">>, #{k => Id, body => Payload}}}),
+            receive resp -> ok end
+    end.
 
 %% Exchange(Id) (one request and its answer; Id counts from 1) again and again
 %% until the deadline; keeps Sample(T0, T1) of the exchanges that started after the
