@@ -172,7 +172,9 @@ usage() ->
      "                      plain with the same tolerances (and get the same second\n"
      "                      look), printed as \"plain_again vs plain: N of M cells within\n"
      "                      tolerance\": how many of convoy's cells the run's noise alone\n"
-     "                      would put outside. The exit status stays convoy's.\n"
+     "                      would put outside; each failing convoy cell shows `!`\n"
+     "                      against itself there (column \"! again\"). The exit status\n"
+     "                      stays convoy's.\n"
      "  --quiet             no progress on stderr and no table on stdout\n"
      "  --help              this text\n"].
 
@@ -444,10 +446,9 @@ finish(Opts, Facts, Body = #{variants := Variants}, T0) ->
 %% with plain_again in the run, its cells too, as the run's noise (`noise').
 with_check(#{check := true}, Variants, Result = #{scenarios := Scenarios}) ->
     Convoy = [N || #{name := N, kind := convoy} <- Variants],
-    Check = convoy_bench_check:check(Scenarios, Convoy),
     Result#{check => case [N || #{name := N, kind := plain_again} <- Variants] of
-                         [] -> Check;
-                         Again -> Check#{noise => convoy_bench_check:check(Scenarios, Again)}
+                         [] -> convoy_bench_check:check(Scenarios, Convoy);
+                         Again -> convoy_bench_check:check(Scenarios, Convoy, Again)
                      end};
 with_check(#{check := false}, _Variants, Result) ->
     Result.

@@ -18,7 +18,7 @@
 %% the reason. The edges are inside: 0.95x throughput passes, 0.9499x does not.
 -module(convoy_bench_check).
 
--export([check/2, tolerances/0, text/1]).
+-export([check/2, check/3, tolerances/0, text/1]).
 
 -define(MIN_THROUGHPUT, 0.95).
 -define(MAX_P50, 1.10).
@@ -28,7 +28,9 @@
 -type cell() :: #{scenario := atom(), point := binary(), variant := binary(),
                   figure := binary(), key := atom(), ratio := float() | null,
                   limit := binary(), within := boolean(), why := binary()}.
-%% `noise': the same check of `plain_again' (`--noise'), when it is in the run.
+%% `noise': the same check of `plain_again' (`--noise'), when it is in the run;
+%% then each failing convoy cell also carries `noise', the ratio of `plain_again'
+%% at the same point and figure (null when it has none).
 -type result() :: #{baseline := binary(), tolerances := map(),
                     cells := non_neg_integer(), within := non_neg_integer(),
                     failures := [cell()], noise => result()}.
@@ -44,7 +46,26 @@ tolerances() ->
 %% The same check of `plain_again' (`!' against itself) measures the run's noise.
 -spec check([map()], [binary()]) -> result().
 check(Scenarios, Convoy) ->
-    Cells = lists:append([scenario_cells(S, Convoy) || S <- Scenarios]),
+    summary(cells(Scenarios, Convoy)).
+
+%% @doc `check/2' of `Convoy', with the run's noise: the same check of `Again'
+%% (`plain_again', `!' against itself) as `noise', and beside each failing convoy
+%% cell the ratio `!' measured against itself there, so a reader sees whether the
+%% cell is outside by more than the run's own spread at that very cell.
+-spec check([map()], [binary()], [binary()]) -> result().
+check(Scenarios, Convoy, Again) ->
+    Noise = cells(Scenarios, Again),
+    At = maps:from_list([{{S, P, K}, R} || #{scenario := S, point := P, key := K, ratio := R}
+                                            <- Noise]),
+    Result = #{failures := Failures} = check(Scenarios, Convoy),
+    Result#{failures := [C#{noise => maps:get({S, P, K}, At, null)}
+                         || C = #{scenario := S, point := P, key := K} <- Failures],
+            noise => summary(Noise)}.
+
+cells(Scenarios, Variants) ->
+    lists:append([scenario_cells(S, Variants) || S <- Scenarios]).
+
+summary(Cells) ->
     #{baseline => <<"plain">>, tolerances => tolerances(),
       cells => length(Cells),
       within => length([C || C = #{within := true} <- Cells]),
@@ -119,8 +140,9 @@ limit_text({at_least, Min}) -> iolist_to_binary(io_lib:format(">= ~.2f", [Min]))
 limit_text({at_most, Max}) -> iolist_to_binary(io_lib:format("<= ~.2f", [Max])).
 
 %% @doc What is printed under the tables: the tolerances, the count line, then one
-%% line per failing cell (scenario, point, variant, figure, ratio, limit, why); the
-%% same for `plain_again' when the run has it.
+%% line per failing cell (scenario, point, variant, figure, ratio, limit, with the
+%% run's noise `!' against itself at that cell, why); the same for `plain_again'
+%% when the run has it.
 -spec text(result()) -> iodata().
 text(Result = #{cells := M, within := N, failures := Failures}) ->
     #{throughput_min := T, p50_max := P50, p99_max := P99} = tolerances(),
@@ -144,11 +166,14 @@ text(Result = #{cells := M, within := N, failures := Failures}) ->
 failure_rows([]) ->
     [];
 failure_rows(Failures) ->
+    %% With the run's noise, each row also shows `!' against itself at that cell.
+    Noise = [maps:get(noise, C) || C <- Failures, is_map_key(noise, C)] =/= [],
     Header = [<<"scenario">>, <<"point">>, <<"variant">>, <<"figure">>, <<"ratio">>,
-              <<"limit">>, <<"why">>],
-    Rows = [[atom_to_binary(S), P, V, F, ratio_text(R), L, W]
-            || #{scenario := S, point := P, variant := V, figure := F, ratio := R,
-                 limit := L, why := W} <- Failures],
+              <<"limit">>] ++ [<<"! again">> || Noise] ++ [<<"why">>],
+    Rows = [[atom_to_binary(S), P, V, F, ratio_text(R), L]
+            ++ [ratio_text(maps:get(noise, C, null)) || Noise] ++ [W]
+            || C = #{scenario := S, point := P, variant := V, figure := F, ratio := R,
+                     limit := L, why := W} <- Failures],
     rows([Header | Rows]).
 
 ratio_text(null) -> <<"-">>;

@@ -126,3 +126,24 @@ noise_text_test() ->
     ?assertNotEqual(nomatch, string:find(After, "0.90")),
     ?assertEqual(nomatch, string:find(iolist_to_binary(convoy_bench_check:text(Convoy)),
                                       "plain_again")).
+
+%% check/3: each failing convoy cell carries `!''s ratio against itself at the
+%% same point and figure (in range or not), printed in its row.
+noise_beside_failures_test() ->
+    Rows = [base_row(), row(<<"convoy">>, (ok_ratios())#{rt_s => 0.93, p99_us => 1.4}),
+            row(<<"plain_again">>, (ok_ratios())#{rt_s => 0.941, p99_us => 1.0})],
+    R = convoy_bench_check:check([scenario(Rows)], [<<"convoy">>], [<<"plain_again">>]),
+    ?assertEqual([{p99_us, 1.0}, {rt_s, 0.941}],
+                 lists:sort([{K, N} || #{key := K, noise := N} <- maps:get(failures, R)])),
+    ?assertMatch(#{noise := #{cells := 3, within := 2}}, R),
+    [_, Rows1] = string:split(iolist_to_binary(convoy_bench_check:text(R)),
+                              "cells within tolerance\n"),
+    [Convoy | _] = string:split(Rows1, "plain_again vs plain"),
+    [Header, Rt, P99] = string:lexemes(Convoy, "\n"),
+    ?assertNotEqual(nomatch, string:find(Header, "! again")),
+    ?assertNotEqual(nomatch, string:find(Rt, "0.930  >= 0.95  0.941")),
+    ?assertNotEqual(nomatch, string:find(P99, "1.400  <= 1.25  1.000")),
+    %% No plain_again row at that point: no ratio to show.
+    R2 = convoy_bench_check:check([scenario(lists:droplast(Rows))], [<<"convoy">>],
+                                  [<<"plain_again">>]),
+    ?assertEqual([null, null], [N || #{noise := N} <- maps:get(failures, R2)]).
