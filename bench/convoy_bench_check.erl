@@ -27,7 +27,8 @@
 -type rule() :: {at_least | at_most, float()}.
 -type cell() :: #{scenario := atom(), point := binary(), variant := binary(),
                   figure := binary(), key := atom(), ratio := float() | null,
-                  limit := binary(), within := boolean(), why := binary()}.
+                  limit := binary(), within := boolean(), why := binary(),
+                  noise => float() | null}.
 %% `noise': the same check of `plain_again' (`--noise'), when it is in the run;
 %% then each failing convoy cell also carries `noise', the ratio of `plain_again'
 %% at the same point and figure (null when it has none).
@@ -167,7 +168,7 @@ failure_rows([]) ->
     [];
 failure_rows(Failures) ->
     %% With the run's noise, each row also shows `!' against itself at that cell.
-    Noise = [maps:get(noise, C) || C <- Failures, is_map_key(noise, C)] =/= [],
+    Noise = lists:any(fun(C) -> is_map_key(noise, C) end, Failures),
     Header = [<<"scenario">>, <<"point">>, <<"variant">>, <<"figure">>, <<"ratio">>,
               <<"limit">>] ++ [<<"! again">> || Noise] ++ [<<"why">>],
     Rows = [[atom_to_binary(S), P, V, F, ratio_text(R), L]
