@@ -24,8 +24,9 @@
 %%
 %% Last, the send call where the hot-path's cost shows (`[exchange]'): one, then
 %% four request/response pairs between A and B, both sides sending by
-%% `convoy:send/2', then by `!', phases of `exchange_ms' alternated `repeat'
-%% times; each client times its own send calls (wall time, the median phase). In
+%% `convoy:send/2', then by `!' behind one call to another module's function
+%% (what calling any library's send costs), then by `!', phases of `exchange_ms'
+%% alternated `repeat' times; each client times its own send calls (wall time, the median phase). In
 %% a loop the steps above stay in the CPU's caches; between the messages of an
 %% exchange they do not, and the call costs several times what its steps add up
 %% to (most with one pair, whose node idles between its messages).
@@ -69,7 +70,7 @@ run(Opts) ->
 text(Rows) ->
     Ordered = [S || #{step := S, shape := atom} <- Rows],
     ["cost of one convoy:send/2 on the batched path, ns per message; [cpu]: median of "
-     "repeats, CPU time of node A; [exchange]: the call inside 4 request/response "
+     "repeats, CPU time of node A; [exchange]: the call inside 1 or 4 request/response "
      "pairs, median of alternated phases, wall time; others: fastest of repeats, wall "
      "time\n",
      io_lib:format("  ~-58s ~9s ~9s~n", ["step", "atom", "event"]),
@@ -92,17 +93,21 @@ measure(Sink, Params) ->
     lists:append([shape_rows(Shape, Sink, Params) ++ exchange_rows(Shape, node(Sink), Params)
                   || Shape <- [atom, event]]).
 
-%% The send call's cost inside an exchange: the two modes alternated phase by
+%% The send call's cost inside an exchange: the modes alternated phase by
 %% phase (the machine's load drifts), each phase on fresh pairs. One pair waits
 %% for each answer with nothing else to run: the call starts from cold caches.
+%% `call' (`local_call''s send) tells what the call into any library's send
+%% function costs there, before the library's own work.
+-define(EXCHANGE_MODES, [convoy, call, plain]).
+
 exchange_rows(Shape, B, #{repeat := R, exchange_ms := Ms}) ->
     lists:append(
       [begin
            Phases = [{Mode, exchange_phase(Mode, message(Shape), B, Ms, Pairs)}
-                     || _ <- lists:seq(1, R), Mode <- [convoy, plain]],
+                     || _ <- lists:seq(1, R), Mode <- ?EXCHANGE_MODES],
            [#{step => exchange_step(Pairs, Mode), shape => Shape,
               ns => median([Ns || {M, Ns} <- Phases, M =:= Mode])}
-            || Mode <- [convoy, plain]]
+            || Mode <- ?EXCHANGE_MODES]
        end || Pairs <- [1, 4]]).
 
 exchange_step(Pairs, Mode) ->
@@ -110,6 +115,7 @@ exchange_step(Pairs, Mode) ->
                                    [Pairs, [$s || Pairs > 1],
                                     case Mode of
                                         convoy -> "convoy:send/2";
+                                        call -> "! behind one call";
                                         plain -> "! (plain)"
                                     end])).
 
@@ -154,6 +160,7 @@ refs_of(Node) ->
     end.
 
 exchange_send(convoy, To, Msg) -> convoy:send(To, Msg);
+exchange_send(call, To, Msg) -> convoy_bench_call:send(To, Msg);
 exchange_send(plain, To, Msg) -> To ! Msg.
 
 shape_rows(Shape, Sink, P) ->

@@ -152,7 +152,8 @@ tune_tiny(Config) ->
     ok.
 
 %% `cost': every step for both shapes, a figure each, the exchange's rows (the
-%% send call in 1 and in 4 request/response pairs, by convoy and by `!') among
+%% send call in 1 and in 4 request/response pairs, by convoy, by `!' behind one
+%% call and by `!') among
 %% them, and the table names every step.
 cost_tiny(_Config) ->
     {ok, #{cost := Rows, text := Text}} = convoy_bench:main(["cost", "--tiny"]),
@@ -161,8 +162,10 @@ cost_tiny(_Config) ->
     [?assert(is_float(Ns) andalso Ns >= 0) || #{ns := Ns} <- Rows],
     Exchange = [S || S = <<"[exchange]", _/binary>> <- Steps],
     ?assertEqual([<<"[exchange] send call, 1 pair: ! (plain)">>,
+                  <<"[exchange] send call, 1 pair: ! behind one call">>,
                   <<"[exchange] send call, 1 pair: convoy:send/2">>,
                   <<"[exchange] send call, 4 pairs: ! (plain)">>,
+                  <<"[exchange] send call, 4 pairs: ! behind one call">>,
                   <<"[exchange] send call, 4 pairs: convoy:send/2">>], Exchange),
     %% a phase measured calls: none is measured as zero
     [?assert(Ns > 0) || #{step := <<"[exchange]", _/binary>>, ns := Ns} <- Rows],
