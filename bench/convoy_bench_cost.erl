@@ -25,11 +25,12 @@
 %% Last, the send call where the hot-path's cost shows (`[exchange]'): one, then
 %% four request/response pairs between A and B, both sides sending by
 %% `convoy:send/2', then by `!' behind one call to another module's function
-%% (what calling any library's send costs), then by `!', phases of `exchange_ms'
-%% alternated `repeat' times; each client times its own send calls (wall time, the median phase). In
-%% a loop the steps above stay in the CPU's caches; between the messages of an
-%% exchange they do not, and the call costs several times what its steps add up
-%% to (most with one pair, whose node idles between its messages).
+%% (what calling any library's send costs), then by `!', phases of
+%% `exchange_ms' alternated `repeat' times; each client times its own send calls
+%% (wall time, the median phase). In a loop the steps above stay in the CPU's
+%% caches; between the messages of an exchange they do not, and the call costs
+%% several times what its steps add up to (most with one pair, whose node idles
+%% between its messages).
 -module(convoy_bench_cost).
 
 -export([run/1, text/1]).
@@ -70,9 +71,9 @@ run(Opts) ->
 text(Rows) ->
     Ordered = [S || #{step := S, shape := atom} <- Rows],
     ["cost of one convoy:send/2 on the batched path, ns per message; [cpu]: median of "
-     "repeats, CPU time of node A; [exchange]: the call inside 1 or 4 request/response "
-     "pairs, median of alternated phases, wall time; others: fastest of repeats, wall "
-     "time\n",
+     "repeats, CPU time of node A; [exchange]: the call inside 1 or 4 "
+     "request/response pairs, median of alternated phases, wall time; others: "
+     "fastest of repeats, wall time\n",
      io_lib:format("  ~-58s ~9s ~9s~n", ["step", "atom", "event"]),
      [io_lib:format("  ~-58s ~9.1f ~9.1f~n", [S, ns(Rows, S, atom), ns(Rows, S, event)])
       || S <- Ordered]].
