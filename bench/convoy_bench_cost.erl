@@ -148,7 +148,7 @@ exchange_client(Mode, Server, Msg, Deadline, Ns, Calls) ->
     end.
 
 %% @doc Answers each request with the atom `resp' (on node B), sent as `Mode' says.
--spec exchange_server(convoy | plain) -> no_return().
+-spec exchange_server(convoy | call | plain) -> no_return().
 exchange_server(Mode) ->
     receive {req, From, _Msg} -> exchange_send(Mode, From, resp) end,
     exchange_server(Mode).
