@@ -209,7 +209,7 @@ parse(["--quick" | R], O) -> parse(R, O#{size => tiny});
 parse(["--tiny" | R], O) -> parse(R, O#{size => tiny});
 parse(["--repeat", N | R], O) -> parse(R, O#{repeat => pos_int("--repeat", N)});
 parse(["--convoy", S | R], O = #{convoy := C}) -> parse(R, O#{convoy => C ++ [settings(S)]});
-parse(["--variants", S | R], O) -> parse(R, O#{only => [list_to_binary(V) || V <- csv(S)]});
+parse(["--variants", S | R], O) -> parse(R, O#{only => variant_names(S)});
 parse(["--param", S | R], O = #{params := P}) -> parse(R, O#{params => maps:merge(P, param(S))});
 parse(["--nodes", S | R], O) -> parse(R, O#{nodes => node_list(S)});
 parse(["--cookie", C | R], O) -> parse(R, O#{cookie => list_to_atom(C)});
@@ -246,6 +246,26 @@ check(O = #{only := Only}) when Only =/= all ->
 check(O) -> O.
 
 csv(S) -> string:lexemes(S, ",").
+
+%% `--variants' names, split at the commas outside brackets: a variant with
+%% several settings is named as printed, e.g. "plain,convoy[lanes=2,max_batch=500]".
+variant_names(S) ->
+    variant_names(S, 0, [], []).
+
+variant_names([], _Depth, Name, Names) ->
+    lists:reverse(add_name(Name, Names));
+variant_names([$, | R], 0, Name, Names) ->
+    variant_names(R, 0, [], add_name(Name, Names));
+variant_names([C | R], Depth, Name, Names) ->
+    Deeper = case C of
+                 $[ -> Depth + 1;
+                 $] -> max(Depth - 1, 0);
+                 _ -> Depth
+             end,
+    variant_names(R, Deeper, [C | Name], Names).
+
+add_name([], Names) -> Names;
+add_name(Name, Names) -> [list_to_binary(lists:reverse(Name)) | Names].
 
 scenarios("all") -> convoy_bench_scenarios:names();
 scenarios(S) -> [scenario(N) || N <- csv(S)].

@@ -44,11 +44,19 @@
 -define(SETTLED_US, 1000).
 %% A busy lane is worth its two extra hops (the lane's and the peer inbox's) only if
 %% it ships batches of at least this many messages on average (in sixteenths: one
-%% and a half). Among enough senders (`BATCH_SENDERS') that is low enough not to
-%% leave batching at every window of small batches: 16 to 1024 request/response
-%% pairs measured 1.18x-2.21x plain with it against 1.01x-1.63x with two
-%% (`bin/convoy-bench --scenario pairs', two runs of each, alternated).
--define(PAYS_X16, 24).
+%% and an eighth). Among enough senders (`BATCH_SENDERS') that is low enough not
+%% to leave batching at every window of small batches, which is self-fulfilling:
+%% each sender that leaves makes the lane's batches smaller. With two lanes, 64
+%% request/response pairs shipped batches of 1.2-2.8 messages under a threshold
+%% of one and a half and sent 10-49% of their messages directly, at 0.75x-0.83x
+%% the round trips of plain `!'; with this one, 1.30x-1.39x (batching forced:
+%% 1.40x-1.83x): `bin/convoy-bench --scenario pairs --convoy lanes=2', runs
+%% alternated. One lane's 64 pairs moved within the runs' spread (1.99x-2.19x and
+%% 1.63x-1.97x, req and event, both thresholds). Two (before one and a half)
+%% measured 16 to 1024 pairs at 1.01x-1.63x plain against 1.18x-2.21x. Batches of
+%% about one message (senders that meet on the lane only by chance) still send
+%% them direct.
+-define(PAYS_X16, 18).
 %% A lane whose batches did not pay is tried again after this long (so a flood
 %% that starts while senders go direct is batched again within this time).
 -define(PROBE_US, 10000).

@@ -56,6 +56,10 @@ arguments(_Config) ->
     ?assertEqual([<<"plain">>, <<"plain_again">>, <<"convoy">>],
                  Names(["--variants", "plain,convoy", "--noise"])),
     ?assertEqual([<<"plain">>, <<"plain_again">>], Names(["--variants", "plain_again,plain"])),
+    %% a variant with several settings is named as printed, its commas included
+    ?assertEqual([<<"plain">>, <<"convoy[lanes=2,max_batch=500]">>],
+                 Names(["--convoy", "lanes=2,max_batch=500",
+                        "--variants", "plain,convoy[lanes=2,max_batch=500]"])),
     ?assertEqual(0, convoy_bench:exit_status({ok, #{}})),
     ?assertEqual(0, convoy_bench:exit_status({ok, #{check => #{within => 3, cells => 3}}})),
     ?assertEqual(1, convoy_bench:exit_status({ok, #{check => #{within => 2, cells => 3}}})),

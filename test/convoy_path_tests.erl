@@ -69,7 +69,7 @@ bypass_test() ->
 
 %% On a busy lane a sender that streams (its own sends within the window) keeps
 %% the lane; another keeps it, among at least 8 senders taking turns, when its
-%% batches pay (one and a half messages or more per distribution send, in
+%% batches pay (one and an eighth messages or more per distribution send, in
 %% sixteenths) or 10 ms after a judgement that they did not.
 streams_test() ->
     ?assert(convoy_path:streams(20, 20)),
@@ -80,19 +80,19 @@ streams_test() ->
 pays_test() ->
     Many = {256, 8 * 256}, % gaps in 256ths of a microsecond: 8 senders take turns
     Few = {256, 8 * 256 - 1},
-    ?assertEqual(busy, pays_after(24, 0, Many)),
+    ?assertEqual(busy, pays_after(18, 0, Many)),
     ?assertEqual(busy, pays_after(16000, 9999, Many)),
-    ?assertEqual(unpaid, pays_after(23, 0, Many)),
+    ?assertEqual(unpaid, pays_after(17, 0, Many)),
     ?assertEqual(unpaid, pays_after(16, 10000, Many)),
     %% an expired verdict: the lane is tried again ...
     ?assertEqual(busy, pays_after(16, 10001, Many)),
     ?assertEqual(busy, pays_after(0, 1 bsl 40, {0, 0})),
     %% ... but neither then nor when batches pay by fewer senders
     ?assertEqual(unpaid, pays_after(16, 10001, Few)),
-    ?assertEqual(unpaid, pays_after(24, 0, Few)),
+    ?assertEqual(unpaid, pays_after(18, 0, Few)),
     ?assertEqual(unpaid, pays_after(0, 1 bsl 40, {1000 * 16, 7999 * 16})),
-    ?assertEqual(paid, convoy_path:unpaid_until(24, -5)),
-    ?assertEqual(9995, convoy_path:unpaid_until(23, -5)).
+    ?assertEqual(paid, convoy_path:unpaid_until(18, -5)),
+    ?assertEqual(9995, convoy_path:unpaid_until(17, -5)).
 
 %% The lane's verdict after batches of BatchX16, shipped at a negative time (the
 %% clock can be negative), as a sender reads it Since microseconds later, with
