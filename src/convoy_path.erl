@@ -48,7 +48,7 @@
 %% to leave batching at every window of small batches, which is self-fulfilling:
 %% each sender that leaves makes the lane's batches smaller. With two lanes, 64
 %% request/response pairs shipped batches of 1.2-2.8 messages under a threshold
-%% of one and a half and sent 10-49% of their messages directly, at 0.75x-0.83x
+%% of one and a half and sent 10-49% of their messages directly, at 0.75x-1.14x
 %% the round trips of plain `!'; with this one, 1.30x-1.39x (batching forced:
 %% 1.40x-1.83x): `bin/convoy-bench --scenario pairs --convoy lanes=2', runs
 %% alternated. One lane's 64 pairs moved within the runs' spread (1.99x-2.19x and
