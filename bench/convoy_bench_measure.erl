@@ -113,7 +113,11 @@ measure(sizes, #{size := Size, count := N}, Ctx) ->
 measure(pairs, #{pairs := C, payload := Bytes, shape := Shape} = P, Ctx = #{mode := M}) ->
     Servers = erpc:call(sink(Ctx), ?MODULE, spawn_servers, [M, C]),
     Payload = binary:copy(<<"p">>, Bytes),
-    Clients = [spawn_link(?MODULE, client, [M, S, {Shape, Payload}, self()]) || S <- Servers],
+    What = case maps:get(pace_ms, P, 0) of
+               0 -> {Shape, Payload};
+               Pace -> {paced, Pace, {Shape, Payload}}
+           end,
+    Clients = [spawn_link(?MODULE, client, [M, S, What, self()]) || S <- Servers],
     {Dur, Samples} = window(Clients, P, Ctx),
     stop_all(Servers),
     (latency_figures(Samples))#{rt_s => length(Samples) / Dur};

@@ -42,8 +42,10 @@ terminal(Gnuplot) ->
 line_plot(Gnuplot, Term, Dir, #{spec := #{points := Points}, summary := Summary},
           {_, Fig, Base, Title, XLabel, YLabel, XParam}) ->
     Variants = variants(Summary),
+    %% A series per message shape and pace (`pairs' also has paced points).
+    Key = fun(Params) -> {maps:get(shape, Params, none), maps:get(pace_ms, Params, 0)} end,
     Shapes = lists:foldl(fun(#{params := Params}, Acc) ->
-                                 Shape = maps:get(shape, Params, none),
+                                 Shape = Key(Params),
                                  Acc ++ [Shape || not lists:member(Shape, Acc)]
                          end, [], Points),
     Series = [{V, Shape} || Shape <- Shapes, V <- Variants],
@@ -51,7 +53,7 @@ line_plot(Gnuplot, Term, Dir, #{spec := #{points := Points}, summary := Summary}
     At = fun(X, Shape) ->
                  [L || #{label := L, params := Params} <- Points,
                        maps:get(XParam, Params) =:= X,
-                       maps:get(shape, Params, none) =:= Shape]
+                       Key(Params) =:= Shape]
          end,
     Rows = [[integer_to_list(X)
              | [case At(X, Shape) of
@@ -64,9 +66,10 @@ line_plot(Gnuplot, Term, Dir, #{spec := #{points := Points}, summary := Summary}
                                       maps:get(XParam, Params) =:= X],
                   hd(string:split(Label, ", "))
           end,
-    Name = fun({V, none}) -> V;
+    Name = fun({V, {none, 0}}) -> V;
               ({V, _}) when length(Shapes) =:= 1 -> V;
-              ({V, Shape}) -> [V, " ", atom_to_list(Shape)]
+              ({V, {Shape, 0}}) -> [V, " ", atom_to_list(Shape)];
+              ({V, {Shape, Pace}}) -> io_lib:format("~s ~s, ~b ms apart", [V, Shape, Pace])
            end,
     Script = ["set terminal ", Term, "\n",
               "set output '", Base, ".png'\n",

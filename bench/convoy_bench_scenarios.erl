@@ -99,9 +99,10 @@ params(sizes, normal) -> #{sizes => [16, 128, 1024, 8192, 65536, 1048576],
 params(sizes, tiny) -> #{sizes => [16, 1024, 65536, 1048576],
                          budget => 4000000, min_count => 10, max_count => 3000};
 params(pairs, normal) -> #{pairs => [1, 4, 16, 64, 256, 1024], event_pairs => [1, 4, 64, 256],
+                           paced_pairs => [16, 64], pace_ms => 1,
                            payload => 1024, duration_ms => 1000, warmup_ms => 200};
-params(pairs, tiny) -> #{pairs => [1, 8], event_pairs => [8], payload => 1024,
-                         duration_ms => 100, warmup_ms => 20};
+params(pairs, tiny) -> #{pairs => [1, 8], event_pairs => [8], paced_pairs => [8], pace_ms => 1,
+                         payload => 1024, duration_ms => 100, warmup_ms => 20};
 params(latency, normal) -> #{n => 20000, warmup => 2000, burst => 10000};
 params(latency, tiny) -> #{n => 300, warmup => 30, burst => 300};
 params(cast, normal) -> #{senders => 64, per_sender => 5000};
@@ -170,17 +171,23 @@ describe(sizes, #{sizes := Sizes, budget := Budget, min_count := Min,
                  || S <- Sizes],
       figures => [{msg_s, <<"msg/s">>, rate}, {mb_s, <<"MB/s">>, mbs}],
       ratio => [mb_s], primary => {mb_s, higher}, convoy => measured, ceiling => true};
-describe(pairs, P = #{pairs := Pairs, event_pairs := EventPairs}) ->
-    Base = maps:without([pairs, event_pairs], P),
+describe(pairs, P = #{pairs := Pairs, event_pairs := EventPairs, paced_pairs := PacedPairs,
+                       pace_ms := Pace}) ->
+    Base = maps:without([pairs, event_pairs, paced_pairs, pace_ms], P),
     #{title => fmt("concurrent request/response pairs, ~b B requests, closed loop, ~b ms; "
                    "req: {req, Pid, Payload}, event: {req, Pid, {event, Id, "
-                   "<<\"user-42\">>, #{k => Id, body => Payload}}}",
-                   [maps:get(payload, P), maps:get(duration_ms, P)]),
+                   "<<\"user-42\">>, #{k => Id, body => Payload}}}; \"~b ms apart\": each "
+                   "client waits ~b ms after each answer (many senders at a moderate rate)",
+                   [maps:get(payload, P), maps:get(duration_ms, P), Pace, Pace]),
       placement => cross, sinks => 1,
-      points => [point(fmt("~b pairs, ~s", [C, Shape]), Base#{pairs => C, shape => Shape})
+      points => [point(fmt("~b pairs, ~s", [C, Shape]),
+                       Base#{pairs => C, shape => Shape, pace_ms => 0})
                  || C <- lists:usort(Pairs ++ EventPairs),
                     Shape <- [req || lists:member(C, Pairs)]
-                        ++ [event || lists:member(C, EventPairs)]],
+                        ++ [event || lists:member(C, EventPairs)]]
+          ++ [point(fmt("~b pairs, event, ~b ms apart", [C, Pace]),
+                    Base#{pairs => C, shape => event, pace_ms => Pace})
+              || Pace > 0, C <- PacedPairs],
       figures => [{rt_s, <<"rt/s">>, rate}, {p50_us, <<"p50">>, us},
                   {p99_us, <<"p99">>, us}, {p999_us, <<"p99.9">>, us}],
       ratio => [rt_s, p50_us, p99_us], primary => {rt_s, higher}, convoy => measured};

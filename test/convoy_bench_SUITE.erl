@@ -81,6 +81,15 @@ every_scenario_tiny(Config) ->
      || filelib:is_regular("/proc/self/stat"),
         #{name := hol, runs := Runs} <- Scenarios,
         Run = #{status := ok, figures := Fs = #{bulk_mb_s := MBs}} <- Runs, MBs > 0],
+    %% pairs' paced point: each client waits pace_ms after every answer, so no
+    %% variant does more than pairs * 1000 / pace_ms round trips a second.
+    [?assert(Rate =< Pairs * 1000 / Pace, {V, Rate})
+     || #{name := pairs, spec := #{points := Points}, runs := Runs} <- Scenarios,
+        #{label := L, params := #{pairs := Pairs, pace_ms := Pace}} <- Points, Pace > 0,
+        #{point := L1, variant := V, status := ok, figures := #{rt_s := Rate}} <- Runs,
+        L1 =:= L],
+    ?assert(lists:any(fun(#{params := Ps}) -> maps:get(pace_ms, Ps) > 0 end,
+                      hd([Ps || #{name := pairs, spec := #{points := Ps}} <- Scenarios]))),
     %% `local_call' (`!' behind one call) runs in the same-node scenario only.
     [?assertEqual(N =:= local, lists:member(<<"local_call">>, Vs), N)
      || #{name := N, variants := Vs} <- Scenarios],
