@@ -176,16 +176,18 @@ describe(pairs, P = #{pairs := Pairs, event_pairs := EventPairs, paced_pairs := 
     Base = maps:without([pairs, event_pairs, paced_pairs, pace_ms], P),
     #{title => fmt("concurrent request/response pairs, ~b B requests, closed loop, ~b ms; "
                    "req: {req, Pid, Payload}, event: {req, Pid, {event, Id, "
-                   "<<\"user-42\">>, #{k => Id, body => Payload}}}; \"~b ms apart\": each "
-                   "client waits ~b ms after each answer (many senders at a moderate rate)",
-                   [maps:get(payload, P), maps:get(duration_ms, P), Pace, Pace]),
+                   "<<\"user-42\">>, #{k => Id, body => Payload}}}; \"~s\": each "
+                   "client waits a random 0 to ~b ms (~b ms on average) after each answer "
+                   "(many senders at a moderate rate, their timers out of step)",
+                   [maps:get(payload, P), maps:get(duration_ms, P), apart(Pace), 2 * Pace,
+                    Pace]),
       placement => cross, sinks => 1,
       points => [point(fmt("~b pairs, ~s", [C, Shape]),
                        Base#{pairs => C, shape => Shape, pace_ms => 0})
                  || C <- lists:usort(Pairs ++ EventPairs),
                     Shape <- [req || lists:member(C, Pairs)]
                         ++ [event || lists:member(C, EventPairs)]]
-          ++ [point(fmt("~b pairs, event, ~b ms apart", [C, Pace]),
+          ++ [point(fmt("~b pairs, event, ~s", [C, apart(Pace)]),
                     Base#{pairs => C, shape => event, pace_ms => Pace})
               || Pace > 0, C <- PacedPairs],
       figures => [{rt_s, <<"rt/s">>, rate}, {p50_us, <<"p50">>, us},
@@ -313,3 +315,6 @@ plural(1) -> "";
 plural(_) -> "s".
 
 fmt(F, A) -> iolist_to_binary(io_lib:format(F, A)).
+
+%% How far apart a paced point's requests are (see convoy_bench_measure:client/4).
+apart(MeanMs) -> fmt("0-~b ms apart", [2 * MeanMs]).

@@ -81,9 +81,12 @@ every_scenario_tiny(Config) ->
      || filelib:is_regular("/proc/self/stat"),
         #{name := hol, runs := Runs} <- Scenarios,
         Run = #{status := ok, figures := Fs = #{bulk_mb_s := MBs}} <- Runs, MBs > 0],
-    %% pairs' paced point: each client waits pace_ms after every answer, so no
-    %% variant does more than pairs * 1000 / pace_ms round trips a second.
-    [?assert(Rate =< Pairs * 1000 / Pace, {V, Rate})
+    %% pairs' paced point: each client waits 0 to 2 x pace_ms (pace_ms on
+    %% average, and a timer never fires early) after every answer, so no variant
+    %% does much more than pairs * 1000 / pace_ms round trips a second (half as
+    %% many again allows for the draws of a 100 ms window; without the pace, 8
+    %% pairs do about 100 k).
+    [?assert(Rate =< 1.5 * Pairs * 1000 / Pace, {V, Rate})
      || #{name := pairs, spec := #{points := Points}, runs := Runs} <- Scenarios,
         #{label := L, params := #{pairs := Pairs, pace_ms := Pace}} <- Points, Pace > 0,
         #{point := L1, variant := V, status := ok, figures := #{rt_s := Rate}} <- Runs,
