@@ -15,7 +15,7 @@
 %% map: `#{k => Id, body => Payload}').
 -module(convoy_bench_scenarios).
 
--export([names/0, default_selection/0, spec/3, param_keys/1]).
+-export([names/0, default_selection/0, spec/3, param_keys/1, apart/1]).
 
 -type size() :: tiny | normal.
 -type unit() :: rate | us | ms | ns | mbs | count | bytes | number.
@@ -316,5 +316,7 @@ plural(_) -> "s".
 
 fmt(F, A) -> iolist_to_binary(io_lib:format(F, A)).
 
-%% How far apart a paced point's requests are (see convoy_bench_measure:client/4).
+%% @doc How far apart a paced point's requests are, for its label and plots
+%% (see `convoy_bench_measure:client/4').
+-spec apart(pos_integer()) -> binary().
 apart(MeanMs) -> fmt("0-~b ms apart", [2 * MeanMs]).
