@@ -162,10 +162,14 @@ collect_counts([], Acc) ->
 collect_counts([P | Rest], Acc) ->
     receive
         {sent, P, Counts} ->
-            collect_counts(Rest, maps:merge_with(fun(_, A, B) -> A + B end, Acc, Counts))
+            collect_counts(Rest, add_counts(Acc, Counts))
     after 120000 ->
         ct:fail({sender_stuck, P})
     end.
+
+%% Expected counts per collector, summed.
+add_counts(A, B) ->
+    maps:merge_with(fun(_, X, Y) -> X + Y end, A, B).
 
 node_stats(Node) ->
     maps:get(Node, maps:get(nodes, convoy:info()), #{}).
@@ -286,7 +290,7 @@ peer_starts_convoy_later(Config) ->
     %% after it shows convoy is used from then on, counts and order across both.
     await_route(Node, convoy),
     After = run_senders(3, Cs, 2000, [8, 200]),
-    check_collectors(maps:merge_with(fun(_, A, B) -> A + B end, During, After)),
+    check_collectors(add_counts(During, After)),
     ThisNode = node(),
     #{nodes := #{ThisNode := #{received := Received}}} = peer:call(Peer, convoy, info, []),
     ?assert(Received > 0),
