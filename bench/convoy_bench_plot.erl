@@ -69,7 +69,8 @@ line_plot(Gnuplot, Term, Dir, #{spec := #{points := Points}, summary := Summary}
     Name = fun({V, {none, 0}}) -> V;
               ({V, _}) when length(Shapes) =:= 1 -> V;
               ({V, {Shape, 0}}) -> [V, " ", atom_to_list(Shape)];
-              ({V, {Shape, Pace}}) -> io_lib:format("~s ~s, ~s", [V, Shape, convoy_bench_scenarios:apart(Pace)])
+              ({V, {Shape, Pace}}) ->
+                   io_lib:format("~s ~s, ~s", [V, Shape, convoy_bench_scenarios:apart(Pace)])
            end,
     Script = ["set terminal ", Term, "\n",
               "set output '", Base, ".png'\n",
