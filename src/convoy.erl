@@ -58,6 +58,8 @@
                        direct := non_neg_integer(),
                        chunked := non_neg_integer(),
                        stalled := non_neg_integer(),
+                       waited_us := non_neg_integer(),
+                       unanswered := boolean(),
                        refused := non_neg_integer(),
                        blocked_us := non_neg_integer(),
                        queued := non_neg_integer(),
@@ -219,9 +221,12 @@ flush(Which, Timeout) ->
 %% node), `direct' (sent by the sender itself while its lane was idle), `refused'
 %% (`{error, overload}' returned by `send/3'), `blocked_us' (time senders waited for
 %% room), `chunked' (of `direct', messages sent in pieces, see `convoy_chunk'),
-%% `stalled' (messages sent in pieces whose receiver did not answer within
-%% `barrier_timeout': see the README), `queued' and `queued_bytes' (held by convoy
-%% now, lane mailboxes included) and `route'.
+%% `stalled' (waits for the node's answer that ran out: a barrier, a lane's
+%% drain before a large message, a piece; see the README), `waited_us' (time
+%% senders waited for such answers), `unanswered' (true from a wait that ran out
+%% until the node answers again: meanwhile its senders go through their lanes),
+%% `queued' and `queued_bytes' (held by convoy now, lane mailboxes included) and
+%% `route'.
 %% A multicast counts as one message per entry (see `convoy:multicast/2'). `lost'
 %% counts messages a lane that died had been handed and had not disposed of (not
 %% per node: the lane took that with it). All counters are cumulative since convoy

@@ -85,7 +85,11 @@
             %% the route each node had when this lane last shipped to it
             routes = #{} :: #{node() => plain | {convoy, pos_integer(), tuple()}},
             %% every barrier of a retirement answered: the lane goes at the cycle's end
-            retired = false :: boolean()}).
+            retired = false :: boolean(),
+            %% nodes marked unanswered: when (ms) a probe (a barrier tagged with
+            %% the secret) was last sent to each, see `probe/2'
+            probes = #{} :: #{node() => integer()},
+            probe_secret = make_ref() :: reference()}).
 
 %% Held: `none', `all' (nodes are released by convoy_control) or a list of nodes.
 -spec start_link(pos_integer(), none | all | [node()], #runtime{}, {pid(), reference()}) ->
@@ -133,8 +137,8 @@ loop(S) ->
         loop(collect(CoreTimeout, cycle(S)))
     end.
 
-idle_timeout(CoreTimeout, #s{gc = true}) -> min(CoreTimeout, ?GC_IDLE_MS);
-idle_timeout(CoreTimeout, _S) -> CoreTimeout.
+idle_timeout(CoreTimeout, S = #s{gc = true}) -> min(probe_timeout(CoreTimeout, S), ?GC_IDLE_MS);
+idle_timeout(CoreTimeout, S) -> probe_timeout(CoreTimeout, S).
 
 refresh(S = #s{rt = Own}) ->
     case persistent_term:get(?RUNTIME_KEY, Own) of
@@ -174,7 +178,7 @@ now_us() -> erlang:monotonic_time(microsecond).
 %% End of a drain: ship what is due; a retiring lane checks whether every
 %% admission it granted is disposed of, and goes once its barriers are answered.
 cycle(S0) ->
-    S1 = core(cycle, now_us(), refresh(S0)),
+    S1 = core(cycle, now_us(), reprobe(refresh(S0))),
     S2 = case convoy_lane_core:draining(S1#s.core) of
              true -> core({admissions_disposed, convoy_slots:disposed(S1#s.slots)}, now_us(), S1);
              false -> S1
@@ -244,6 +248,10 @@ handle({'$convoy_release', Secret, Node}, Now, S = #s{control = {_, Secret}}) wh
 handle({'$convoy_retire', Secret, K}, Now, S = #s{control = {_, Secret}})
   when is_integer(K), K >= 0 ->
     core({retire, K}, Now, S);
+handle({{Secret, Node}, convoy_barrier}, _Now, S = #s{probe_secret = Secret}) when is_atom(Node) ->
+    answered(Node, S);
+handle({'$convoy_probe', Node}, _Now, S) when is_atom(Node) ->
+    probe_alone(Node, erlang:monotonic_time(millisecond), S);
 handle({system, From, Req}, _Now, S) ->
     sys:handle_system_msg(Req, From, S#s.parent, ?MODULE, [], S);
 handle(_Other, _Now, S) ->
@@ -372,12 +380,14 @@ ship(Node, Route, Wire, S) ->
 
 ship_route(_Node, unknown, _Wire, S) ->
     {unroutable, S};
-ship_route(Node, {convoy, Vsn, Inboxes}, [{'$convoy_large', _, _} | _] = Wire, S = #s{index = I}) ->
+ship_route(Node, {convoy, Vsn, Inboxes}, [{'$convoy_large', _, _} | _] = Wire, S0 = #s{index = I}) ->
     Target = {convoy_wire:lane_inbox(I, Inboxes), Node},
-    ship_run(Node, Target, Vsn, convoy_batch:run_groups(Wire), 0, 0, S);
-ship_route(Node, {convoy, Vsn, Inboxes}, Wire, S = #s{index = I}) ->
+    {Probe, S} = probe(Node, S0),
+    ship_run(Node, Target, Vsn, Probe, convoy_batch:run_groups(Wire), 0, 0, S);
+ship_route(Node, {convoy, Vsn, Inboxes}, Wire, S0 = #s{index = I}) ->
     Target = {convoy_wire:lane_inbox(I, Inboxes), Node},
-    Batch = convoy_wire:batch(node(), wire_entries(Wire, Vsn, Node)),
+    {Probe, S} = probe(Node, S0),
+    Batch = convoy_wire:batch(node(), wire_entries(Wire, Vsn, Node) ++ Probe),
     case erlang:send(Target, Batch, ?SEND_OPTS) of
         ok ->
             {{sent, 1, convoy}, S};
@@ -391,23 +401,97 @@ ship_route(Node, plain, Wire, S) ->
     plain(Node, Wire, 0, 0, S).
 
 %% A run of large messages, in groups of one distribution message each
-%% (convoy_batch:run_groups/1), one after the other; a busy connection hands the
-%% rest of the run to one courier.
-ship_run(_Node, _Target, _Vsn, [], _Msgs, Sends, S) ->
+%% (convoy_batch:run_groups/1), one after the other, the probe (`probe/2') behind
+%% the last; a busy connection hands the rest of the run to one courier.
+ship_run(_Node, _Target, _Vsn, _Probe, [], _Msgs, Sends, S) ->
     {{sent, Sends, convoy}, S};
-ship_run(Node, Target, Vsn, [G | Rest] = Groups, Msgs, Sends, S) ->
-    case erlang:send(Target, run_batch(G, Vsn, Node), ?SEND_OPTS) of
+ship_run(Node, Target, Vsn, Probe, [G | Rest] = Groups, Msgs, Sends, S) ->
+    case erlang:send(Target, run_batch(G, Rest, Vsn, Node, Probe), ?SEND_OPTS) of
         ok ->
-            ship_run(Node, Target, Vsn, Rest, Msgs + length(G), Sends + 1, S);
+            ship_run(Node, Target, Vsn, Probe, Rest, Msgs + length(G), Sends + 1, S);
         nosuspend ->
             {{courier, Msgs, Sends, convoy},
-             courier(Node, [{Target, run_batch(W, Vsn, Node), length(W)} || W <- Groups], S)};
+             courier(Node, courier_run(Target, Vsn, Node, Probe, Groups), S)};
         noconnect ->
             {{unconnected, Msgs, Sends, lists:append(Groups), convoy}, S}
     end.
 
-run_batch(Group, Vsn, Node) ->
+courier_run(_Target, _Vsn, _Node, _Probe, []) ->
+    [];
+courier_run(Target, Vsn, Node, Probe, [G | Rest]) ->
+    [{Target, run_batch(G, Rest, Vsn, Node, Probe), length(G)}
+     | courier_run(Target, Vsn, Node, Probe, Rest)].
+
+run_batch(Group, [], Vsn, Node, Probe) ->
+    convoy_wire:batch(node(), wire_entries(Group, Vsn, Node) ++ Probe);
+run_batch(Group, _More, Vsn, Node, _Probe) ->
     convoy_wire:batch(node(), wire_entries(Group, Vsn, Node)).
+
+%% A node marked unanswered (`convoy_metrics:unanswered/2': a sender's wait for it
+%% ran out) is probed: a barrier to this lane, tagged with the lane's secret, rides
+%% behind the next batch to it, or goes alone when the marking sender asks
+%% (`'$convoy_probe''), and again each barrier_timeout until the node answers
+%% (`answered/2'), which it does only once it took everything before the barrier.
+%% A probe alone never waits for a busy connection (the next one is due soon), and
+%% what it says is only that the node answers: it orders nothing.
+probe(Node, S = #s{probes = Probes, probe_secret = Secret,
+                   rt = #runtime{barrier_timeout = T}}) ->
+    case convoy_metrics:is_unanswered(counters(Node, S)) of
+        false ->
+            {[], S};
+        true ->
+            Now = erlang:monotonic_time(millisecond),
+            case Probes of
+                #{Node := Sent} when Now - Sent < T ->
+                    {[], S};
+                _ ->
+                    {[convoy_wire:barrier(self(), {Secret, Node})],
+                     S#s{probes = Probes#{Node => Now}}}
+            end
+    end.
+
+%% The node's row is looked up, never created: probes outlive the lane's queue
+%% for the node, and end with the mark or the row.
+probe_alone(Node, Now, S = #s{probes = Probes, probe_secret = Secret, index = I}) ->
+    case convoy_peers:lookup(Node) of
+        {{convoy, _Vsn, Inboxes}, C, _H} ->
+            case convoy_metrics:is_unanswered(C) of
+                true ->
+                    Batch = convoy_wire:batch(node(),
+                                              [convoy_wire:barrier(self(), {Secret, Node})]),
+                    _ = erlang:send({convoy_wire:lane_inbox(I, Inboxes), Node}, Batch,
+                                    ?SEND_OPTS),
+                    S#s{probes = Probes#{Node => Now}};
+                false ->
+                    S#s{probes = maps:remove(Node, Probes)}
+            end;
+        _PlainOrNone ->
+            S#s{probes = maps:remove(Node, Probes)}
+    end.
+
+%% Probes due again (end of each drain, and when the lane wakes for them).
+reprobe(S = #s{probes = Probes}) when map_size(Probes) =:= 0 ->
+    S;
+reprobe(S = #s{probes = Probes, rt = #runtime{barrier_timeout = T}}) ->
+    Now = erlang:monotonic_time(millisecond),
+    maps:fold(fun(Node, Sent, Acc) when Now - Sent >= T -> probe_alone(Node, Now, Acc);
+                 (_Node, _Sent, Acc) -> Acc
+              end, S, Probes).
+
+%% The lane wakes for its next probe due, if any.
+probe_timeout(CoreTimeout, #s{probes = Probes}) when map_size(Probes) =:= 0 ->
+    CoreTimeout;
+probe_timeout(CoreTimeout, #s{probes = Probes, rt = #runtime{barrier_timeout = T}}) ->
+    Due = lists:min(maps:values(Probes)) + T - erlang:monotonic_time(millisecond),
+    min(CoreTimeout, max(0, Due)).
+
+%% Node answered a probe (any of them: each comes only once the node answers).
+answered(Node, S = #s{probes = Probes}) ->
+    case convoy_peers:lookup(Node) of
+        {_Route, C, _H} -> ok = convoy_metrics:answered(C);
+        none -> ok
+    end,
+    S#s{probes = maps:remove(Node, Probes)}.
 
 %% Entries the lane keeps in its own form (a large message, a publish) become
 %% wire entries; a chunk without any is shipped as it is.

@@ -12,6 +12,7 @@
 -module(convoy_metrics).
 
 -export([init/0, lost/1, lost/0, new_refs/0, add/3, add_direct/1, close/1,
+         unanswered/2, is_unanswered/1, may_wait_for_room/1, answered/1,
          node_info/1, node_counts/1, node_report/3, held/1, rejected/1, rejected/0, emit/3, emit/4]).
 
 -export_type([counter/0, rejection/0]).
@@ -22,15 +23,17 @@
 -define(LOST, {convoy, lost}).
 
 -type counter() :: accepted | messages | batches | dropped | received | direct
-                 | refused | blocked_us | chunked | stalled.
+                 | refused | blocked_us | chunked | stalled | waited_us.
 -type rejection() :: bad_version | malformed_batch | bad_entry | bad_hello
                    | unknown_message | unknown_node | undeliverable | too_costly
                    | unsolicited | bad_piece | partial_discarded | reassembly_full.
 
 -define(COUNTERS, [accepted, messages, batches, dropped, received, direct, refused,
-                   blocked_us, chunked, stalled]).
-%% Beside the counters, the mark of a forgotten row (`close/1'), not reported.
+                   blocked_us, chunked, stalled, waited_us]).
+%% Beside the counters, the mark of a forgotten row (`close/1') and the node's
+%% unanswered mark (`unanswered/2'), not counted among them.
 -define(CLOSED_IX, (length(?COUNTERS) + 1)).
+-define(UNANSWERED_IX, (length(?COUNTERS) + 2)).
 -define(DIRECT_IX, 6).
 -define(REJECTIONS, [bad_version, malformed_batch, bad_entry, bad_hello,
                      unknown_message, unknown_node, undeliverable, too_costly,
@@ -64,13 +67,48 @@ lost() ->
 %% the node's held atomics on every message they hand to a lane.
 -spec new_refs() -> {counters:counters_ref(), convoy_held:held()}.
 new_refs() ->
-    {counters:new(?CLOSED_IX, []), convoy_held:new()}.
+    {counters:new(?UNANSWERED_IX, []), convoy_held:new()}.
 
 %% @doc Mark a forgotten row's counters (`convoy_peers', once its held array is
 %% closed): a sender's cached copy stops counting there (`add_direct/1').
 -spec close(counters:counters_ref()) -> ok.
 close(Ref) ->
     counters:put(Ref, ?CLOSED_IX, 1).
+
+%% @doc Mark the node as not answering: a sender's wait for its answer (a
+%% barrier, its lane's drain, a piece) ran out (`wait'), or a sender blocked by
+%% the node's bound (policy `block') for its whole `block_timeout' (`room'). Until
+%% a lane clears the mark (`answered/1', once the node answers a barrier the lane
+%% sends it), senders send to it only through their lanes, which hold and count
+%% what waits, and senders over its bound do not wait for room after a `room'
+%% mark: a stall costs each sender at most one wait. `true' when the node was not
+%% marked before (the caller asks its lane to probe it).
+-spec unanswered(counters:counters_ref(), wait | room) -> boolean().
+unanswered(Ref, wait) ->
+    case counters:get(Ref, ?UNANSWERED_IX) of
+        0 -> counters:put(Ref, ?UNANSWERED_IX, 1), true;
+        _ -> false % never lowers a `room' mark
+    end;
+unanswered(Ref, room) ->
+    Before = counters:get(Ref, ?UNANSWERED_IX),
+    counters:put(Ref, ?UNANSWERED_IX, 2),
+    Before =:= 0.
+
+%% @doc Whether the node is marked as not answering (`unanswered/2').
+-spec is_unanswered(counters:counters_ref()) -> boolean().
+is_unanswered(Ref) ->
+    counters:get(Ref, ?UNANSWERED_IX) =/= 0.
+
+%% @doc Whether a sender over the node's bound may wait for room: not after one
+%% waited its whole `block_timeout' in vain, until the node answers again.
+-spec may_wait_for_room(counters:counters_ref()) -> boolean().
+may_wait_for_room(Ref) ->
+    counters:get(Ref, ?UNANSWERED_IX) < 2.
+
+%% @doc The node answered: clear its mark (`unanswered/2').
+-spec answered(counters:counters_ref()) -> ok.
+answered(Ref) ->
+    counters:put(Ref, ?UNANSWERED_IX, 0).
 
 %% @doc Count one direct send with a sender's cached counters, unless their row
 %% was forgotten (`closed': fetch the node's again). The mark is read in the
@@ -113,6 +151,7 @@ node_report(Route, C, H) ->
     {Queued, QueuedBytes} = held(H),
     Counts#{queued => max(0, Queued),
             queued_bytes => max(0, QueuedBytes),
+            unanswered => is_unanswered(C),
             route => case Route of
                          plain -> plain;
                          {convoy, _, _} -> convoy
@@ -128,7 +167,8 @@ index(direct) -> ?DIRECT_IX;
 index(refused) -> 7;
 index(blocked_us) -> 8;
 index(chunked) -> 9;
-index(stalled) -> 10.
+index(stalled) -> 10;
+index(waited_us) -> 11.
 
 %% @doc Count one rejected input; the first of each kind is logged.
 -spec rejected(rejection()) -> ok.

@@ -77,7 +77,10 @@
 %% unpaid: so did one, but batching does not pay there (`pays/3');
 %% quiet: not within bypass_after; settled: not within SETTLED_US either.
 -type calm() :: busy | unpaid | quiet | settled.
--type route() :: convoy | plain | none.
+%% unanswered: a convoy peer that has not answered a sender's wait (a barrier, a
+%% drain, a piece) since one ran out: its senders go through their lanes, so a
+%% stall costs each of them at most that one wait (`convoy_metrics:unanswered/1').
+-type route() :: convoy | unanswered | plain | none.
 
 %% @doc How calm a lane is, from the microseconds since its previous small send
 %% and the `bypass_after' window (`never': batching is forced).
@@ -148,6 +151,7 @@ may_bypass(small, _Calm) -> true.
 -spec bypass(size(), calm(), route()) ->
           direct | inbox | inbox_barrier | barrier_direct | lane.
 bypass(_Size, _Calm, none) -> lane;          % convoy has not dealt with the node yet
+bypass(_Size, _Calm, unanswered) -> lane;    % no waits, nothing outside the bound
 bypass(_Size, _Calm, plain) -> direct;       % no inbox: the lane shipped into the connection
 bypass(large, _Calm, convoy) -> barrier_direct;
 bypass(small, settled, convoy) -> inbox_barrier;

@@ -252,7 +252,7 @@ admitted(RT, L, Node, To, Msg, Size, Calm) ->
 %% that depends on the node's route. A large message to a peer that reads
 %% pieces goes in pieces through the inbox, behind what the lane shipped.
 bypass(RT, L, Node, To, Msg, {large, B} = Size, Calm) ->
-    case convoy_chunk_send:inbox(RT, L, Node, B) of
+    case pieces_inbox(RT, L, Node, B) of
         {Target, C} ->
             ok = convoy_slots:dispose(slots(RT, L), 1),
             chunked(RT, L, Node, Target, C, To, Msg, Size);
@@ -276,7 +276,7 @@ bypass_by_route(RT, L, Node, To, Msg, Size, Calm) ->
         lane ->
             to_lane(RT, L, Node, To, Msg, Size);
         barrier_direct ->
-            case barrier(RT, L, Node, Inboxes, []) of
+            case barrier(RT, L, Node, Inboxes, C, []) of
                 ok ->
                     unmark(Node),
                     admitted_direct(RT, L, Node, C, To, Msg, Size);
@@ -298,7 +298,7 @@ bypass_by_route(RT, L, Node, To, Msg, Size, Calm) ->
 %% 0.71x-0.99x plain, against 1.00x-1.38x).
 inbox_then_barrier(RT, L, Node, Inboxes, C, To, Msg, Size) ->
     mark(Node),
-    case barrier(RT, L, Node, Inboxes, [{To, Msg}]) of
+    case barrier(RT, L, Node, Inboxes, C, [{To, Msg}]) of
         ok ->
             unmark(Node),
             disposed(RT, L, C);
@@ -312,10 +312,13 @@ inbox_then_barrier(RT, L, Node, Inboxes, C, To, Msg, Size) ->
 %% reads pieces, whose sender waits for the lane to ship what it holds for Node
 %% (at most barrier_timeout ms) and then sends it in pieces behind that.
 busy_lane(RT, L, Node, To, Msg, {large, B} = Size) ->
-    case convoy_chunk_send:inbox(RT, L, Node, B) of
+    case pieces_inbox(RT, L, Node, B) of
         {Target, C} ->
             ok = convoy_slots:dispose(slots(RT, L), 1),
-            case convoy_chunk_send:drain_lane(RT, L, Node) of
+            T0 = erlang:monotonic_time(),
+            Drained = convoy_chunk_send:drain_lane(RT, L, Node),
+            waited(RT, C, Node, drain, T0, Drained),
+            case Drained of
                 ok -> chunked(RT, L, Node, Target, C, To, Msg, Size);
                 timeout -> admit_to_lane(RT, L, Node, To, Msg, Size)
             end;
@@ -333,7 +336,7 @@ size_kind(_) -> small.
 %% peer that reads pieces goes in pieces instead (nothing of the sender's is in
 %% its lane or an inbox).
 direct(RT, L, Node, To, Msg, {large, B} = Size) ->
-    case convoy_chunk_send:inbox(RT, L, Node, B) of
+    case pieces_inbox(RT, L, Node, B) of
         {Target, C} -> chunked(RT, L, Node, Target, C, To, Msg, Size);
         none -> direct_send(RT, L, Node, To, Msg, Size)
     end;
@@ -352,6 +355,8 @@ chunked(RT, L, Node, Target, C, To, Msg, Size) ->
             unmark(Node),
             count_direct(C);
         sent ->
+            %% A wait for the delivery ran out (counted `stalled').
+            unanswered(RT, L, Node, C, wait),
             count_direct(C);
         refused ->
             unmark(Node),
@@ -359,9 +364,23 @@ chunked(RT, L, Node, Target, C, To, Msg, Size) ->
         no_answer ->
             %% Its first piece may still be waiting: the lane ships it whole,
             %% behind that piece.
+            unanswered(RT, L, Node, C, wait),
             admit_to_lane(RT, L, Node, To, Msg, Size);
         dropped ->
             ok
+    end.
+
+%% A large message goes in pieces only to a node that answers: pieces wait for
+%% answers, and a node marked unanswered gets it whole, as `!' would.
+pieces_inbox(RT, L, Node, Bytes) ->
+    case convoy_chunk_send:inbox(RT, L, Node, Bytes) of
+        {_Target, C} = Pieces ->
+            case convoy_metrics:is_unanswered(C) of
+                false -> Pieces;
+                true -> none
+            end;
+        none ->
+            none
     end.
 
 direct_send(RT, L, Node, To, Msg, Size) ->
@@ -420,7 +439,7 @@ fetch_refs(Gen, Node) ->
 %% convoy's tree is being torn down), its counters and its inbox names.
 node_row(Node) ->
     case convoy_peers:lookup(Node) of
-        {{convoy, _Vsn, Inboxes}, C, _H} -> {convoy, C, Inboxes};
+        {{convoy, _Vsn, Inboxes}, C, _H} -> {answering(C), C, Inboxes};
         {plain, C, _H} -> {plain, C, none};
         none -> {none, undefined, none}
     end.
@@ -431,7 +450,7 @@ multi_row(Node, {'$convoy_publish', _Scope, _Group}) ->
     case convoy_peers:lookup(Node) of
         {{convoy, Vsn, Inboxes}, C, _H} ->
             case convoy_wire:supports(Vsn, publish) of
-                true -> {convoy, C, Inboxes};
+                true -> {answering(C), C, Inboxes};
                 false -> {none, undefined, none}
             end;
         _ ->
@@ -439,6 +458,14 @@ multi_row(Node, {'$convoy_publish', _Scope, _Group}) ->
     end;
 multi_row(Node, _Tos) ->
     node_row(Node).
+
+%% A convoy peer's route: `unanswered' while a wait for its answer that ran out
+%% has not been followed by an answer (see `convoy_metrics:unanswered/1').
+answering(C) ->
+    case convoy_metrics:is_unanswered(C) of
+        false -> convoy;
+        true -> unanswered
+    end.
 
 admitted_direct(RT, L, Node, C, To, Msg, Size) ->
     case erlang:send(convoy_wire:address(To, Node), Msg, ?DIRECT_OPTS) of
@@ -501,6 +528,19 @@ hold(#runtime{max_buffered = MaxN, max_buffered_bytes = MaxB}, H, Bytes) ->
 
 overloaded(RT = #runtime{overload = block, block_timeout = Timeout}, L, Node, To, Msg, Size,
            C, H) ->
+    case convoy_metrics:may_wait_for_room(C) of
+        true -> block(RT, L, Node, To, Msg, Size, C, H, Timeout);
+        false -> refuse(RT, L, C)
+    end;
+overloaded(RT = #runtime{overload = drop}, L, _Node, _To, _Msg, _Size, C, _H) ->
+    refuse(RT#runtime{refuse = drop}, L, C);
+overloaded(RT = #runtime{overload = error}, L, _Node, _To, _Msg, _Size, C, _H) ->
+    refuse(RT, L, C).
+
+%% Wait for room at most Timeout ms. A wait that runs out marks the node (see
+%% `convoy_metrics:unanswered/2'): until it answers again, the next sender over
+%% the bound is refused at once instead of waiting as long again.
+block(RT, L, Node, To, Msg, Size, C, H, Timeout) ->
     {Kind, Bytes} = kind(Msg, Size),
     T0 = erlang:monotonic_time(),
     Deadline = T0 + erlang:convert_time_unit(Timeout, millisecond, native),
@@ -512,12 +552,8 @@ overloaded(RT = #runtime{overload = block, block_timeout = Timeout}, L, Node, To
     case Result of
         ok -> hand_over(RT, L, Node, To, Msg, Kind, Bytes);
         closed -> reheld(RT, L, Node, To, Msg, Size);
-        timeout -> refuse(RT, L, C)
-    end;
-overloaded(RT = #runtime{overload = drop}, L, _Node, _To, _Msg, _Size, C, _H) ->
-    refuse(RT#runtime{refuse = drop}, L, C);
-overloaded(RT = #runtime{overload = error}, L, _Node, _To, _Msg, _Size, C, _H) ->
-    refuse(RT, L, C).
+        timeout -> unanswered(RT, L, Node, C, room), refuse(RT, L, C)
+    end.
 
 %% A blocked sender registers with its lane once, and again only after a wake-up
 %% that found no room (another sender took it); the lane wakes waiters oldest
@@ -585,23 +621,56 @@ event(#runtime{telemetry = On}, Name, Measurements, Meta) ->
 %% was in the mailbox before the monitor was set up. A tag that only contained
 %% the reference made each wait scan the caller's whole mailbox, which for a
 %% server answering a flood holds thousands of requests.
-barrier(#runtime{lanes = Lanes, barrier_timeout = Timeout}, L, Node, Inboxes, Entries) ->
+barrier(RT = #runtime{lanes = Lanes, barrier_timeout = Timeout}, L, Node, Inboxes, C,
+        Entries) ->
     Mon = erlang:monitor(process, element(L, Lanes), [{alias, demonitor}]),
     Inbox = {convoy_wire:lane_inbox(L, Inboxes), Node},
     Batch = convoy_wire:batch(node(), Entries ++ [convoy_wire:barrier(Mon, Mon)]),
     Result = case erlang:send(Inbox, Batch, ?DIRECT_OPTS) of
                  ok ->
-                     receive
-                         {Mon, convoy_barrier} -> ok;
-                         {'DOWN', Mon, process, _, _} -> timeout
-                     after Timeout ->
-                         timeout
-                     end;
+                     T0 = erlang:monotonic_time(),
+                     Answer = receive
+                                  {Mon, convoy_barrier} -> ok;
+                                  {'DOWN', Mon, process, _, _} -> lane_down
+                              after Timeout ->
+                                  timeout
+                              end,
+                     waited(RT, C, Node, barrier, T0, Answer),
+                     Answer;
                  _NoSuspendOrNoConnect ->
                      not_sent
              end,
     erlang:demonitor(Mon, [flush]),
-    Result.
+    case Result of
+        lane_down -> timeout; % not the node's doing: it is not marked
+        _ -> Result
+    end.
+
+%% A caller waited for Node's answer since T0: the time is counted. A wait that
+%% ran out marks the node unanswered, so its senders stop waiting on it until it
+%% answers again (a stall costs each sender one wait, not one per message); it is
+%% counted in `stalled' and reported by an event.
+waited(RT, C, Node, Wait, T0, Result) ->
+    Waited = erlang:monotonic_time() - T0,
+    convoy_metrics:add(C, waited_us, erlang:convert_time_unit(Waited, native, microsecond)),
+    case Result of
+        timeout ->
+            unanswered(RT, lane_of(RT), Node, C, wait),
+            convoy_metrics:add(C, stalled, 1),
+            event(RT, [convoy, node, unanswered], #{duration => Waited},
+                  #{node => Node, wait => Wait});
+        _ ->
+            ok
+    end.
+
+%% Mark Node unanswered (`convoy_metrics:unanswered/2'); the sender that marks it
+%% asks its lane to probe the node, so the mark clears once the node answers
+%% even if no lane ships to it meanwhile.
+unanswered(#runtime{lanes = Lanes}, L, Node, C, Why) ->
+    case convoy_metrics:unanswered(C, Why) of
+        true -> element(L, Lanes) ! {'$convoy_probe', Node}, ok;
+        false -> ok
+    end.
 
 %% The lane has disposed of every admission before ours (V). With max_delay set
 %% the user asked for batches: never bypass the lane then.

@@ -725,14 +725,17 @@ overload_policies(Config) ->
         %% block: waits block_timeout, then refuses
         T0 = erlang:monotonic_time(millisecond),
         ?assertEqual({error, overload}, convoy:send(Sink, x, #{block_timeout => 200})),
-        ?assert(erlang:monotonic_time(millisecond) - T0 >= 200),
-        %% send/2 with the default policy (block; block_timeout cut to 50 ms)
-        ok = convoy:set_config(#{block_timeout => 50}),
+        T1 = erlang:monotonic_time(millisecond),
+        ?assert(T1 - T0 >= 200),
+        %% send/2 with the default policy (block): a wait for room ran out on this
+        %% node, so until it answers again a sender over the bound does not wait
+        %% again (dropped at once, counted)
         ?assertEqual(ok, convoy:send(Sink, x)),
-        #{refused := R1, dropped := D1, blocked_us := B} = node_stats(Node),
+        ?assert(erlang:monotonic_time(millisecond) - T1 < 100),
+        #{refused := R1, dropped := D1, blocked_us := B, unanswered := true} = node_stats(Node),
         ?assertEqual(R0 + 2, R1),
         ?assertEqual(D0 + 2, D1),
-        ?assert(B >= 250000)
+        ?assert(B >= 200000)
     end),
     ok = convoy:flush(Node),
     #{accepted := A, messages := M, dropped := D, buffered := 0, queued := 0} = node_stats(Node),
