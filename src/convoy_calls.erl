@@ -1,10 +1,12 @@
 %% @private
-%% One monitor per remote server that `convoy:call/2,3' calls, shared by every
-%% caller on this node. `gen_server:call' monitors the server for each call: two
-%% distribution signals (monitor, demonitor) beside the request and the reply,
-%% and they, not the request, limit many concurrent callers. Here a caller
-%% registers in an ETS table instead (local, no signal), and the server's `DOWN'
-%% reaches this process once, which passes it on to each caller then waiting.
+%% One monitor per remote server that `convoy:call/2,3' calls by pid, shared by
+%% every caller on this node (a `{Name, Node}' is not watched here: a monitor
+%% resolves the name once, and the name may change hands). `gen_server:call'
+%% monitors the server for each call: two distribution signals (monitor,
+%% demonitor) beside the request and the reply, and they, not the request, limit
+%% many concurrent callers. Here a caller registers in an ETS table instead
+%% (local, no signal), and the server's `DOWN' reaches this process once, which
+%% passes it on to each caller then waiting.
 %%
 %% Tables (this process owns both; they go with it):
 %% <ul>
@@ -56,10 +58,8 @@
 -define(WAITERS, convoy_call_waiters).
 -define(SWEEP_MS, 5000).
 
--type process() :: pid() | {atom(), node()}.
-
--record(s, {monitors = #{} :: #{process() => reference()},
-            refs = #{} :: #{reference() => process()}}).
+-record(s, {monitors = #{} :: #{pid() => reference()},
+            refs = #{} :: #{reference() => pid()}}).
 
 -spec start_link() -> {ok, pid()} | {error, term()}.
 start_link() ->
@@ -75,7 +75,7 @@ start_link() ->
 %% `unavailable' (convoy is not running, or the server is not watched yet: this
 %% process is asked to watch it for later calls): the caller monitors the server
 %% itself.
--spec watch(process(), reference()) -> {ok, reference()} | unavailable.
+-spec watch(pid(), reference()) -> {ok, reference()} | unavailable.
 watch(Process, Alias) ->
     case whereis(?MODULE) of
         undefined ->
@@ -117,7 +117,7 @@ gave_up(Process, Alias, Mon) ->
     ok.
 
 %% @doc The call to `Process' tagged `Alias' is over.
--spec unwatch(process(), reference()) -> ok.
+-spec unwatch(pid(), reference()) -> ok.
 unwatch(Process, Alias) ->
     try ets:delete_object(?WAITERS, {Alias, Process, self()}) of
         true -> ok
@@ -181,7 +181,6 @@ rejected(S) ->
     {noreply, S}.
 
 is_remote(Pid) when is_pid(Pid) -> node(Pid) =/= node();
-is_remote({Name, Node}) when is_atom(Name), is_atom(Node) -> Node =/= node();
 is_remote(_) -> false.
 
 watched(Process, S = #s{monitors = Ms}) when is_map_key(Process, Ms) ->

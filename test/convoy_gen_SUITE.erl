@@ -20,13 +20,14 @@
          malformed_like_gen_server/1, call_waits_for_room/1, local_forms/1,
          one_shared_monitor/1, server_dies_after_calls/1, calls_helper_killed_mid_call/1,
          idle_monitors_dropped/1, calls_helper_rejects_strays/1,
-         busy_node_holds_no_other_calls/1, call_with_long_mailbox/1]).
+         busy_node_holds_no_other_calls/1, call_with_long_mailbox/1,
+         name_changes_hands/1]).
 
 -define(SHARED, [cast_each_form, call_each_form, server_sees_gen_messages,
                  noproc_each_form, nodedown, timeout_leaves_no_late_reply,
                  server_stops_during_call, server_killed_mid_call,
                  node_killed_mid_call, order_send_cast_call, concurrent_callers,
-                 call_with_long_mailbox]).
+                 call_with_long_mailbox, name_changes_hands]).
 
 all() ->
     [{group, convoy_peer}, {group, plain_peer}, {group, not_running}, {group, local}].
@@ -304,6 +305,35 @@ server_killed_mid_call(Config) ->
     [Gen, Convoy] = [result_of(C) || C <- Callers],
     ?assertEqual({killed, {gen_server, call, [S1, hold, infinity]}}, Gen),
     ?assertEqual({killed, {gen_server, call, [S2, hold, infinity]}}, Convoy).
+
+%% `{Name, Node}' whose holder changed: the first holder, still alive, gave the
+%% name up and a new server took it. A call goes to the holder of the name at
+%% the time of the call and exits as gen_server:call does: `killed' when the new
+%% holder is killed mid-call, `noproc' once nobody holds the name.
+name_changes_hands(Config) ->
+    #{peer := Peer, node := Node, server := First} = setup(Config),
+    Name = {gen_srv, Node},
+    ?assertEqual(ok, convoy:call(Name, {echo, ok})),
+    ok = calls_barrier(),
+    true = peer:call(Peer, erlang, unregister, [gen_srv]),
+    {ok, Second} = peer:call(Peer, convoy_ct_server, start, [{local, gen_srv}, self()]),
+    Callers = [in_process(fun() -> M:call(Name, hold, 5000) end) || M <- [gen_server, convoy]],
+    [receive {holding, Second} -> ok after 10000 -> ct:fail(not_held) end || _ <- Callers],
+    exit(Second, kill),
+    [Gen, Convoy] = [result_of(C) || C <- Callers],
+    ?assertEqual({killed, {gen_server, call, [Name, hold, 5000]}}, Gen),
+    ?assertEqual(Gen, Convoy),
+    same_exit({noproc, {gen_server, call, [Name, x, 2000]}},
+              fun(M) -> M:call(Name, x, 2000) end),
+    ?assertEqual(alive, convoy:call(First, {echo, alive})),
+    ?assertEqual([], strays()).
+
+%% What convoy_calls was asked before this (a cast) is done, if it runs.
+calls_barrier() ->
+    case whereis(convoy_calls) of
+        undefined -> ok;
+        Helper -> _ = sys:get_state(Helper), ok
+    end.
 
 %% Many concurrent callers of one server: one monitor of it from this node,
 %% convoy_calls's, not one per call (gen_server:call's way: two signals a call).
