@@ -38,11 +38,13 @@
 %%
 %% Monitors of servers nobody waits on are dropped every `SWEEP_MS' (a server
 %% called again is monitored again: one signal per sweep at most), so the number
-%% of monitors stays that of servers called lately. The `DOWN' passed on is
-%% ``{'$convoy_call_down', Alias, Reason}'' sent to the caller's alias: once the
-%% call is over the alias is inactive and the message is dropped by the runtime.
-%% A caller also monitors this process during its call: if it goes, the caller
-%% monitors the server itself (`convoy_gen').
+%% of monitors stays that of servers called lately. A sweep is the message of
+%% the one timer this process keeps, `{timeout, Timer, sweep}' with `Timer' in
+%% its state: a look-alike from elsewhere cannot start a sweep nor add a timer.
+%% The `DOWN' passed on is ``{'$convoy_call_down', Alias, Reason}'' sent to the
+%% caller's alias: once the call is over the alias is inactive and the message
+%% is dropped by the runtime. A caller also monitors this process during its
+%% call: if it goes, the caller monitors the server itself (`convoy_gen').
 %%
 %% Anything else that reaches this process is counted as rejected
 %% (`unknown_message') and changes nothing.
@@ -59,7 +61,9 @@
 -define(SWEEP_MS, 5000).
 
 -record(s, {monitors = #{} :: #{pid() => reference()},
-            refs = #{} :: #{reference() => pid()}}).
+            refs = #{} :: #{reference() => pid()},
+            %% the sweep timer; its message alone starts a sweep
+            sweep :: reference()}).
 
 -spec start_link() -> {ok, pid()} | {error, term()}.
 start_link() ->
@@ -130,8 +134,7 @@ unwatch(Process, Alias) ->
 init([]) ->
     _ = ets:new(?WATCHED, [named_table, protected, set, {read_concurrency, true}]),
     _ = ets:new(?WAITERS, [named_table, public, set, {write_concurrency, true}]),
-    _ = erlang:send_after(?SWEEP_MS, self(), sweep),
-    {ok, #s{}}.
+    {ok, #s{sweep = sweep_timer()}}.
 
 %% @private
 -spec handle_call(term(), {pid(), term()}, #s{}) -> {reply, {error, badarg}, #s{}}.
@@ -157,12 +160,14 @@ handle_info({'DOWN', Ref, process, _Object, Reason}, S = #s{refs = Refs})
     true = ets:delete(?WATCHED, Process),
     _ = [Alias ! {'$convoy_call_down', Alias, Reason} || Alias <- waiters(Process)],
     {noreply, forget(Process, Ref, S)};
-handle_info(sweep, S) ->
-    _ = erlang:send_after(?SWEEP_MS, self(), sweep),
+handle_info({timeout, Timer, sweep}, S = #s{sweep = Timer}) ->
     ok = forget_dead_callers(),
-    {noreply, maps:fold(fun sweep/3, S, S#s.monitors)};
+    {noreply, (maps:fold(fun sweep/3, S, S#s.monitors))#s{sweep = sweep_timer()}};
 handle_info(_Other, S) ->
     rejected(S).
+
+sweep_timer() ->
+    erlang:start_timer(?SWEEP_MS, self(), sweep).
 
 %% The aliases of the calls waiting on Process (a scan: only when a monitor ends).
 waiters(Process) ->

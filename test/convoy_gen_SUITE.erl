@@ -21,7 +21,7 @@
          one_shared_monitor/1, server_dies_after_calls/1, calls_helper_killed_mid_call/1,
          idle_monitors_dropped/1, calls_helper_rejects_strays/1,
          busy_node_holds_no_other_calls/1, call_with_long_mailbox/1,
-         name_changes_hands/1]).
+         name_changes_hands/1, calls_helper_rejects_stray_sweeps/1]).
 
 -define(SHARED, [cast_each_form, call_each_form, server_sees_gen_messages,
                  noproc_each_form, nodedown, timeout_leaves_no_late_reply,
@@ -40,7 +40,8 @@ groups() ->
                                    busy_node_holds_no_other_calls]},
      {plain_peer, [], ?SHARED},
      {not_running, [], ?SHARED},
-     {local, [], [local_forms, malformed_like_gen_server]}].
+     {local, [], [local_forms, malformed_like_gen_server,
+                  calls_helper_rejects_stray_sweeps]}].
 
 init_per_group(Group, Config) ->
     [{situation, Group} | Config].
@@ -484,6 +485,28 @@ calls_helper_rejects_strays(Config) ->
     ?assertEqual(Before + 6, maps:get(unknown_message, convoy_metrics:rejected(), 0)),
     ?assertEqual(Helper, whereis(convoy_calls)),
     ?assertEqual(3, convoy:call(Srv, {echo, 3})).
+
+%% Messages that look like convoy_calls' sweep timer are counted as rejected and
+%% start no sweep (the work of one is forget_dead_callers/0, counted here): were
+%% they taken, each would arm one more sweep timer, for good.
+calls_helper_rejects_stray_sweeps(_Config) ->
+    start_convoy(#{}),
+    Helper = whereis(convoy_calls),
+    Before = maps:get(unknown_message, convoy_metrics:rejected(), 0),
+    Sweep = {convoy_calls, forget_dead_callers, 0},
+    1 = erlang:trace_pattern(Sweep, true, [call_count]),
+    try
+        Strays = [sweep, {timeout, make_ref(), sweep}],
+        [Helper ! M || _ <- lists:seq(1, 1000), M <- Strays],
+        _ = sys:get_state(Helper),
+        %% Its own timer may have gone off once meanwhile.
+        {call_count, Sweeps} = erlang:trace_info(Sweep, call_count),
+        ?assert(Sweeps =< 1, {sweeps, Sweeps}),
+        ?assertEqual(Before + 2000, maps:get(unknown_message, convoy_metrics:rejected(), 0))
+    after
+        erlang:trace_pattern(Sweep, false, [call_count])
+    end,
+    ?assertEqual(Helper, whereis(convoy_calls)).
 
 %% The server's node is killed (SIGKILL) while it holds calls made by every form:
 %% nodedown by pid and `{Name, Node}', noproc by global and via names (as gen
