@@ -21,7 +21,8 @@
          one_shared_monitor/1, server_dies_after_calls/1, calls_helper_killed_mid_call/1,
          idle_monitors_dropped/1, calls_helper_rejects_strays/1,
          busy_node_holds_no_other_calls/1, call_with_long_mailbox/1,
-         name_changes_hands/1, calls_helper_rejects_stray_sweeps/1]).
+         name_changes_hands/1, calls_helper_rejects_stray_sweeps/1,
+         calls_helper_killed_often/1]).
 
 -define(SHARED, [cast_each_form, call_each_form, server_sees_gen_messages,
                  noproc_each_form, nodedown, timeout_leaves_no_late_reply,
@@ -37,7 +38,8 @@ groups() ->
                                    call_waits_for_room, one_shared_monitor,
                                    server_dies_after_calls, calls_helper_killed_mid_call,
                                    idle_monitors_dropped, calls_helper_rejects_strays,
-                                   busy_node_holds_no_other_calls]},
+                                   busy_node_holds_no_other_calls,
+                                   calls_helper_killed_often]},
      {plain_peer, [], ?SHARED},
      {not_running, [], ?SHARED},
      {local, [], [local_forms, malformed_like_gen_server,
@@ -412,6 +414,54 @@ calls_helper_killed_mid_call(Config) ->
     await_watched(S2),
     ?assertEqual(2, convoy:call(S2, {echo, 2})),
     ?assertEqual([whereis(convoy_calls)], monitors_from_here(Peer, S2)).
+
+%% convoy_calls killed as soon as each new one is up, beyond its supervisor's
+%% restart intensity: its supervisor gives up and nothing else of convoy is
+%% restarted (lanes, peers, inboxes, control keep their pids), the application
+%% runs, and calls go on, each monitoring its server itself, until convoy
+%% restarts (which brings convoy_calls back).
+calls_helper_killed_often(Config) ->
+    #{peer := Peer, server := Srv, node := Node} = setup(Config),
+    await_watched(Srv),
+    Rest = convoy_pids(),
+    Killed = kill_calls_helper(25, []),
+    ?assert(length(Killed) > 10, {killed, length(Killed)}),
+    ?assertEqual(Rest, convoy_pids()),
+    ?assert(lists:keymember(convoy, 1, application:which_applications())),
+    ?assertEqual(undefined, whereis(convoy_calls)),
+    ?assertEqual(ok, convoy:call(Srv, {echo, ok})),
+    ?assertEqual(ok, convoy:call({gen_srv, Node}, {echo, ok})),
+    ?assertEqual(convoy, maps:get(route, maps:get(Node, maps:get(nodes, convoy:info())))),
+    {ok, Held} = peer:call(Peer, convoy_ct_server, start, [self()]),
+    Caller = in_process(fun() -> convoy:call(Held, hold, infinity) end),
+    receive {holding, Held} -> exit(Held, kill) after 10000 -> ct:fail(not_held) end,
+    ?assertEqual({killed, {gen_server, call, [Held, hold, infinity]}}, result_of(Caller)),
+    ok = application:stop(convoy),
+    start_convoy(#{}),
+    ?assert(is_pid(whereis(convoy_calls))),
+    ?assertEqual([], strays()).
+
+%% The processes of convoy but convoy_calls and its supervisor.
+convoy_pids() ->
+    Named = [whereis(N) || N <- [convoy_sup, convoy_peers, convoy_inbox_sup,
+                                 convoy_lane_sup, convoy_control]],
+    Lanes = [P || #{pid := P} <- maps:get(lanes, convoy:info())],
+    Inboxes = [P || {_, P, _, _} <- supervisor:which_children(convoy_inbox_sup)],
+    {Named, Lanes, Inboxes}.
+
+%% Kills each new convoy_calls as soon as it is up, N times or until its
+%% supervisor is gone; returns the pids killed.
+kill_calls_helper(0, Killed) ->
+    Killed;
+kill_calls_helper(N, Killed) ->
+    IsNew = fun(P) -> is_pid(P) andalso not lists:member(P, Killed) end,
+    {P, _} = convoy_ct_peers:await(
+               fun() -> {whereis(convoy_calls), whereis(convoy_calls_sup)} end,
+               fun({P1, Sup}) -> IsNew(P1) orelse Sup =:= undefined end, 10000),
+    case IsNew(P) of
+        true -> exit(P, kill), kill_calls_helper(N - 1, [P | Killed]);
+        false -> Killed
+    end.
 
 %% A node whose distribution buffer is full holds a call's monitor, there as in
 %% gen_server:call. convoy_calls, asked to watch a server there, is held too; calls
