@@ -1,10 +1,12 @@
 %% @private
-%% One monitor per remote server that `convoy:call/2,3' calls, shared by every
-%% caller on this node. `gen_server:call' monitors the server for each call: two
-%% distribution signals (monitor, demonitor) beside the request and the reply,
-%% and they, not the request, limit many concurrent callers. Here a caller
-%% registers in an ETS table instead (local, no signal), and the server's `DOWN'
-%% reaches this process once, which passes it on to each caller then waiting.
+%% One monitor per remote server that `convoy:call/2,3' calls by pid, shared by
+%% every caller on this node (a `{Name, Node}' is not watched here: a monitor
+%% resolves the name once, and the name may change hands). `gen_server:call'
+%% monitors the server for each call: two distribution signals (monitor,
+%% demonitor) beside the request and the reply, and they, not the request, limit
+%% many concurrent callers. Here a caller registers in an ETS table instead
+%% (local, no signal), and the server's `DOWN' reaches this process once, which
+%% passes it on to each caller then waiting.
 %%
 %% Tables (this process owns both; they go with it):
 %% <ul>
@@ -36,11 +38,13 @@
 %%
 %% Monitors of servers nobody waits on are dropped every `SWEEP_MS' (a server
 %% called again is monitored again: one signal per sweep at most), so the number
-%% of monitors stays that of servers called lately. The `DOWN' passed on is
-%% ``{'$convoy_call_down', Alias, Reason}'' sent to the caller's alias: once the
-%% call is over the alias is inactive and the message is dropped by the runtime.
-%% A caller also monitors this process during its call: if it goes, the caller
-%% monitors the server itself (`convoy_gen').
+%% of monitors stays that of servers called lately. A sweep is the message of
+%% the one timer this process keeps, `{timeout, Timer, sweep}' with `Timer' in
+%% its state: a look-alike from elsewhere cannot start a sweep nor add a timer.
+%% The `DOWN' passed on is ``{'$convoy_call_down', Alias, Reason}'' sent to the
+%% caller's alias: once the call is over the alias is inactive and the message
+%% is dropped by the runtime. A caller also monitors this process during its
+%% call: if it goes, the caller monitors the server itself (`convoy_gen').
 %%
 %% Anything else that reaches this process is counted as rejected
 %% (`unknown_message') and changes nothing.
@@ -56,10 +60,10 @@
 -define(WAITERS, convoy_call_waiters).
 -define(SWEEP_MS, 5000).
 
--type process() :: pid() | {atom(), node()}.
-
--record(s, {monitors = #{} :: #{process() => reference()},
-            refs = #{} :: #{reference() => process()}}).
+-record(s, {monitors = #{} :: #{pid() => reference()},
+            refs = #{} :: #{reference() => pid()},
+            %% the sweep timer; its message alone starts a sweep
+            sweep :: reference()}).
 
 -spec start_link() -> {ok, pid()} | {error, term()}.
 start_link() ->
@@ -75,7 +79,7 @@ start_link() ->
 %% `unavailable' (convoy is not running, or the server is not watched yet: this
 %% process is asked to watch it for later calls): the caller monitors the server
 %% itself.
--spec watch(process(), reference()) -> {ok, reference()} | unavailable.
+-spec watch(pid(), reference()) -> {ok, reference()} | unavailable.
 watch(Process, Alias) ->
     case whereis(?MODULE) of
         undefined ->
@@ -117,7 +121,7 @@ gave_up(Process, Alias, Mon) ->
     ok.
 
 %% @doc The call to `Process' tagged `Alias' is over.
--spec unwatch(process(), reference()) -> ok.
+-spec unwatch(pid(), reference()) -> ok.
 unwatch(Process, Alias) ->
     try ets:delete_object(?WAITERS, {Alias, Process, self()}) of
         true -> ok
@@ -130,8 +134,7 @@ unwatch(Process, Alias) ->
 init([]) ->
     _ = ets:new(?WATCHED, [named_table, protected, set, {read_concurrency, true}]),
     _ = ets:new(?WAITERS, [named_table, public, set, {write_concurrency, true}]),
-    _ = erlang:send_after(?SWEEP_MS, self(), sweep),
-    {ok, #s{}}.
+    {ok, #s{sweep = sweep_timer()}}.
 
 %% @private
 -spec handle_call(term(), {pid(), term()}, #s{}) -> {reply, {error, badarg}, #s{}}.
@@ -157,12 +160,14 @@ handle_info({'DOWN', Ref, process, _Object, Reason}, S = #s{refs = Refs})
     true = ets:delete(?WATCHED, Process),
     _ = [Alias ! {'$convoy_call_down', Alias, Reason} || Alias <- waiters(Process)],
     {noreply, forget(Process, Ref, S)};
-handle_info(sweep, S) ->
-    _ = erlang:send_after(?SWEEP_MS, self(), sweep),
+handle_info({timeout, Timer, sweep}, S = #s{sweep = Timer}) ->
     ok = forget_dead_callers(),
-    {noreply, maps:fold(fun sweep/3, S, S#s.monitors)};
+    {noreply, (maps:fold(fun sweep/3, S, S#s.monitors))#s{sweep = sweep_timer()}};
 handle_info(_Other, S) ->
     rejected(S).
+
+sweep_timer() ->
+    erlang:start_timer(?SWEEP_MS, self(), sweep).
 
 %% The aliases of the calls waiting on Process (a scan: only when a monitor ends).
 waiters(Process) ->
@@ -181,7 +186,6 @@ rejected(S) ->
     {noreply, S}.
 
 is_remote(Pid) when is_pid(Pid) -> node(Pid) =/= node();
-is_remote({Name, Node}) when is_atom(Name), is_atom(Node) -> Node =/= node();
 is_remote(_) -> false.
 
 watched(Process, S = #s{monitors = Ms}) when is_map_key(Process, Ms) ->

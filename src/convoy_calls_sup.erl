@@ -1,7 +1,9 @@
 %% @private
 %% `convoy_calls' on its own: the shared monitors of `convoy:call/2,3' are only an
 %% optimisation (callers monitor servers themselves while it is away), so one that
-%% fails is restarted alone, without stopping the rest of convoy.
+%% fails is restarted alone. Past this supervisor's intensity it stays down until
+%% convoy restarts: this supervisor stops with `shutdown', which its parent, for
+%% which it is transient, takes as the end of it rather than a failure.
 -module(convoy_calls_sup).
 -behaviour(supervisor).
 

@@ -13,16 +13,18 @@
 %% change of means. `gen' monitors the server for each call (a monitor and a
 %% demonitor signal beside the request) and tags the request with the monitor's
 %% alias. Here the request is tagged `[alias | Alias]' with an alias of the
-%% call's own, and the server is watched by one monitor shared by every caller
-%% on this node (`convoy_calls'), so many concurrent calls to a server cost a
-%% request and a reply each, not four signals. The alias is deactivated when the
-%% call returns or times out, so an answer that comes late is dropped by the
-%% runtime instead of landing in the caller's mailbox. The monitor gives the
-%% exits: `noproc' (no such process or name), `{nodedown, Node}' (connection
-%% lost: a `noconnection' DOWN), the server's exit reason, and `timeout' (without
-%% `convoy_calls', the call monitors the server itself, as `gen' does); global
-%% and via names whose process is on a node that went down give `noproc', as
-%% `gen' does. Exits are
+%% call's own, and a server called by pid (global and via names are resolved
+%% to one at each call) is watched by one monitor shared by every caller on this
+%% node (`convoy_calls'), so many concurrent calls to a server cost a request and
+%% a reply each, not four signals. A `{Name, Node}' is monitored per call, as
+%% `gen' does: its holder may change, and a monitor resolves the name once. The
+%% alias is deactivated when the call returns or times out, so an answer that
+%% comes late is dropped by the runtime instead of landing in the caller's
+%% mailbox. The monitor gives the exits: `noproc' (no such process or name),
+%% `{nodedown, Node}' (connection lost: a `noconnection' DOWN), the server's exit
+%% reason, and `timeout' (without `convoy_calls', the call monitors the server
+%% itself, as `gen' does); global and via names whose process is on a node that
+%% went down give `noproc', as `gen' does. Exits are
 %% `{Reason, {gen_server, call, Args}}' with gen_server's own `Args'. Everything
 %% that does not go to another node through a running convoy (a server on this
 %% node, convoy not running here, a name that resolves to no remote process, a
@@ -200,11 +202,15 @@ do_call({Process, How}, Request, Timeout) ->
 %% comes as `{'$convoy_call_down', Alias, Reason}'), or from a monitor of its
 %% own as gen_server:call takes it (`own') when convoy_calls is not there. The
 %% reply comes to the alias either way, inactive once the call is over.
-watch(Process, Alias) ->
-    case convoy_calls:watch(Process, Alias) of
+%% A `{Name, Node}' always gets its own: the name may have changed hands since a
+%% shared monitor resolved it, and only a monitor taken now watches its holder.
+watch(Pid, Alias) when is_pid(Pid) ->
+    case convoy_calls:watch(Pid, Alias) of
         {ok, Helper} -> {shared, Helper};
-        unavailable -> own_watch(Process, Alias)
-    end.
+        unavailable -> own_watch(Pid, Alias)
+    end;
+watch(Name, Alias) ->
+    own_watch(Name, Alias).
 
 own_watch(Process, Alias) ->
     {own, erlang:monitor(process, Process, [{tag, {?SERVER_DOWN, Alias}}])}.
@@ -213,8 +219,8 @@ own_watch(Process, Alias) ->
 unwatch(_Process, _Alias, {own, Mref}) ->
     erlang:demonitor(Mref, [flush]),
     ok;
-unwatch(Process, Alias, {shared, Helper}) ->
-    ok = convoy_calls:unwatch(Process, Alias),
+unwatch(Pid, Alias, {shared, Helper}) ->
+    ok = convoy_calls:unwatch(Pid, Alias),
     erlang:demonitor(Helper, [flush]),
     ok.
 

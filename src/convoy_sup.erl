@@ -1,9 +1,11 @@
 %% @private
 %% Top supervisor. one_for_all: the lanes, their counters and the peer table only
-%% make sense together (`convoy_calls', an optimisation of calls, is restarted on
-%% its own by `convoy_calls_sup'). Nothing in convoy crashes on input or on a lane's death (a
-%% lane is replaced by convoy_control), so a restart here means convoy itself is
-%% broken.
+%% make sense together. `convoy_calls', an optimisation of calls, is restarted on
+%% its own by `convoy_calls_sup', a transient child: when that gives up (it
+%% stops with `shutdown') convoy goes on without it, so no failure of
+%% convoy_calls restarts the rest. Nothing in convoy crashes on input or on a
+%% lane's death (a lane is replaced by convoy_control), so a restart here means
+%% convoy itself is broken.
 %%
 %% Started again right after its previous instance was killed (say by a user's
 %% supervisor restarting it), it first waits for that instance's processes to
@@ -41,7 +43,7 @@ init(Config = #{lanes := Lanes}) ->
          #{id => convoy_lane_sup, start => {convoy_lane_sup, start_link, []},
            type => supervisor},
          #{id => convoy_calls_sup, start => {convoy_calls_sup, start_link, []},
-           type => supervisor},
+           type => supervisor, restart => transient},
          #{id => convoy_control, start => {convoy_control, start_link, [Config]},
            shutdown => ?CONTROL_SHUTDOWN}],
     {ok, {#{strategy => one_for_all, intensity => 5, period => 10}, Children}}.

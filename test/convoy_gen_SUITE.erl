@@ -20,13 +20,15 @@
          malformed_like_gen_server/1, call_waits_for_room/1, local_forms/1,
          one_shared_monitor/1, server_dies_after_calls/1, calls_helper_killed_mid_call/1,
          idle_monitors_dropped/1, calls_helper_rejects_strays/1,
-         busy_node_holds_no_other_calls/1, call_with_long_mailbox/1]).
+         busy_node_holds_no_other_calls/1, call_with_long_mailbox/1,
+         name_changes_hands/1, calls_helper_rejects_stray_sweeps/1,
+         calls_helper_killed_often/1]).
 
 -define(SHARED, [cast_each_form, call_each_form, server_sees_gen_messages,
                  noproc_each_form, nodedown, timeout_leaves_no_late_reply,
                  server_stops_during_call, server_killed_mid_call,
                  node_killed_mid_call, order_send_cast_call, concurrent_callers,
-                 call_with_long_mailbox]).
+                 call_with_long_mailbox, name_changes_hands]).
 
 all() ->
     [{group, convoy_peer}, {group, plain_peer}, {group, not_running}, {group, local}].
@@ -36,10 +38,12 @@ groups() ->
                                    call_waits_for_room, one_shared_monitor,
                                    server_dies_after_calls, calls_helper_killed_mid_call,
                                    idle_monitors_dropped, calls_helper_rejects_strays,
-                                   busy_node_holds_no_other_calls]},
+                                   busy_node_holds_no_other_calls,
+                                   calls_helper_killed_often]},
      {plain_peer, [], ?SHARED},
      {not_running, [], ?SHARED},
-     {local, [], [local_forms, malformed_like_gen_server]}].
+     {local, [], [local_forms, malformed_like_gen_server,
+                  calls_helper_rejects_stray_sweeps]}].
 
 init_per_group(Group, Config) ->
     [{situation, Group} | Config].
@@ -305,6 +309,35 @@ server_killed_mid_call(Config) ->
     ?assertEqual({killed, {gen_server, call, [S1, hold, infinity]}}, Gen),
     ?assertEqual({killed, {gen_server, call, [S2, hold, infinity]}}, Convoy).
 
+%% `{Name, Node}' whose holder changed: the first holder, still alive, gave the
+%% name up and a new server took it. A call goes to the holder of the name at
+%% the time of the call and exits as gen_server:call does: `killed' when the new
+%% holder is killed mid-call, `noproc' once nobody holds the name.
+name_changes_hands(Config) ->
+    #{peer := Peer, node := Node, server := First} = setup(Config),
+    Name = {gen_srv, Node},
+    ?assertEqual(ok, convoy:call(Name, {echo, ok})),
+    ok = calls_barrier(),
+    true = peer:call(Peer, erlang, unregister, [gen_srv]),
+    {ok, Second} = peer:call(Peer, convoy_ct_server, start, [{local, gen_srv}, self()]),
+    Callers = [in_process(fun() -> M:call(Name, hold, 5000) end) || M <- [gen_server, convoy]],
+    [receive {holding, Second} -> ok after 10000 -> ct:fail(not_held) end || _ <- Callers],
+    exit(Second, kill),
+    [Gen, Convoy] = [result_of(C) || C <- Callers],
+    ?assertEqual({killed, {gen_server, call, [Name, hold, 5000]}}, Gen),
+    ?assertEqual(Gen, Convoy),
+    same_exit({noproc, {gen_server, call, [Name, x, 2000]}},
+              fun(M) -> M:call(Name, x, 2000) end),
+    ?assertEqual(alive, convoy:call(First, {echo, alive})),
+    ?assertEqual([], strays()).
+
+%% What convoy_calls was asked before this (a cast) is done, if it runs.
+calls_barrier() ->
+    case whereis(convoy_calls) of
+        undefined -> ok;
+        Helper -> _ = sys:get_state(Helper), ok
+    end.
+
 %% Many concurrent callers of one server: one monitor of it from this node,
 %% convoy_calls's, not one per call (gen_server:call's way: two signals a call).
 one_shared_monitor(Config) ->
@@ -382,6 +415,54 @@ calls_helper_killed_mid_call(Config) ->
     ?assertEqual(2, convoy:call(S2, {echo, 2})),
     ?assertEqual([whereis(convoy_calls)], monitors_from_here(Peer, S2)).
 
+%% convoy_calls killed as soon as each new one is up, beyond its supervisor's
+%% restart intensity: its supervisor gives up and nothing else of convoy is
+%% restarted (lanes, peers, inboxes, control keep their pids), the application
+%% runs, and calls go on, each monitoring its server itself, until convoy
+%% restarts (which brings convoy_calls back).
+calls_helper_killed_often(Config) ->
+    #{peer := Peer, server := Srv, node := Node} = setup(Config),
+    await_watched(Srv),
+    Rest = convoy_pids(),
+    Killed = kill_calls_helper(25, []),
+    ?assert(length(Killed) > 10, {killed, length(Killed)}),
+    ?assertEqual(Rest, convoy_pids()),
+    ?assert(lists:keymember(convoy, 1, application:which_applications())),
+    ?assertEqual(undefined, whereis(convoy_calls)),
+    ?assertEqual(ok, convoy:call(Srv, {echo, ok})),
+    ?assertEqual(ok, convoy:call({gen_srv, Node}, {echo, ok})),
+    ?assertEqual(convoy, maps:get(route, maps:get(Node, maps:get(nodes, convoy:info())))),
+    {ok, Held} = peer:call(Peer, convoy_ct_server, start, [self()]),
+    Caller = in_process(fun() -> convoy:call(Held, hold, infinity) end),
+    receive {holding, Held} -> exit(Held, kill) after 10000 -> ct:fail(not_held) end,
+    ?assertEqual({killed, {gen_server, call, [Held, hold, infinity]}}, result_of(Caller)),
+    ok = application:stop(convoy),
+    start_convoy(#{}),
+    ?assert(is_pid(whereis(convoy_calls))),
+    ?assertEqual([], strays()).
+
+%% The processes of convoy but convoy_calls and its supervisor.
+convoy_pids() ->
+    Named = [whereis(N) || N <- [convoy_sup, convoy_peers, convoy_inbox_sup,
+                                 convoy_lane_sup, convoy_control]],
+    Lanes = [P || #{pid := P} <- maps:get(lanes, convoy:info())],
+    Inboxes = [P || {_, P, _, _} <- supervisor:which_children(convoy_inbox_sup)],
+    {Named, Lanes, Inboxes}.
+
+%% Kills each new convoy_calls as soon as it is up, N times or until its
+%% supervisor is gone; returns the pids killed.
+kill_calls_helper(0, Killed) ->
+    Killed;
+kill_calls_helper(N, Killed) ->
+    IsNew = fun(P) -> is_pid(P) andalso not lists:member(P, Killed) end,
+    {P, _} = convoy_ct_peers:await(
+               fun() -> {whereis(convoy_calls), whereis(convoy_calls_sup)} end,
+               fun({P1, Sup}) -> IsNew(P1) orelse Sup =:= undefined end, 10000),
+    case IsNew(P) of
+        true -> exit(P, kill), kill_calls_helper(N - 1, [P | Killed]);
+        false -> Killed
+    end.
+
 %% A node whose distribution buffer is full holds a call's monitor, there as in
 %% gen_server:call. convoy_calls, asked to watch a server there, is held too; calls
 %% to another node's servers, watched or not yet, go on (no caller waits for it).
@@ -454,6 +535,28 @@ calls_helper_rejects_strays(Config) ->
     ?assertEqual(Before + 6, maps:get(unknown_message, convoy_metrics:rejected(), 0)),
     ?assertEqual(Helper, whereis(convoy_calls)),
     ?assertEqual(3, convoy:call(Srv, {echo, 3})).
+
+%% Messages that look like convoy_calls' sweep timer are counted as rejected and
+%% start no sweep (the work of one is forget_dead_callers/0, counted here): were
+%% they taken, each would arm one more sweep timer, for good.
+calls_helper_rejects_stray_sweeps(_Config) ->
+    start_convoy(#{}),
+    Helper = whereis(convoy_calls),
+    Before = maps:get(unknown_message, convoy_metrics:rejected(), 0),
+    Sweep = {convoy_calls, forget_dead_callers, 0},
+    1 = erlang:trace_pattern(Sweep, true, [call_count]),
+    try
+        Strays = [sweep, {timeout, make_ref(), sweep}],
+        [Helper ! M || _ <- lists:seq(1, 1000), M <- Strays],
+        _ = sys:get_state(Helper),
+        %% Its own timer may have gone off once meanwhile.
+        {call_count, Sweeps} = erlang:trace_info(Sweep, call_count),
+        ?assert(Sweeps =< 1, {sweeps, Sweeps}),
+        ?assertEqual(Before + 2000, maps:get(unknown_message, convoy_metrics:rejected(), 0))
+    after
+        erlang:trace_pattern(Sweep, false, [call_count])
+    end,
+    ?assertEqual(Helper, whereis(convoy_calls)).
 
 %% The server's node is killed (SIGKILL) while it holds calls made by every form:
 %% nodedown by pid and `{Name, Node}', noproc by global and via names (as gen
