@@ -18,8 +18,16 @@
 %% through that inbox before was delivered too: it may send directly again (as
 %% after a barrier).
 %%
-%% Acks go to an alias that is also a monitor of the inbox, so a dead inbox or a
-%% lost connection ends the wait at once. Bounds:
+%% The sender never makes a call that a busy connection can suspend: pieces go
+%% `nosuspend' (or through a helper, see the bounds), and it sets up and removes
+%% no remote monitor (each is a signal to the peer, queued and suspending its
+%% sender like a message sent with `!'). Answers come to a plain alias, unaliased
+%% when the send ends, so an answer arriving later is dropped by the runtime and
+%% none stays in the sender's mailbox. The inbox is monitored by a short-lived
+%% helper process, which relays its 'DOWN' to that alias and is killed, unwaited
+%% for, when the send ends: a dead inbox (its node up) or a lost connection still
+%% ends the wait at once, except that while the connection is busy the helper is
+%% suspended setting its monitor up, and the bounds below apply instead. Bounds:
 %% <ul>
 %% <li>no answer to the first piece within `barrier_timeout' ms: `no_answer'
 %%   (counted `stalled'); `convoy_route' hands the message to the lane whole
@@ -107,18 +115,49 @@ send(RT = #runtime{chunk_bytes = PB}, Node, {Inbox, Vsn}, C, To, Msg) ->
             refused; % nothing to cut: it goes whole
         {Size, [First | Rest]} ->
             Dest = {Inbox, Node},
-            Mon = erlang:monitor(process, Dest, [{alias, demonitor}]),
-            Start = start(RT, Vsn, Mon, To, Kind, Size, First),
-            Result = first(RT, Dest, Mon, C, Start, Rest),
-            erlang:demonitor(Mon, [flush]),
-            case Result of
-                dropped ->
-                    convoy_metrics:add(C, accepted, 1),
-                    convoy_metrics:add(C, dropped, 1);
-                _ ->
-                    ok
-            end,
-            Result
+            Alias = alias([explicit_unalias]),
+            Watcher = watch(Dest, Alias),
+            Start = start(RT, Vsn, Alias, To, Kind, Size, First),
+            Result = first(RT, Dest, Alias, C, Start, Rest),
+            unwatch(Watcher, Alias),
+            counted(C, Result)
+    end.
+
+counted(C, dropped) ->
+    convoy_metrics:add(C, accepted, 1),
+    convoy_metrics:add(C, dropped, 1),
+    dropped;
+counted(_C, Result) ->
+    Result.
+
+%% The helper that owns the inbox's monitor (a remote monitor's signals may
+%% suspend it, never the sender) and relays its 'DOWN' to Alias. It watches the
+%% sender too, so it never outlives it.
+watch(Dest, Alias) ->
+    Sender = self(),
+    spawn(fun() -> watcher(Dest, Alias, Sender) end).
+
+watcher(Dest, Alias, Sender) ->
+    SenderMon = erlang:monitor(process, Sender),
+    InboxMon = erlang:monitor(process, Dest),
+    receive
+        {'DOWN', InboxMon, process, _, _} -> Alias ! {Alias, convoy_piece_down};
+        {'DOWN', SenderMon, process, _, _} -> ok
+    end.
+
+%% End of the wait, with local signals only: nothing sent to Alias reaches the
+%% sender after `unalias/1'; what came before is flushed.
+unwatch(Watcher, Alias) ->
+    exit(Watcher, kill),
+    true = unalias(Alias),
+    flush(Alias).
+
+flush(Alias) ->
+    receive
+        {Alias, convoy_piece, _} -> flush(Alias);
+        {Alias, convoy_piece_down} -> flush(Alias)
+    after 0 ->
+        ok
     end.
 
 %% A peer at version 3 is asked to acknowledge every `chunk_window div 2'
@@ -127,19 +166,19 @@ send(RT = #runtime{chunk_bytes = PB}, Node, {Inbox, Vsn}, C, To, Msg) ->
 %% time. Any `chunk_window' pieces in a row hold one that is acknowledged, or the
 %% last piece, after which the sender waits for `delivered' instead: it never
 %% waits for an answer that is not coming.
-start(#runtime{chunk_window = W}, Vsn, Mon, To, Kind, Size, First) ->
+start(#runtime{chunk_window = W}, Vsn, Alias, To, Kind, Size, First) ->
     case convoy_wire:supports(Vsn, piece_acks) of
-        true -> convoy_wire:piece_start(Mon, self(), To, Kind, Size, max(1, W div 2), First);
-        false -> convoy_wire:piece_start(Mon, self(), To, Kind, Size, First)
+        true -> convoy_wire:piece_start(Alias, self(), To, Kind, Size, max(1, W div 2), First);
+        false -> convoy_wire:piece_start(Alias, self(), To, Kind, Size, First)
     end.
 
-first(RT, Dest, Mon, C, Start, Rest) ->
+first(RT, Dest, Alias, C, Start, Rest) ->
     case put_piece(RT, Dest, Start) of
         ok ->
-            case await(RT, Mon) of
+            case await(RT, Alias) of
                 {ack, 0} ->
                     convoy_metrics:add(C, chunked, 1),
-                    stream(RT, Dest, Mon, C, 1, Rest, 0, true);
+                    stream(RT, Dest, Alias, C, 1, Rest, 0, true);
                 delivered when Rest =:= [] ->
                     %% one piece: complete at once
                     convoy_metrics:add(C, chunked, 1),
@@ -165,22 +204,22 @@ first(RT, Dest, Mon, C, Start, Rest) ->
 
 %% Pieces Seq.. left; Acked: the highest piece acked; Paced: false once the
 %% receiver has been silent too long.
-stream(RT, _Dest, Mon, C, _Seq, [], _Acked, _Paced) ->
-    finish(RT, Mon, C);
-stream(RT = #runtime{chunk_window = W}, Dest, Mon, C, Seq, [P | Ps] = Pieces, Acked, Paced) ->
+stream(RT, _Dest, Alias, C, _Seq, [], _Acked, _Paced) ->
+    finish(RT, Alias, C);
+stream(RT = #runtime{chunk_window = W}, Dest, Alias, C, Seq, [P | Ps] = Pieces, Acked, Paced) ->
     case (not Paced) orelse Seq - 1 - Acked < W of
         true ->
-            case put_piece(RT, Dest, convoy_wire:piece(Mon, Seq, P)) of
-                ok -> stream(RT, Dest, Mon, C, Seq + 1, Ps, Acked, Paced);
+            case put_piece(RT, Dest, convoy_wire:piece(Alias, Seq, P)) of
+                ok -> stream(RT, Dest, Alias, C, Seq + 1, Ps, Acked, Paced);
                 dropped -> dropped
             end;
         false ->
-            case await(RT, Mon) of
+            case await(RT, Alias) of
                 {ack, A} ->
-                    stream(RT, Dest, Mon, C, Seq, Pieces, max(A, Acked), Paced);
+                    stream(RT, Dest, Alias, C, Seq, Pieces, max(A, Acked), Paced);
                 timeout ->
                     convoy_metrics:add(C, stalled, 1),
-                    stream(RT, Dest, Mon, C, Seq, Pieces, Acked, false);
+                    stream(RT, Dest, Alias, C, Seq, Pieces, Acked, false);
                 _DownOrUnexpected ->
                     dropped
             end
@@ -188,12 +227,12 @@ stream(RT = #runtime{chunk_window = W}, Dest, Mon, C, Seq, [P | Ps] = Pieces, Ac
 
 %% Everything is handed over: wait for the delivery (acks still arriving count as
 %% progress).
-finish(RT, Mon, C) ->
-    case await(RT, Mon) of
+finish(RT, Alias, C) ->
+    case await(RT, Alias) of
         delivered ->
             delivered;
         {ack, _} ->
-            finish(RT, Mon, C);
+            finish(RT, Alias, C);
         timeout ->
             convoy_metrics:add(C, stalled, 1),
             sent;
@@ -201,12 +240,12 @@ finish(RT, Mon, C) ->
             sent
     end.
 
-await(#runtime{barrier_timeout = T}, Mon) ->
+await(#runtime{barrier_timeout = T}, Alias) ->
     receive
-        {Mon, convoy_piece, Seq} when is_integer(Seq) -> {ack, Seq};
-        {Mon, convoy_piece, delivered} -> delivered;
-        {Mon, convoy_piece, refused} -> refused;
-        {'DOWN', Mon, process, _, _} -> down
+        {Alias, convoy_piece, Seq} when is_integer(Seq) -> {ack, Seq};
+        {Alias, convoy_piece, delivered} -> delivered;
+        {Alias, convoy_piece, refused} -> refused;
+        {Alias, convoy_piece_down} -> down
     after T ->
         timeout
     end.
@@ -215,7 +254,8 @@ await(#runtime{barrier_timeout = T}, Mon) ->
 %% connection is busy, a helper process makes the send (suspended, as `!' would
 %% be, until the connection takes it) while the sender waits for it at most
 %% block_timeout ms; the sender goes on only once the piece is in the connection,
-%% so pieces keep their order.
+%% so pieces keep their order. The helper is local: spawning, monitoring and
+%% killing it never wait for the connection.
 put_piece(#runtime{block_timeout = BT}, Dest, Entry) ->
     Batch = convoy_wire:batch(node(), [Entry]),
     case erlang:send(Dest, Batch, ?SEND_OPTS) of

@@ -2,7 +2,9 @@
 %% small and chunked messages from many senders to many receivers, exact delivery
 %% of binaries and other terms around piece boundaries, a sender and a node killed
 %% mid-message, forged pieces, and the receiver's reassembly bound. The peers send
-%% (with small pieces so that messages have many of them); this node receives.
+%% (with small pieces so that messages have many of them); this node receives,
+%% except where a receiving peer is stopped (SIGSTOP) or its inbox killed: then
+%% this node sends.
 -module(convoy_chunk_SUITE).
 
 -include_lib("common_test/include/ct.hrl").
@@ -14,10 +16,11 @@
          plain_peer_gets_whole/1, old_path_when_infinity/1, path_pieces_by_version/1,
          turn_passes_from_silent_sender/1, stray_ticks_counted/1,
          guard_cuts_only_with_small_traffic/1, guard_sees_small_traffic_with_max_delay/1,
-         guard_sees_small_traffic_on_other_lanes/1]).
+         guard_sees_small_traffic_on_other_lanes/1, receiver_stopped_mid_message/1,
+         large_to_stopped_node/1, inbox_killed_mid_message/1]).
 %% Run on peer nodes, or spawned.
 -export([run_senders/1, sender/2, collector/0, forge/3, run_plan/2, spawn_sender/2,
-         exact_msgs/0, make/1, hold/3, small_then_large_on_other_lane/3]).
+         exact_msgs/0, make/1, hold/3, small_then_large_on_other_lane/3, sink/0]).
 
 -define(INBOX, convoy_inbox_1).
 %% Sender settings: messages from 70,000 bytes go in pieces of 1 KiB, whether or
@@ -25,6 +28,13 @@
 %% loaded machine does not make senders give up waiting.
 -define(SENDER, #{chunk_threshold => 70000, chunk_bytes => 1024, chunk_window => 4,
                   chunk_guard => always, barrier_timeout => 10000}).
+%% This node's settings towards a peer that stops: pieces of 16 KiB, 4 of them
+%% unacknowledged at most; an answer and a busy connection each waited for 500 ms.
+-define(STOPPING, #{chunk_threshold => 70000, chunk_bytes => 16384, chunk_window => 4,
+                    chunk_guard => always, barrier_timeout => 500, block_timeout => 500}).
+%% What a send may take once the peer stops: at most one wait for an answer and
+%% one for the busy connection (1 s), with room for a loaded machine.
+-define(STOPPED_BOUND_MS, 2000).
 
 suite() ->
     [{timetrap, {seconds, 180}}].
@@ -34,7 +44,8 @@ all() ->
      forged_pieces, reassembly_bound, plain_peer_gets_whole, old_path_when_infinity,
      path_pieces_by_version, turn_passes_from_silent_sender, stray_ticks_counted,
      guard_cuts_only_with_small_traffic,
-     guard_sees_small_traffic_with_max_delay, guard_sees_small_traffic_on_other_lanes].
+     guard_sees_small_traffic_with_max_delay, guard_sees_small_traffic_on_other_lanes,
+     receiver_stopped_mid_message, large_to_stopped_node, inbox_killed_mid_message].
 
 init_per_testcase(_TC, Config) ->
     ok = convoy_ct_peers:restart_here(),
@@ -370,6 +381,180 @@ other_lane_sender(Lane) ->
         Lane -> unlink(P), exit(P, kill), other_lane_sender(Lane);
         _ -> P
     end.
+
+%% The receiving node stops (SIGSTOP) while a 20 MB message streams to it in
+%% pieces: the sender returns within its bounds (the wait for an answer, then
+%% for the busy connection), not when the node continues; the message is dropped
+%% and counted. (The sender is held from its first answer until the node has
+%% stopped, so that the stop comes mid-message whatever the machine's speed.)
+receiver_stopped_mid_message(_Config) ->
+    {Peer, B, Rec} = stoppable_peer(),
+    {Sender, Before} = sender_with_history(Rec),
+    D0 = dropped(B),
+    held_mid_message(Sender, Rec, big(20000000)),
+    with_stopped(Peer, fun() ->
+                               T0 = erlang:monotonic_time(millisecond),
+                               true = erlang:resume_process(Sender),
+                               dropped_within_bound(Sender, T0, B, D0)
+                       end),
+    resumed_in_order(Peer, Sender, Rec, Before).
+
+%% The receiving inbox dies mid-message, its node up: the sender's wait ends at
+%% once, not after barrier_timeout (10 s here), the message dropped and counted.
+inbox_killed_mid_message(_Config) ->
+    {Peer, B, Rec} = stoppable_peer(),
+    ok = convoy:set_config(#{barrier_timeout => 10000}),
+    {Sender, Before} = sender_with_history(Rec),
+    D0 = dropped(B),
+    held_mid_message(Sender, Rec, big(20000000)),
+    Inbox = peer:call(Peer, erlang, whereis, [?INBOX]),
+    true = peer:call(Peer, erlang, exit, [Inbox, kill]),
+    %% restarted before anything more is sent (what reaches its name before
+    %% that is lost, as with `!')
+    await(fun() -> peer:call(Peer, erlang, whereis, [?INBOX]) end,
+          fun(P) -> is_pid(P) andalso P =/= Inbox end, 10000),
+    T0 = erlang:monotonic_time(millisecond),
+    true = erlang:resume_process(Sender),
+    dropped_within_bound(Sender, T0, B, D0),
+    resumed_in_order(Peer, Sender, Rec, Before).
+
+%% Sender told to send Msg to Rec, and suspended once the first piece is
+%% answered: mid-message until it is resumed.
+held_mid_message(Sender, Rec, Msg) ->
+    1 = erlang:trace(Sender, true, ['receive']),
+    Sender ! {send, Rec, Msg, self()},
+    receive
+        {trace, Sender, 'receive', {Ref, convoy_piece, 0}} when is_reference(Ref) -> ok
+    after 30000 -> ct:fail(no_first_answer)
+    end,
+    true = erlang:suspend_process(Sender),
+    1 = erlang:trace(Sender, false, ['receive']).
+
+%% A large message to a node already stopped, its connection full: the sender
+%% returns after block_timeout, the message dropped and counted.
+large_to_stopped_node(_Config) ->
+    {Peer, B, Rec} = stoppable_peer(),
+    {Sender, Before} = sender_with_history(Rec),
+    Sink = peer:call(Peer, erlang, spawn, [?MODULE, sink, []]),
+    D0 = dropped(B),
+    with_stopped(Peer, fun() ->
+                               fill(Sink, binary:copy(<<"f">>, 65536), 4000),
+                               T0 = erlang:monotonic_time(millisecond),
+                               Sender ! {send, Rec, big(5000000), self()},
+                               dropped_within_bound(Sender, T0, B, D0)
+                       end),
+    resumed_in_order(Peer, Sender, Rec, Before).
+
+%% A peer running convoy and a collector on it. The connection's socket buffers
+%% are small and fixed at both ends (this node connects), so that once the peer
+%% is stopped the connection is busy after little more than the distribution
+%% buffer, and stays busy: the kernel does not grow the buffers meanwhile.
+stoppable_peer() ->
+    Args = ["-kernel", "inet_dist_listen_options", "[{recbuf, 65536}]"],
+    {Peer, B} = with_connect_options([{sndbuf, 65536}],
+                                     fun() ->
+                                             convoy_ct_peers:start(?MODULE, ?CT_PEER_NAME(),
+                                                                   #{args => Args})
+                                     end),
+    ok = convoy_ct_peers:start_convoy(Peer, #{}),
+    convoy_ct_peers:await_route(B, convoy),
+    ok = convoy:set_config(?STOPPING),
+    {Peer, B, peer:call(Peer, erlang, spawn, [?MODULE, collector, []])}.
+
+with_connect_options(Opts, Fun) ->
+    Old = application:get_env(kernel, inet_dist_connect_options),
+    ok = application:set_env(kernel, inet_dist_connect_options, Opts),
+    try
+        Fun()
+    after
+        case Old of
+            {ok, V} -> application:set_env(kernel, inet_dist_connect_options, V);
+            undefined -> application:unset_env(kernel, inet_dist_connect_options)
+        end
+    end.
+
+%% A sending process here that has sent a small message and one in pieces to
+%% Rec (delivered: nothing of it is outstanding).
+sender_with_history(Rec) ->
+    Sender = spawn_link(fun commands/0),
+    Before = [{s, 1}, make({make, tagged, a, 300000})],
+    lists:foreach(fun(M) -> order(Sender, Rec, M) end, Before),
+    {Sender, Before}.
+
+%% The sender's call ends within the bound, its message counted dropped, and no
+%% helper of convoy_chunk_send outlives it (the node is still stopped).
+dropped_within_bound(Sender, T0, B, D0) ->
+    receive
+        {sent, Sender} ->
+            Ms = erlang:monotonic_time(millisecond) - T0,
+            ct:pal("the send returned after ~b ms; the node's counters: ~p",
+                   [Ms, maps:get(B, maps:get(nodes, convoy:info()))]),
+            ?assert(Ms < ?STOPPED_BOUND_MS),
+            ?assertEqual(D0 + 1, dropped(B)),
+            await(fun chunk_helpers/0, fun(Hs) -> Hs =:= [] end, 5000)
+    after 5000 ->
+        ct:fail({still_sending, erlang:process_info(Sender, current_stacktrace)})
+    end.
+
+%% Once the node continues, the sender's next messages (small, and in pieces)
+%% arrive behind those sent before the stop, and the dropped one never does (its
+%% partial is discarded by the next start); no late answer to the dropped
+%% message stays in the sender's mailbox.
+resumed_in_order(Peer, Sender, Rec, Before) ->
+    ok = convoy:set_config(#{barrier_timeout => 10000}),
+    After = [{s, 2}, make({make, tagged, b, 300000})],
+    lists:foreach(fun(M) -> order(Sender, Rec, M) end, After),
+    ?assertEqual(Before ++ After, await_count(Rec, length(Before ++ After))),
+    Inbox = peer:call(Peer, erlang, whereis, [?INBOX]),
+    ?assertEqual(0, peer:call(Peer, convoy_chunk_rx, partials, [Inbox])),
+    Sender ! {mailbox, self()},
+    receive {mailbox, Sender, Msgs} -> ?assertEqual([], Msgs) end.
+
+%% Runs Fun with Peer's OS process stopped; it always continues after.
+with_stopped(Peer, Fun) ->
+    OsPid = peer:call(Peer, os, getpid, []),
+    _ = os:cmd("kill -STOP " ++ OsPid),
+    try Fun() after os:cmd("kill -CONT " ++ OsPid) end.
+
+%% Plain sends to Sink until its node's connection is busy.
+fill(_Sink, _Payload, 0) ->
+    ct:fail(connection_never_busy);
+fill(Sink, Payload, N) ->
+    case erlang:send(Sink, Payload, [nosuspend]) of
+        ok -> fill(Sink, Payload, N - 1);
+        nosuspend -> ok
+    end.
+
+%% A process that sends what it is told with convoy:send/2, one at a time, and
+%% says when each call returned; `mailbox' answers what its own mailbox holds.
+commands() ->
+    receive
+        {send, Dest, Msg, From} ->
+            ok = convoy:send(Dest, Msg),
+            From ! {sent, self()},
+            commands();
+        {mailbox, From} ->
+            {messages, Msgs} = erlang:process_info(self(), messages),
+            From ! {mailbox, self(), Msgs},
+            commands()
+    end.
+
+order(Sender, Dest, Msg) ->
+    Sender ! {send, Dest, Msg, self()},
+    receive {sent, Sender} -> ok after 60000 -> ct:fail({not_sent, Msg}) end.
+
+%% The processes on this node running convoy_chunk_send's code (its helpers).
+chunk_helpers() ->
+    [P || P <- processes(),
+          {current_stacktrace, Stack} <- [erlang:process_info(P, current_stacktrace)],
+          lists:keymember(convoy_chunk_send, 1, Stack)].
+
+dropped(Node) ->
+    #{nodes := #{Node := #{dropped := D}}} = convoy:info(),
+    D.
+
+sink() ->
+    receive _ -> sink() end.
 
 %%--------------------------------------------------------------------
 %% Helpers (some run on the peer)
