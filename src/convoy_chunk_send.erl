@@ -50,7 +50,7 @@
 %% </ul>
 -module(convoy_chunk_send).
 
--export([inbox/4, send/6, drain_lane/3]).
+-export([inbox/4, inbox_name/1, send/6, drain_lane/3]).
 
 -export_type([target/0]).
 
@@ -90,6 +90,10 @@ inbox(RT = #runtime{chunk_threshold = T, chunk_guard = G}, L, Node, Bytes) ->
 
 latest_small_send(Slots) ->
     lists:max([convoy_slots:last_small_send(S) || S <- tuple_to_list(Slots)]).
+
+%% @doc The name of the peer's inbox that `Target' sends pieces to.
+-spec inbox_name(target()) -> atom().
+inbox_name({Inbox, _Vsn}) -> Inbox.
 
 %% @doc Wait until lane `L' has shipped (handed to distribution) everything it
 %% holds for `Node', as `convoy:flush/2' does, for at most `barrier_timeout' ms.

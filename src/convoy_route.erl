@@ -188,27 +188,42 @@ slots(#runtime{slots = Slots}, L) -> element(L, Slots).
 -define(MARKED_KEY, '$convoy_marked').
 -define(REFS_KEY, '$convoy_refs').
 
+%% A marker is `true', or `{pieces, Inbox}' when the sender's last message in
+%% pieces went through the peer's `Inbox' and its delivery was not confirmed
+%% (see `settle/5').
+
 %% @doc Whether the calling process's traffic to `Node' went through a lane or an
 %% inbox since its last barrier (for tests).
 -spec is_marked(node()) -> boolean().
 is_marked(Node) ->
+    marker(Node) =/= false.
+
+marker(Node) ->
     case get(?MARKED_KEY) of
-        undefined -> false;
-        Marked -> is_map_key(Node, Marked)
+        #{Node := Marker} -> Marker;
+        _ -> false
     end.
 
+%% Marks Node, keeping a `{pieces, Inbox}' marker as it is.
 mark(Node) ->
     case get(?MARKED_KEY) of
         undefined -> put(?MARKED_KEY, #{Node => true});
-        #{Node := true} -> ok;
+        #{Node := _} -> ok;
         Marked -> put(?MARKED_KEY, Marked#{Node => true})
+    end,
+    ok.
+
+set_marker(Node, Marker) ->
+    case get(?MARKED_KEY) of
+        undefined -> put(?MARKED_KEY, #{Node => Marker});
+        Marked -> put(?MARKED_KEY, Marked#{Node => Marker})
     end,
     ok.
 
 unmark(Node) ->
     case get(?MARKED_KEY) of
-        #{Node := true} = Marked when map_size(Marked) =:= 1 -> erase(?MARKED_KEY);
-        #{Node := true} = Marked -> put(?MARKED_KEY, maps:remove(Node, Marked));
+        #{Node := _} = Marked when map_size(Marked) =:= 1 -> erase(?MARKED_KEY);
+        #{Node := _} = Marked -> put(?MARKED_KEY, maps:remove(Node, Marked));
         _ -> ok
     end,
     ok.
@@ -216,13 +231,24 @@ unmark(Node) ->
 %% One message to a remote node; convoy_path decides the path from the facts.
 %% Size is {small | large, Bytes}, the encoded size (measured once, here).
 remote(undefined, Node, To, Msg) ->
-    plain_send(Node, [To], Msg);
+    after_pieces(undefined, Node, {To, Msg}, fun() -> plain_send(Node, [To], Msg) end);
 remote(RT = #runtime{stopping = true}, Node, To, Msg) ->
-    stopping(RT, Node, [To], Msg);
-remote(RT = #runtime{large_threshold = T}, Node, To, Msg) ->
+    after_pieces(RT, Node, {To, Msg}, fun() -> stopping(RT, Node, [To], Msg) end);
+remote(RT, Node, To, Msg) ->
     L = lane_of(RT),
+    case marker(Node) of
+        {pieces, Inbox} ->
+            case lane_inbox(L, Node) of
+                Inbox -> route(RT, L, Node, To, Msg, true);
+                _Other -> settle(RT, Node, Inbox, {To, Msg},
+                                 fun() -> route(RT, L, Node, To, Msg, true) end)
+            end;
+        Marked ->
+            route(RT, L, Node, To, Msg, Marked)
+    end.
+
+route(RT = #runtime{large_threshold = T}, L, Node, To, Msg, Marked) ->
     Size = convoy_size:measure(Msg, T),
-    Marked = is_marked(Node),
     Calm = case Size of
                {large, _} -> busy; % not a small send: the lane's calm is not touched
                _ when Marked -> marked_calm(RT, L);
@@ -355,8 +381,10 @@ chunked(RT, L, Node, Target, C, To, Msg, Size) ->
             unmark(Node),
             count_direct(C);
         sent ->
-            %% A wait for the delivery ran out (counted `stalled').
+            %% A wait for the delivery ran out (counted `stalled'): the sender's
+            %% next messages must not take another inbox before it (settle/5).
             unanswered(RT, L, Node, C, wait),
+            set_marker(Node, {pieces, convoy_chunk_send:inbox_name(Target)}),
             count_direct(C);
         refused ->
             unmark(Node),
@@ -811,11 +839,24 @@ own_last_send(Now) ->
 %% sender ships it to the inbox itself, behind everything the lane shipped, so it is
 %% copied no more than a send copies it.
 remote_multi(undefined, Node, Tos, Msg) ->
-    plain_send(Node, Tos, Msg);
+    after_pieces(undefined, Node, wire_entry({Tos, Msg}),
+                 fun() -> plain_send(Node, Tos, Msg) end);
 remote_multi(RT = #runtime{stopping = true}, Node, Tos, Msg) ->
-    stopping(RT, Node, Tos, Msg);
-remote_multi(RT = #runtime{large_threshold = T}, Node, Tos, Msg) ->
+    after_pieces(RT, Node, wire_entry({Tos, Msg}), fun() -> stopping(RT, Node, Tos, Msg) end);
+remote_multi(RT, Node, Tos, Msg) ->
     L = lane_of(RT),
+    case marker(Node) of
+        {pieces, Inbox} ->
+            case lane_inbox(L, Node) of
+                Inbox -> multi(RT, L, Node, Tos, Msg);
+                _Other -> settle(RT, Node, Inbox, wire_entry({Tos, Msg}),
+                                 fun() -> multi(RT, L, Node, Tos, Msg) end)
+            end;
+        _ ->
+            multi(RT, L, Node, Tos, Msg)
+    end.
+
+multi(RT = #runtime{large_threshold = T}, L, Node, Tos, Msg) ->
     V = convoy_slots:admit(slots(RT, L)),
     case convoy_slots:is_closed(V) of
         true ->
@@ -838,6 +879,113 @@ remote_multi(RT = #runtime{large_threshold = T}, Node, Tos, Msg) ->
                 inbox -> via_inbox(RT, L, Node, Inboxes, C, {Tos, Msg}, Tos, Msg, Size);
                 lane -> to_lane(RT, L, Node, Tos, Msg, Size)
             end
+    end.
+
+%%--------------------------------------------------------------------
+%% After a message in pieces whose delivery was not confirmed
+%%
+%% Its pieces went to the peer's inbox `Inbox' from this process; the inbox may
+%% still be reassembling it. Rule 1 keeps the sender's next messages behind it as
+%% long as they go through the same inbox; when they would not (`lanes' changed,
+%% or convoy stops or stopped, and the sender then sends plainly), the sender
+%% first confirms `Inbox': a barrier from this process to it is answered only once
+%% it delivered the pieces before it (same sender, same receiver). Without an
+%% answer, the message goes to `Inbox' itself, behind the pieces, and the
+%% marker stays; a node marked unanswered is not waited for again.
+
+after_pieces(RT, Node, Entry, Next) ->
+    case marker(Node) of
+        {pieces, Inbox} -> settle(RT, Node, Inbox, Entry, Next);
+        _ -> Next()
+    end.
+
+settle(RT, Node, Inbox, Entry, Next) ->
+    case confirm(RT, Node, Inbox) of
+        ok ->
+            case RT of
+                undefined -> unmark(Node); % nothing of convoy's is left to wait for
+                _ -> set_marker(Node, true)
+            end,
+            Next();
+        _TimeoutOrNotSent ->
+            behind_pieces(RT, Node, Inbox, Entry, Next)
+    end.
+
+confirm(RT, Node, Inbox) ->
+    C = node_counters(Node),
+    case C =/= undefined andalso convoy_metrics:is_unanswered(C) of
+        true -> timeout; % one wait per stall
+        false -> confirm(RT, Node, Inbox, C)
+    end.
+
+confirm(RT, Node, Inbox, C) ->
+    Alias = alias([explicit_unalias]),
+    Batch = convoy_wire:batch(node(), [convoy_wire:barrier(Alias, Alias)]),
+    Result = case erlang:send({Inbox, Node}, Batch, ?DIRECT_OPTS) of
+                 ok ->
+                     T0 = erlang:monotonic_time(),
+                     Answer = receive
+                                  {Alias, convoy_barrier} -> ok
+                              after barrier_timeout(RT) ->
+                                  timeout
+                              end,
+                     _ = RT =:= undefined orelse C =:= undefined
+                         orelse waited(RT, C, Node, barrier, T0, Answer),
+                     Answer;
+                 _NoSuspendOrNoConnect ->
+                     not_sent
+             end,
+    true = unalias(Alias),
+    receive {Alias, convoy_barrier} -> ok after 0 -> ok end,
+    Result.
+
+barrier_timeout(#runtime{barrier_timeout = T}) -> T;
+barrier_timeout(undefined) -> maps:get(barrier_timeout, convoy_config:defaults()).
+
+%% The message follows the pieces through their inbox: without waiting (never
+%% suspending) while convoy runs, as a plain send would once it stopped. A full
+%% connection to a node that does not answer is overload: refused at once and
+%% counted. Not connected: the pieces went with the connection, nothing is left
+%% to follow.
+behind_pieces(RT, Node, Inbox, Entry, Next) ->
+    Opts = case RT of
+               undefined -> [noconnect];
+               _ -> ?DIRECT_OPTS
+           end,
+    case erlang:send({Inbox, Node}, convoy_wire:batch(node(), [Entry]), Opts) of
+        ok when RT =:= undefined ->
+            ok;
+        ok ->
+            count_direct(RT, Node);
+        nosuspend ->
+            refuse_behind_pieces(RT, node_counters(Node));
+        noconnect ->
+            unmark(Node),
+            Next()
+    end.
+
+refuse_behind_pieces(_RT, undefined) ->
+    ok;
+refuse_behind_pieces(#runtime{refuse = drop}, C) ->
+    convoy_metrics:add(C, accepted, 1),
+    convoy_metrics:add(C, dropped, 1),
+    ok;
+refuse_behind_pieces(#runtime{refuse = error}, C) ->
+    convoy_metrics:add(C, refused, 1),
+    {error, overload}.
+
+%% The inbox lane L ships to on Node now (`none' when Node is not a convoy peer).
+lane_inbox(L, Node) ->
+    case convoy_peers:lookup(Node) of
+        {{convoy, _Vsn, Inboxes}, _C, _H} -> convoy_wire:lane_inbox(L, Inboxes);
+        _ -> none
+    end.
+
+%% Node's counters if it has a row (none is created here).
+node_counters(Node) ->
+    case convoy_peers:lookup(Node) of
+        {_Route, C, _H} -> C;
+        none -> undefined
     end.
 
 %%--------------------------------------------------------------------
