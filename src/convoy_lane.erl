@@ -251,7 +251,7 @@ handle({'$convoy_retire', Secret, K}, Now, S = #s{control = {_, Secret}})
 handle({{Secret, Node}, convoy_barrier}, _Now, S = #s{probe_secret = Secret}) when is_atom(Node) ->
     answered(Node, S);
 handle({'$convoy_probe', Node}, _Now, S) when is_atom(Node) ->
-    probe_alone(Node, erlang:monotonic_time(millisecond), S);
+    probe_alone(Node, erlang:monotonic_time(millisecond), first, S);
 handle({system, From, Req}, _Now, S) ->
     sys:handle_system_msg(Req, From, S#s.parent, ?MODULE, [], S);
 handle(_Other, _Now, S) ->
@@ -451,12 +451,14 @@ probe(Node, S = #s{probes = Probes, probe_secret = Secret,
     end.
 
 %% The node's row is looked up, never created: probes outlive the lane's queue
-%% for the node, and end with the mark or the row.
-probe_alone(Node, Now, S = #s{probes = Probes, probe_secret = Secret, index = I}) ->
+%% for the node, and end with the mark or the row. A probe sent `again' means the
+%% last one went unanswered for barrier_timeout (`convoy_metrics:escalate/1').
+probe_alone(Node, Now, Which, S = #s{probes = Probes, probe_secret = Secret, index = I}) ->
     case convoy_peers:lookup(Node) of
         {{convoy, _Vsn, Inboxes}, C, _H} ->
             case convoy_metrics:is_unanswered(C) of
                 true ->
+                    _ = Which =:= first orelse convoy_metrics:escalate(C),
                     Batch = convoy_wire:batch(node(),
                                               [convoy_wire:barrier(self(), {Secret, Node})]),
                     _ = erlang:send({convoy_wire:lane_inbox(I, Inboxes), Node}, Batch,
@@ -474,7 +476,7 @@ reprobe(S = #s{probes = Probes}) when map_size(Probes) =:= 0 ->
     S;
 reprobe(S = #s{probes = Probes, rt = #runtime{barrier_timeout = T}}) ->
     Now = erlang:monotonic_time(millisecond),
-    maps:fold(fun(Node, Sent, Acc) when Now - Sent >= T -> probe_alone(Node, Now, Acc);
+    maps:fold(fun(Node, Sent, Acc) when Now - Sent >= T -> probe_alone(Node, Now, again, Acc);
                  (_Node, _Sent, Acc) -> Acc
               end, S, Probes).
 

@@ -12,7 +12,7 @@
 -module(convoy_metrics).
 
 -export([init/0, lost/1, lost/0, new_refs/0, add/3, add_direct/1, close/1,
-         unanswered/2, is_unanswered/1, may_wait_for_room/1, answered/1,
+         unanswered/2, escalate/1, is_unanswered/1, may_wait_for_room/1, answered/1,
          node_info/1, node_counts/1, node_report/3, held/1, rejected/1, rejected/0, emit/3, emit/4]).
 
 -export_type([counter/0, rejection/0]).
@@ -80,30 +80,43 @@ close(Ref) ->
 %% the node's bound (policy `block') for its whole `block_timeout' (`room'). Until
 %% a lane clears the mark (`answered/1', once the node answers a barrier the lane
 %% sends it), senders send to it only through their lanes, which hold and count
-%% what waits, and senders over its bound do not wait for room after a `room'
-%% mark: a stall costs each sender at most one wait. `true' when the node was not
-%% marked before (the caller asks its lane to probe it).
+%% what waits: a stall costs each sender at most one wait. `true' when the node
+%% was not marked before (the caller asks its lane to probe it).
+%%
+%% The word holds 0 (answering), 1 (`wait'), 2 (`room': a block ran out) or 3 (a
+%% block ran out and the node did not answer the lane's probe within
+%% `barrier_timeout', see `escalate/1': senders at its bound stop waiting for
+%% room). A node held back on purpose (`max_delay') answers the probe at once, so
+%% only a node that does not answer makes `block' refuse at once.
 -spec unanswered(counters:counters_ref(), wait | room) -> boolean().
-unanswered(Ref, wait) ->
-    case counters:get(Ref, ?UNANSWERED_IX) of
-        0 -> counters:put(Ref, ?UNANSWERED_IX, 1), true;
-        _ -> false % never lowers a `room' mark
-    end;
-unanswered(Ref, room) ->
+unanswered(Ref, Why) ->
     Before = counters:get(Ref, ?UNANSWERED_IX),
-    counters:put(Ref, ?UNANSWERED_IX, 2),
+    Level = case Why of
+                wait -> 1;
+                room -> 2
+            end,
+    _ = Before >= Level orelse counters:put(Ref, ?UNANSWERED_IX, Level),
     Before =:= 0.
+
+%% @doc A lane's probe went unanswered for `barrier_timeout': a node marked after
+%% a block ran out (`room') now refuses senders at its bound at once.
+-spec escalate(counters:counters_ref()) -> ok.
+escalate(Ref) ->
+    case counters:get(Ref, ?UNANSWERED_IX) of
+        2 -> counters:put(Ref, ?UNANSWERED_IX, 3);
+        _ -> ok
+    end.
 
 %% @doc Whether the node is marked as not answering (`unanswered/2').
 -spec is_unanswered(counters:counters_ref()) -> boolean().
 is_unanswered(Ref) ->
     counters:get(Ref, ?UNANSWERED_IX) =/= 0.
 
-%% @doc Whether a sender over the node's bound may wait for room: not after one
-%% waited its whole `block_timeout' in vain, until the node answers again.
+%% @doc Whether a sender over the node's bound may wait for room: not once a
+%% wait for room ran out and the node did not answer since (`escalate/1').
 -spec may_wait_for_room(counters:counters_ref()) -> boolean().
 may_wait_for_room(Ref) ->
-    counters:get(Ref, ?UNANSWERED_IX) < 2.
+    counters:get(Ref, ?UNANSWERED_IX) < 3.
 
 %% @doc The node answered: clear its mark (`unanswered/2').
 -spec answered(counters:counters_ref()) -> ok.

@@ -728,10 +728,14 @@ overload_policies(Config) ->
         T1 = erlang:monotonic_time(millisecond),
         ?assert(T1 - T0 >= 200),
         %% send/2 with the default policy (block): a wait for room ran out on this
-        %% node, so until it answers again a sender over the bound does not wait
-        %% again (dropped at once, counted)
+        %% node and it did not answer the lane's probe since, so until it answers
+        %% a sender over the bound does not wait again (dropped at once, counted)
+        {_, C, _} = convoy_peers:lookup(Node),
+        await(fun() -> convoy_metrics:may_wait_for_room(C) end, fun(W) -> not W end, 5000),
+        T2 = erlang:monotonic_time(millisecond),
         ?assertEqual(ok, convoy:send(Sink, x)),
-        ?assert(erlang:monotonic_time(millisecond) - T1 < 100),
+        ?assert(erlang:monotonic_time(millisecond) - T2 < 100),
+        ?assert(T2 - T1 < 1000), % escalated after one unanswered probe
         #{refused := R1, dropped := D1, blocked_us := B, unanswered := true} = node_stats(Node),
         ?assertEqual(R0 + 2, R1),
         ?assertEqual(D0 + 2, D1),
