@@ -41,15 +41,16 @@
 %% piece, a second start for a message in progress, and a start of a message
 %% completed recently (the last `?DONE_KEEP' are remembered), so nothing is
 %% delivered twice. A new start from a sender that has a message in progress
-%% discards that one (the sender gave up on it). `down/2' and `nodedown/2'
-%% discard a dead sender's or node's partial messages.
+%% discards that one (the sender gave up on it). `down/3' (only with the monitor
+%% kept with the partial) and `nodedown/2' discard a dead sender's or node's
+%% partial messages.
 %%
 %% A node's messages take turns (see "Turns" below): one streams while the
 %% acknowledgements of the other starts wait, so the node does not hold the
 %% pieces of all of them at once.
 -module(convoy_chunk).
 
--export([payload/2, pieces/2, new/0, start/4, piece/5, down/2, nodedown/2, held/2,
+-export([payload/2, pieces/2, new/0, start/4, piece/5, down/3, nodedown/2, held/2,
          partials/1, assemble/2, take_granted/1, waiting/1, tick/2]).
 
 -export_type([rx/0, kind/0, start/0, result/0]).
@@ -404,13 +405,19 @@ remember(Ref, Rx = #rx{done = Q, done_set = Set}) ->
             Rx#rx{done = Q1, done_set = Set1}
     end.
 
-%% @doc The sender `Pid' died: its partial message is discarded. Returns how many
-%% (0 or 1) and their monitors.
--spec down(pid(), rx()) -> {[term()], rx()}.
-down(Pid, Rx) ->
+%% @doc The monitor `Mon' of the sender `Pid' fired: its partial message is
+%% discarded. Returns the monitors of the partials discarded: none when `Mon' is
+%% not the monitor kept with `Pid''s partial (a stray `DOWN' changes nothing).
+-spec down(pid(), term(), rx()) -> {[term()], rx()}.
+down(Pid, Mon, Rx) ->
     case Rx#rx.senders of
-        #{Pid := Ref} -> drop(Ref, Rx);
-        _ -> {[], Rx}
+        #{Pid := Ref} ->
+            case maps:get(Ref, Rx#rx.partials) of
+                #partial{mon = Mon} -> drop(Ref, Rx);
+                _ -> {[], Rx}
+            end;
+        _ ->
+            {[], Rx}
     end.
 
 %% @doc `Node' is gone: its partial messages are discarded (their monitors).
@@ -511,7 +518,9 @@ rx_bound_and_replace_test() ->
     {{ack, 0}, [R1], Rx2} = start(n, St(R2, 10), 10, Rx1),
     ?assertEqual(10, held(n, Rx2)),
     ?assertMatch({{error, bad_piece}, _}, piece(n, R1, 1, <<"b">>, Rx2)),
-    {[R2], Rx3} = down(S, Rx2),
+    %% only the monitor kept with the partial discards it
+    ?assertMatch({[], _}, down(S, R1, Rx2)),
+    {[R2], Rx3} = down(S, R2, Rx2),
     ?assertEqual(0, held(n, Rx3)),
     {{ack, 0}, [], Rx4} = start(n, St(make_ref(), 3), 10, Rx3),
     {[_], Rx5} = nodedown(n, Rx4),

@@ -9,7 +9,9 @@
 %% keeps its place among the rest of its sender's traffic through this inbox.
 %%
 %% The sender of a message in progress is monitored: if it dies (or its node goes
-%% down) the partial message is discarded and counted (`partial_discarded'). A
+%% down) the partial message is discarded and counted (`partial_discarded'); a
+%% `DOWN' counts only with the monitor kept for that message, so a stray one
+%% naming a sender discards nothing. A
 %% piece that does not fit the state (forged, out of sequence, repeated, past its
 %% size) is `bad_piece'; a start over `max_reassembly_bytes' for its node is
 %% answered `refused' and counted (`reassembly_full'): its sender then sends the
@@ -23,7 +25,7 @@
 %% sender, which gives up after `barrier_timeout', gets its turn first.
 -module(convoy_chunk_rx).
 
--export([handle/2, delivered/1, down/1, nodedown/1, tick/1, held/2, partials/1]).
+-export([handle/2, delivered/1, down/2, nodedown/1, tick/1, held/2, partials/1]).
 
 -include("convoy_runtime.hrl").
 
@@ -116,12 +118,12 @@ delivered(Ref) ->
     _ = erlang:send(Ref, {Ref, convoy_piece, delivered}, ?ACK_OPTS),
     ok.
 
-%% @doc A monitored sender died: its partial message is discarded. False when
-%% `Pid' is not a sender with a message in progress (the caller decides what such a
-%% `DOWN' is).
--spec down(pid()) -> boolean().
-down(Pid) ->
-    {Mons, Rx} = convoy_chunk:down(Pid, rx()),
+%% @doc The monitor `Mon' of a sender `Pid' fired: its partial message is
+%% discarded. False when `Mon' is not the monitor this inbox keeps for a message
+%% in progress from `Pid' (the caller decides what such a `DOWN' is).
+-spec down(reference(), pid()) -> boolean().
+down(Mon, Pid) ->
+    {Mons, Rx} = convoy_chunk:down(Pid, Mon, rx()),
     store(Rx),
     discarded(Mons),
     Mons =/= [].

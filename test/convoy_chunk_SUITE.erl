@@ -13,6 +13,7 @@
          node_killed_mid_message/1, forged_pieces/1, reassembly_bound/1,
          plain_peer_gets_whole/1, old_path_when_infinity/1, path_pieces_by_version/1,
          turn_passes_from_silent_sender/1, stray_ticks_counted/1,
+         stray_down_keeps_message/1, stray_nodedown_keeps_message/1,
          guard_cuts_only_with_small_traffic/1, guard_sees_small_traffic_with_max_delay/1,
          guard_sees_small_traffic_on_other_lanes/1]).
 %% Run on peer nodes, or spawned.
@@ -33,6 +34,7 @@ all() ->
     [order_many_senders, exact_delivery, sender_killed_mid_message, node_killed_mid_message,
      forged_pieces, reassembly_bound, plain_peer_gets_whole, old_path_when_infinity,
      path_pieces_by_version, turn_passes_from_silent_sender, stray_ticks_counted,
+     stray_down_keeps_message, stray_nodedown_keeps_message,
      guard_cuts_only_with_small_traffic,
      guard_sees_small_traffic_with_max_delay, guard_sees_small_traffic_on_other_lanes].
 
@@ -251,6 +253,38 @@ stray_ticks_counted(_Config) ->
     _ = sys:get_state(Inbox),
     ?assertEqual(Before + 2, maps:get(unknown_message, rejected())),
     ?assertEqual(Inbox, whereis(?INBOX)).
+
+%% A `DOWN' naming a sender whose message is half sent in pieces, with a
+%% reference that is not the inbox's monitor (anyone can send one to the
+%% registered inbox), is counted and discards nothing: the message arrives
+%% whole, between the sender's messages before and after it.
+stray_down_keeps_message(_Config) ->
+    stray_during_stream(fun(Sender, _Node) ->
+                                {'DOWN', make_ref(), process, Sender, noconnection}
+                        end).
+
+%% The same with a `nodedown' for the sending node while it is connected.
+stray_nodedown_keeps_message(_Config) ->
+    stray_during_stream(fun(_Sender, Node) -> {nodedown, Node} end).
+
+stray_during_stream(Stray) ->
+    {Peer, A} = convoy_peer(?SENDER),
+    Rec = spawn_link(?MODULE, collector, []),
+    Inbox = whereis(?INBOX),
+    Before = rejected(),
+    Specs = [{first, 1}, {make, big, 20000000}, {third, 3}],
+    Sender = peer:call(Peer, erlang, spawn, [?MODULE, sender, [[{Rec, S} || S <- Specs], self()]]),
+    await(fun() -> convoy_chunk_rx:partials(Inbox) end, fun(P) -> P =:= 1 end, 20000),
+    %% The inbox held still mid-message: the stray comes between two pieces.
+    ok = sys:suspend(Inbox),
+    ?assertEqual(1, convoy_chunk_rx:partials(Inbox)),
+    Inbox ! Stray(Sender, A),
+    ok = sys:resume(Inbox),
+    receive {sent, Sender} -> ok after 60000 -> ct:fail(sender_not_done) end,
+    ?assertMatch(#{chunked := 1, stalled := 0}, peer_node_info(Peer)),
+    ?assertEqual([make(S) || S <- Specs], await_count(Rec, 3)),
+    Diff = fun(K) -> maps:get(K, rejected()) - maps:get(K, Before) end,
+    ?assertEqual({1, 0, 0}, {Diff(unknown_message), Diff(partial_discarded), Diff(bad_piece)}).
 
 %% On the peer: a process that starts a message of Size bytes to To and sends
 %% nothing more.

@@ -9,7 +9,8 @@
 %% (cut by `pieces/2'); their streams are interleaved at random, with faults: a
 %% piece lost (a gap), a piece or start repeated, a sender killed part way (its
 %% `down' comes then, its later messages are never sent), forged pieces (unknown
-%% references, or known ones with sequence numbers far out of range), a bound on
+%% references, or known ones with sequence numbers far out of range; a `DOWN'
+%% naming a sender with a reference that is not its message's monitor), a bound on
 %% the bytes held, and at the end the node's `nodedown'. A model of what must
 %% happen (a start is refused if its size does not fit beside what is held; a
 %% message completes when all its pieces came in sequence after an accepted
@@ -111,7 +112,7 @@ fault() ->
                {1, {kill, range(0, 6)}}]).
 
 forged() ->
-    oneof([unknown_ref, {known_ref, range(1000, 2000)}, known_start]).
+    oneof([unknown_ref, {known_ref, range(1000, 2000)}, known_start, known_down]).
 
 run({Bound, N, Plans, Order, Forged, Patience}) ->
     Senders = [{S, spawn(fun() -> ok end)} || S <- lists:seq(1, length(Plans))],
@@ -189,6 +190,8 @@ forge(known_start, [{Pid, Ref, Size} | _]) ->
     %% completed, it is rejected; discarded, it starts again (and never
     %% completes: its pieces are past)
     {forged_start, Pid, Ref, Size};
+forge(known_down, [{Pid, _, _} | _]) ->
+    {forged_down, Pid};
 forge(_, []) ->
     {forged_piece, make_ref(), 1, <<"f">>}.
 
@@ -226,8 +229,19 @@ step({forged_piece, Ref, Seq, Data}, Bound, {D, Rx, M}) ->
     {R, Rx1} = convoy_chunk:piece(?NODE, Ref, Seq, Data, Rx),
     check(R, [], Rx1, Bound, model_piece(Ref, Seq, Data, M), D);
 step({down, Pid}, Bound, {D, Rx, M}) ->
-    {Dropped, Rx1} = convoy_chunk:down(Pid, Rx),
-    check(none, Dropped, Rx1, Bound, model_drop(Pid, M), D).
+    %% the DOWN of the monitor kept with the sender's message in progress (the
+    %% start's `mon' is its reference), if it has one
+    Mon = case M of
+              #{cur := #{Pid := #{ref := Ref}}} -> Ref;
+              _ -> make_ref()
+          end,
+    {Dropped, Rx1} = convoy_chunk:down(Pid, Mon, Rx),
+    check(none, Dropped, Rx1, Bound, model_drop(Pid, M), D);
+step({forged_down, Pid}, Bound, {D, Rx, M}) ->
+    %% a DOWN naming the sender with a reference that is no monitor of its
+    %% message: nothing happens
+    {Dropped, Rx1} = convoy_chunk:down(Pid, make_ref(), Rx),
+    check(none, Dropped, Rx1, Bound, M#{dropped => 0}, D).
 
 %% The model's expectations travel in `expect' (result kind) and `dropped'.
 check(R, Dropped, Rx0, Bound, M = #{held := Held}, D) ->
