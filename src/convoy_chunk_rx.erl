@@ -19,13 +19,23 @@
 %%
 %% A node's messages in pieces take turns (`convoy_chunk', "Turns"): a start's
 %% acknowledgement may wait for its turn, which this module sends when
-%% `convoy_chunk' grants it. While starts wait, a timer (`erlang:start_timer/3',
-%% its reference kept beside the state) brings a tick every `?TICK_MS' ms, and
-%% a start waits at most half of `barrier_timeout' (this node's) in all, so its
-%% sender, which gives up after `barrier_timeout', gets its turn first.
+%% `convoy_chunk' grants it. While partial messages are held, a timer
+%% (`erlang:start_timer/3', its reference kept beside the state) brings a tick
+%% every `?TICK_MS' ms, and a start waits at most half of `barrier_timeout'
+%% (this node's) in all, so its sender, which gives up after `barrier_timeout',
+%% gets its turn first.
+%%
+%% A sender that gave up on its message (its turn came too late and it sent the
+%% message whole, or it stopped part way) stays alive and sends no more pieces
+%% of it: at each tick the processes that monitor the inbox
+%% (`process_info/2', `monitored_by') and the nodes whose batches the inbox has
+%% not handled in full go to `convoy_chunk:sweep/3', which discards such a
+%% partial once its sender no longer monitors the inbox (see there why that is
+%% sound). The next tick's timer is set after the sweep, so its message comes
+%% after everything the inbox had received at the sweep.
 -module(convoy_chunk_rx).
 
--export([handle/2, delivered/1, down/2, nodedown/1, tick/1, held/2, partials/1]).
+-export([handle/2, delivered/1, down/2, nodedown/1, tick/2, held/2, partials/1]).
 
 -include("convoy_runtime.hrl").
 
@@ -38,12 +48,12 @@
 -define(ACK_OPTS, [noconnect]).
 
 %% The state after a change: acknowledge the starts whose turn came, and keep a
-%% tick coming while starts wait.
+%% tick coming while partial messages are held.
 store(Rx0) ->
     {Granted, Rx} = convoy_chunk:take_granted(Rx0),
     put(?KEY, Rx),
     lists:foreach(fun(Ref) -> ack(Ref, 0) end, Granted),
-    case convoy_chunk:waiting(Rx) andalso get(?TIMER_KEY) =:= undefined of
+    case convoy_chunk:partials(Rx) > 0 andalso get(?TIMER_KEY) =:= undefined of
         true -> put(?TIMER_KEY, erlang:start_timer(?TICK_MS, self(), ?TICK));
         false -> ok
     end,
@@ -142,14 +152,19 @@ discarded(Mons) ->
                   end, Mons).
 
 %% @doc A message `{timeout, TRef, convoy_chunk_tick}' came: if `TRef' is the
-%% tick's timer, starts waiting for their turn are served (true); otherwise it
-%% is not convoy's (false: the caller counts it).
--spec tick(reference()) -> boolean().
-tick(TRef) ->
+%% tick's timer, partials of senders that moved on are discarded and starts
+%% waiting for their turn are served (true); otherwise it is not convoy's
+%% (false: the caller counts it). `Busy': the nodes whose batches the inbox has
+%% not handled in full.
+-spec tick(reference(), [node()]) -> boolean().
+tick(TRef, Busy) ->
     case get(?TIMER_KEY) of
         TRef ->
             erase(?TIMER_KEY),
-            store(convoy_chunk:tick(patience(), rx())),
+            {monitored_by, Watching} = erlang:process_info(self(), monitored_by),
+            {Mons, Rx} = convoy_chunk:sweep(Watching, Busy, rx()),
+            discarded(Mons),
+            store(convoy_chunk:tick(patience(), Rx)),
             true;
         _ ->
             false

@@ -54,7 +54,8 @@
 %% Pieces of large messages (version 2, `convoy_chunk') are stored and acked by
 %% `convoy_chunk_rx' as they come; the last one delivers the whole message in its
 %% place. The inbox monitors the sender of a message in progress: its `DOWN' (and
-%% a `nodedown') discards the partial message. Only a `DOWN' of a monitor the
+%% a `nodedown') discards the partial message, and so does its sender's moving on
+%% without it (it no longer monitors the inbox). Only a `DOWN' of a monitor the
 %% inbox holds, and a `nodedown' of a node that is not connected, are acted on;
 %% any other is counted (`unknown_message'), as anyone may send them.
 -module(convoy_inbox).
@@ -138,8 +139,8 @@ handle({'DOWN', Mon, process, Pid, _Reason}, S) when is_reference(Mon), is_pid(P
 handle({nodeup, Node}, S) when is_atom(Node) ->
     S;
 handle({timeout, TRef, convoy_chunk_tick}, S) when is_reference(TRef) ->
-    %% the tick of messages in pieces waiting for their turn (convoy_chunk_rx)
-    case convoy_chunk_rx:tick(TRef) of
+    %% the tick of messages in pieces (convoy_chunk_rx)
+    case convoy_chunk_rx:tick(TRef, maps:keys(S#s.work)) of
         true -> ok;
         false -> convoy_metrics:rejected(unknown_message)
     end,

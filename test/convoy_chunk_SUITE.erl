@@ -14,10 +14,12 @@
          plain_peer_gets_whole/1, old_path_when_infinity/1, path_pieces_by_version/1,
          turn_passes_from_silent_sender/1, stray_ticks_counted/1,
          stray_down_keeps_message/1, stray_nodedown_keeps_message/1,
+         gave_up_turns_release_reservations/1,
          guard_cuts_only_with_small_traffic/1, guard_sees_small_traffic_with_max_delay/1,
          guard_sees_small_traffic_on_other_lanes/1]).
 %% Run on peer nodes, or spawned.
 -export([run_senders/1, sender/2, collector/0, forge/3, run_plan/2, spawn_sender/2,
+         send_and_stay/1,
          exact_msgs/0, make/1, hold/3, small_then_large_on_other_lane/3]).
 
 -define(INBOX, convoy_inbox_1).
@@ -35,6 +37,7 @@ all() ->
      forged_pieces, reassembly_bound, plain_peer_gets_whole, old_path_when_infinity,
      path_pieces_by_version, turn_passes_from_silent_sender, stray_ticks_counted,
      stray_down_keeps_message, stray_nodedown_keeps_message,
+     gave_up_turns_release_reservations,
      guard_cuts_only_with_small_traffic,
      guard_sees_small_traffic_with_max_delay, guard_sees_small_traffic_on_other_lanes].
 
@@ -175,7 +178,8 @@ forged_pieces(_Config) ->
     %% A barrier from the peer behind the forged batches: all were handled.
     await(fun() -> maps:get(bad_piece, rejected()) - maps:get(bad_piece, Before) end,
           fun(N) -> N =:= Bad end, 60000),
-    %% the last partial goes with its sender's DOWN, which may come later
+    %% the last partial goes with its sender's DOWN or, as the forger never
+    %% monitors the inbox, a later tick
     await(fun() -> maps:get(partial_discarded, rejected())
                        - maps:get(partial_discarded, Before) end,
           fun(N) -> N >= Replaced end, 60000),
@@ -286,11 +290,55 @@ stray_during_stream(Stray) ->
     Diff = fun(K) -> maps:get(K, rejected()) - maps:get(K, Before) end,
     ?assertEqual({1, 0, 0}, {Diff(unknown_message), Diff(partial_discarded), Diff(bad_piece)}).
 
+%% Senders whose first piece waited too long for its turn (behind a holder
+%% that keeps it for a tick or two, while they wait 2 ms) give up, send their
+%% message whole (it arrives) and stay alive. Their partials can no longer be
+%% completed: they are discarded once the senders no longer monitor the inbox,
+%% so the bytes reserved for the node come back to 0 once the holder is gone,
+%% and a later large message from that node goes in pieces (it used to be
+%% refused, the reservations left standing for as long as their senders lived).
+gave_up_turns_release_reservations(_Config) ->
+    ok = convoy:set_config(#{max_reassembly_bytes => 3500000}),
+    {Peer, A} = convoy_peer(?SENDER#{barrier_timeout => 2}),
+    Rec = spawn_link(?MODULE, collector, []),
+    Inbox = whereis(?INBOX),
+    Before = rejected(),
+    Holder = peer:call(Peer, ?MODULE, hold, [{?INBOX, node()}, Rec, 10000]),
+    await(fun() -> convoy_chunk_rx:held(Inbox, A) end, fun(H) -> H =:= 10000 end, 20000),
+    Specs = [{make, tagged, T, 500000} || T <- [g1, g2, g3]],          % 1 MB each
+    Senders = peer:call(Peer, ?MODULE, send_and_stay, [[[{Rec, S}] || S <- Specs]], 60000),
+    ?assertEqual(lists:sort([make(S) || S <- Specs]), lists:sort(await_count(Rec, 3))),
+    #{stalled := GaveUp, chunked := Chunked} = peer_node_info(Peer),
+    ct:pal("senders that gave up: ~b of 3", [GaveUp]),
+    ?assert(GaveUp >= 1),
+    true = peer:call(Peer, erlang, exit, [Holder, kill]),
+    await(fun() -> convoy_chunk_rx:held(Inbox, A) end, fun(H) -> H =:= 0 end, 20000),
+    ?assertEqual(0, convoy_chunk_rx:partials(Inbox)),
+    ?assertEqual([true, true, true], [peer:call(Peer, erlang, is_process_alive, [P]) || P <- Senders]),
+    ?assertEqual(GaveUp + 1, maps:get(partial_discarded, rejected())
+                 - maps:get(partial_discarded, Before)),
+    ok = peer:call(Peer, convoy, set_config, [#{barrier_timeout => 10000}]),
+    Later = {make, tagged, later, 200000},
+    ok = peer:call(Peer, ?MODULE, run_senders, [[[{Rec, Later}]]], 60000),
+    ?assertEqual(make(Later), lists:last(await_count(Rec, 4))),
+    ?assertMatch(#{chunked := C} when C =:= Chunked + 1, peer_node_info(Peer)),
+    ?assertEqual(0, maps:get(reassembly_full, rejected()) - maps:get(reassembly_full, Before)).
+
+%% On the peer: one process per list of {Dest, Msg}, each sending its list with
+%% convoy:send/2 and then staying alive; returns their pids once all are done.
+send_and_stay(Lists) ->
+    Self = self(),
+    Pids = [spawn(fun() -> sender(L, Self), receive stop -> ok end end) || L <- Lists],
+    [receive {sent, P} -> ok end || P <- Pids],
+    Pids.
+
 %% On the peer: a process that starts a message of Size bytes to To and sends
-%% nothing more.
+%% nothing more. Like a sender of pieces, it monitors the inbox (the alias its
+%% answers go to) while the message is in progress.
 hold(Inbox, To, Size) ->
     spawn(fun() ->
-                  Inbox ! convoy_wire:batch(node(), [convoy_wire:piece_start(alias(), self(), To,
+                  Ref = erlang:monitor(process, Inbox, [{alias, demonitor}]),
+                  Inbox ! convoy_wire:batch(node(), [convoy_wire:piece_start(Ref, self(), To,
                                                                              binary, Size, <<"h">>)]),
                   receive stop -> ok end
           end).
