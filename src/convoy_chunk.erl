@@ -33,9 +33,11 @@
 %% names the sender, the destination, the kind (`binary', `term' or `path') and
 %% the total size; pieces then come with sequence numbers 1, 2, ... and the message is
 %% complete when the bytes received reach the size. A start reserves its whole
-%% size against the per-node bound: a start that does not fit is refused (the
-%% sender then sends the message whole, see `convoy_chunk_send'), so the bytes held
-%% for partial messages of one node never exceed the bound. Rejected (never
+%% size against the per-node bound (in this state: what the node's partials
+%% elsewhere, in other inboxes, leave of it): a start that does not fit is
+%% refused (the sender then sends the message whole, see `convoy_chunk_send'),
+%% so the bytes held for partial messages of one node never exceed the bound.
+%% Rejected (never
 %% stored, never delivered): a piece of an unknown message, a piece out of
 %% sequence or repeated, a piece that would pass the announced size, an empty
 %% piece, a second start for a message in progress, and a start of a message
@@ -225,9 +227,10 @@ close_piece(Cur, _N, Out) -> [iolist_to_binary(lists:reverse(Cur)) | Out].
 -spec new() -> rx().
 new() -> #rx{}.
 
-%% @doc A start piece from `Node' with the node's bound `Bound' (bytes of partial
-%% messages held for it). Returns the result and the monitors of partials it
-%% discarded (this sender's unfinished previous message).
+%% @doc A start piece from `Node', with `Bound' the bytes of partial messages of
+%% `Node' this state may hold (the node's bound less what its partials elsewhere
+%% reserve). Returns the result and the monitors of partials it discarded (this
+%% sender's unfinished previous message).
 -spec start(node(), start(), non_neg_integer() | infinity, rx()) ->
           {result(), [term()], rx()}.
 start(Node, #{ref := Ref, sender := Sender, size := Size, data := Data} = St, Bound, Rx)

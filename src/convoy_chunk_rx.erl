@@ -15,7 +15,9 @@
 %% piece that does not fit the state (forged, out of sequence, repeated, past its
 %% size) is `bad_piece'; a start over `max_reassembly_bytes' for its node is
 %% answered `refused' and counted (`reassembly_full'): its sender then sends the
-%% message whole.
+%% message whole. The bound is the node's, whichever inboxes its partials are
+%% in: `convoy_chunk' decides a start against the room the node's other inboxes
+%% leave this one, and `convoy_chunk_bound' keeps the inboxes' reservations.
 %%
 %% A node's messages in pieces take turns (`convoy_chunk', "Turns"): a start's
 %% acknowledgement may wait for its turn, which this module sends when
@@ -35,7 +37,7 @@
 %% after everything the inbox had received at the sweep.
 -module(convoy_chunk_rx).
 
--export([handle/2, delivered/1, down/2, nodedown/1, tick/2, held/2, partials/1]).
+-export([init/2, handle/2, delivered/1, down/2, nodedown/1, tick/2, held/2, partials/1]).
 
 -include("convoy_runtime.hrl").
 
@@ -47,11 +49,14 @@
 -define(TICK_MS, 10).
 -define(ACK_OPTS, [noconnect]).
 
-%% The state after a change: acknowledge the starts whose turn came, and keep a
-%% tick coming while partial messages are held.
+%% The state after a change: give back the room of partials gone, acknowledge
+%% the starts whose turn came, and keep a tick coming while partial messages are
+%% held.
 store(Rx0) ->
     {Granted, Rx} = convoy_chunk:take_granted(Rx0),
     put(?KEY, Rx),
+    lists:foreach(fun(N) -> convoy_chunk_bound:release(N, convoy_chunk:held(N, Rx)) end,
+                  convoy_chunk_bound:nodes()),
     lists:foreach(fun(Ref) -> ack(Ref, 0) end, Granted),
     case convoy_chunk:partials(Rx) > 0 andalso get(?TIMER_KEY) =:= undefined of
         true -> put(?TIMER_KEY, erlang:start_timer(?TICK_MS, self(), ?TICK));
@@ -65,13 +70,19 @@ rx() ->
         Rx -> Rx
     end.
 
+%% @doc The calling process is inbox `Index' of `Inboxes', (re)started: it holds
+%% no partial message.
+-spec init(pos_integer(), pos_integer()) -> ok.
+init(Index, Inboxes) ->
+    convoy_chunk_bound:join(Index, Inboxes).
+
 %% @doc A checked piece entry from `From'. `{deliver, To, Msg, Ref}' when it
 %% completed a message (deliver it, then call `delivered(Ref)'), else `none'.
 -spec handle({piece_start, map()} | {piece, reference(), pos_integer(), binary()}, node()) ->
           {deliver, term(), term(), reference()} | none.
 handle({piece_start, St = #{ref := Ref, sender := Sender}}, From) ->
     Mon = erlang:monitor(process, Sender),
-    {R, Dropped, Rx} = convoy_chunk:start(From, St#{mon => Mon}, bound(), rx()),
+    {R, Dropped, Rx} = start(From, St#{mon => Mon}, rx()),
     store(Rx),
     discarded(Dropped),
     case R of
@@ -84,6 +95,18 @@ handle({piece, Ref, Seq, Data}, From) ->
     {R, Rx} = convoy_chunk:piece(From, Ref, Seq, Data, rx()),
     store(Rx),
     result(R, Ref, From).
+
+%% A start decided against the room the node's other inboxes leave, and refused
+%% after all if one of them took that room meanwhile (`convoy_chunk_bound').
+start(Node, St, Rx0) ->
+    Bound = bound(),
+    Held0 = convoy_chunk:held(Node, Rx0),
+    {_, _, Rx} = Result = convoy_chunk:start(Node, St, convoy_chunk_bound:room(Node, Bound), Rx0),
+    Held = convoy_chunk:held(Node, Rx),
+    case Held =< Held0 orelse convoy_chunk_bound:reserve(Node, Held, Bound) of
+        true -> Result;
+        false -> convoy_chunk:start(Node, St, 0, Rx0)
+    end.
 
 result({ack, Seq}, Ref, _From) ->
     ack(Ref, Seq),
@@ -143,7 +166,8 @@ down(Mon, Pid) ->
 nodedown(Node) ->
     {Mons, Rx} = convoy_chunk:nodedown(Node, rx()),
     store(Rx),
-    discarded(Mons).
+    discarded(Mons),
+    convoy_chunk_bound:forget(Node).
 
 discarded(Mons) ->
     lists:foreach(fun(M) ->
@@ -179,7 +203,8 @@ patience() ->
     max(1, T div (2 * ?TICK_MS)).
 
 %% @doc Bytes reserved for partial messages from `Node' in the inbox `Inbox'
-%% (for tests and inspection: reads its process dictionary).
+%% (for tests and inspection: reads its process dictionary); in all inboxes:
+%% `convoy_chunk_bound:reserved/1'.
 -spec held(pid(), node()) -> non_neg_integer().
 held(Inbox, Node) -> convoy_chunk:held(Node, rx_of(Inbox)).
 
@@ -194,8 +219,8 @@ rx_of(Inbox) ->
         false -> convoy_chunk:new()
     end.
 
-%% The per-node bound in force (the default while convoy's runtime is not
-%% published).
+%% The per-node bound in force, for all inboxes together (the default while
+%% convoy's runtime is not published).
 bound() ->
     case persistent_term:get(?RUNTIME_KEY, undefined) of
         #runtime{max_reassembly_bytes = B} -> B;

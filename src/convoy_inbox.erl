@@ -60,7 +60,7 @@
 %% any other is counted (`unknown_message'), as anyone may send them.
 -module(convoy_inbox).
 
--export([start_link/1, init/2, system_continue/3, system_terminate/4,
+-export([start_link/2, init/3, system_continue/3, system_terminate/4,
          system_get_state/1, system_code_change/4]).
 
 %% The rest of a batch: its node's counters and entries, the first of them perhaps
@@ -85,14 +85,16 @@
             creation :: non_neg_integer(),
             good :: pid() | reference() | undefined}).
 
--spec start_link(pos_integer()) -> {ok, pid()}.
-start_link(Index) ->
-    proc_lib:start_link(?MODULE, init, [self(), Index]).
+%% @doc Inbox `Index' of `Inboxes'.
+-spec start_link(pos_integer(), pos_integer()) -> {ok, pid()}.
+start_link(Index, Inboxes) ->
+    proc_lib:start_link(?MODULE, init, [self(), Index, Inboxes]).
 
--spec init(pid(), pos_integer()) -> no_return().
-init(Parent, Index) ->
+-spec init(pid(), pos_integer(), pos_integer()) -> no_return().
+init(Parent, Index, Inboxes) ->
     Name = convoy_wire:inbox_name(Index),
     register(Name, self()),
+    ok = convoy_chunk_rx:init(Index, Inboxes),
     process_flag(message_queue_data, off_heap),
     process_flag(trap_exit, true),
     ok = net_kernel:monitor_nodes(true),

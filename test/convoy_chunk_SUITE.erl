@@ -1,8 +1,10 @@
 %% Large messages sent in pieces (convoy_chunk), with peer nodes: order across
 %% small and chunked messages from many senders to many receivers, exact delivery
 %% of binaries and other terms around piece boundaries, a sender and a node killed
-%% mid-message, forged pieces, and the receiver's reassembly bound. The peers send
-%% (with small pieces so that messages have many of them); this node receives.
+%% mid-message, forged pieces, stray DOWNs and nodedowns, senders that gave up
+%% their turn, and the receiver's reassembly bound, shared by its inboxes. The
+%% peers send (with small pieces so that messages have many of them); this node
+%% receives.
 -module(convoy_chunk_SUITE).
 
 -include_lib("common_test/include/ct.hrl").
@@ -14,12 +16,12 @@
          plain_peer_gets_whole/1, old_path_when_infinity/1, path_pieces_by_version/1,
          turn_passes_from_silent_sender/1, stray_ticks_counted/1,
          stray_down_keeps_message/1, stray_nodedown_keeps_message/1,
-         gave_up_turns_release_reservations/1,
+         gave_up_turns_release_reservations/1, bound_shared_by_inboxes/1,
          guard_cuts_only_with_small_traffic/1, guard_sees_small_traffic_with_max_delay/1,
          guard_sees_small_traffic_on_other_lanes/1]).
 %% Run on peer nodes, or spawned.
 -export([run_senders/1, sender/2, collector/0, forge/3, run_plan/2, spawn_sender/2,
-         send_and_stay/1,
+         send_and_stay/1, hold/4, hold_many/4,
          exact_msgs/0, make/1, hold/3, small_then_large_on_other_lane/3]).
 
 -define(INBOX, convoy_inbox_1).
@@ -37,7 +39,7 @@ all() ->
      forged_pieces, reassembly_bound, plain_peer_gets_whole, old_path_when_infinity,
      path_pieces_by_version, turn_passes_from_silent_sender, stray_ticks_counted,
      stray_down_keeps_message, stray_nodedown_keeps_message,
-     gave_up_turns_release_reservations,
+     gave_up_turns_release_reservations, bound_shared_by_inboxes,
      guard_cuts_only_with_small_traffic,
      guard_sees_small_traffic_with_max_delay, guard_sees_small_traffic_on_other_lanes].
 
@@ -157,7 +159,9 @@ node_killed_mid_message(_Config) ->
     ?assertEqual(0, convoy_chunk_rx:held(Inbox, A)),
     ?assertEqual(1, maps:get(partial_discarded, rejected()) - maps:get(partial_discarded, Before)),
     ?assertEqual([], ask(Rec, received)),
-    ?assertEqual(Inbox, whereis(?INBOX)).
+    ?assertEqual(Inbox, whereis(?INBOX)),
+    %% the node's row of reservations goes with its nodedown
+    await(fun() -> ets:lookup(convoy_reassembly, A) end, fun(Row) -> Row =:= [] end, 20000).
 
 %% 10,000 forged pieces from a peer: pieces of messages never started, pieces
 %% out of sequence and repeated, a second start of a message in progress, starts
@@ -332,14 +336,91 @@ send_and_stay(Lists) ->
     [receive {sent, P} -> ok end || P <- Pids],
     Pids.
 
+%% max_reassembly_bytes bounds a node's partial messages in all the inboxes
+%% they arrive at together. With two inboxes and a bound of 3 MB: 2.5 MB held
+%% at inbox 1 leaves no room for 1 MB at inbox 2 (refused, counted), and the
+%% other way round once the first holder is gone; 12 starts of 500 KB at once,
+%% at both inboxes, keep at most 6; an inbox restarted gives back what its
+%% previous run reserved.
+bound_shared_by_inboxes(_Config) ->
+    ok = application:stop(convoy),
+    ok = application:set_env(convoy, lanes, 2),
+    try
+        {ok, _} = application:ensure_all_started(convoy),
+        shared_bound()
+    after
+        application:unset_env(convoy, lanes)
+    end.
+
+shared_bound() ->
+    ok = convoy:set_config(#{max_reassembly_bytes => 3000000}),
+    {Peer, A} = convoy_peer(?SENDER),
+    Rec = spawn_link(?MODULE, collector, []),
+    [In1, In2] = Inboxes = [{I, node()} || I <- [convoy_inbox_1, convoy_inbox_2]],
+    Before = rejected(),
+    {H1, 0} = hold_answer(Peer, In1, Rec, 2500000),
+    {_, refused} = hold_answer(Peer, In2, Rec, 1000000),
+    ?assertEqual(2500000, reserved(A)),
+    true = peer:call(Peer, erlang, exit, [H1, kill]),
+    await(fun() -> reserved(A) end, fun(R) -> R =:= 0 end, 20000),
+    {H3, 0} = hold_answer(Peer, In2, Rec, 1000000),
+    {_, refused} = hold_answer(Peer, In1, Rec, 2500000),
+    ?assertEqual(1000000, reserved(A)),
+    ?assertEqual(2, maps:get(reassembly_full, rejected()) - maps:get(reassembly_full, Before)),
+    true = peer:call(Peer, erlang, exit, [H3, kill]),
+    await(fun() -> reserved(A) end, fun(R) -> R =:= 0 end, 20000),
+    Answers = peer:call(Peer, ?MODULE, hold_many, [Inboxes, Rec, 500000, 12], 60000),
+    Kept = length([ok || {_, 0} <- Answers]),
+    ct:pal("answers: ~p", [[Answer || {_, Answer} <- Answers]]),
+    ?assertEqual(12, Kept + length([ok || {_, refused} <- Answers])),
+    ?assert(Kept =< 6),
+    ?assertEqual(Kept * 500000, reserved(A)),
+    ?assertEqual(reserved(A), convoy_chunk_bound:reserved(A)),
+    Old = [whereis(I) || {I, _} <- Inboxes],
+    [exit(P, kill) || P <- Old],
+    New = await(fun() -> [whereis(I) || {I, _} <- Inboxes] end,
+                fun(Ps) -> lists:all(fun(P) -> is_pid(P) andalso not lists:member(P, Old) end, Ps)
+                end, 20000),
+    [_ = sys:get_state(P) || P <- New],         % past their start
+    ?assertEqual(0, convoy_chunk_bound:reserved(A)).
+
+%% Bytes reserved for Node's partial messages in all inboxes.
+reserved(Node) ->
+    lists:sum([convoy_chunk_rx:held(whereis(I), Node) || I <- [convoy_inbox_1, convoy_inbox_2]]).
+
+%% A holder (hold/4) on the peer and the inbox's first answer to its start.
+hold_answer(Peer, Inbox, To, Size) ->
+    Holder = peer:call(Peer, ?MODULE, hold, [Inbox, To, Size, self()]),
+    receive
+        {held, Holder, Answer} -> {Holder, Answer}
+    after 20000 ->
+        ct:fail({no_answer, Holder})
+    end.
+
+%% On the peer: N holders at once, taking Inboxes in turn; their pids and first
+%% answers.
+hold_many(Inboxes, To, Size, N) ->
+    Holders = [hold(lists:nth(I rem length(Inboxes) + 1, Inboxes), To, Size, self())
+               || I <- lists:seq(1, N)],
+    [receive {held, H, Answer} -> {H, Answer} after 20000 -> {H, none} end || H <- Holders].
+
 %% On the peer: a process that starts a message of Size bytes to To and sends
 %% nothing more. Like a sender of pieces, it monitors the inbox (the alias its
 %% answers go to) while the message is in progress.
 hold(Inbox, To, Size) ->
+    hold(Inbox, To, Size, none).
+
+%% The same, telling ReplyTo the inbox's first answer: `{held, Holder, Answer}',
+%% Answer 0 (acknowledged) or `refused'.
+hold(Inbox, To, Size, ReplyTo) ->
     spawn(fun() ->
                   Ref = erlang:monitor(process, Inbox, [{alias, demonitor}]),
                   Inbox ! convoy_wire:batch(node(), [convoy_wire:piece_start(Ref, self(), To,
                                                                              binary, Size, <<"h">>)]),
+                  ReplyTo =:= none orelse receive
+                                              {Ref, convoy_piece, Answer} ->
+                                                  ReplyTo ! {held, self(), Answer}
+                                          end,
                   receive stop -> ok end
           end).
 
