@@ -33,24 +33,28 @@
 %% names the sender, the destination, the kind (`binary', `term' or `path') and
 %% the total size; pieces then come with sequence numbers 1, 2, ... and the message is
 %% complete when the bytes received reach the size. A start reserves its whole
-%% size against the per-node bound: a start that does not fit is refused (the
-%% sender then sends the message whole, see `convoy_chunk_send'), so the bytes held
-%% for partial messages of one node never exceed the bound. Rejected (never
+%% size against the per-node bound (in this state: what the node's partials
+%% elsewhere, in other inboxes, leave of it): a start that does not fit is
+%% refused (the sender then sends the message whole, see `convoy_chunk_send'),
+%% so the bytes held for partial messages of one node never exceed the bound.
+%% Rejected (never
 %% stored, never delivered): a piece of an unknown message, a piece out of
 %% sequence or repeated, a piece that would pass the announced size, an empty
 %% piece, a second start for a message in progress, and a start of a message
 %% completed recently (the last `?DONE_KEEP' are remembered), so nothing is
 %% delivered twice. A new start from a sender that has a message in progress
-%% discards that one (the sender gave up on it). `down/2' and `nodedown/2'
-%% discard a dead sender's or node's partial messages.
+%% discards that one (the sender gave up on it). `down/3' (only with the monitor
+%% kept with the partial) and `nodedown/2' discard a dead sender's or node's
+%% partial messages.
 %%
 %% A node's messages take turns (see "Turns" below): one streams while the
 %% acknowledgements of the other starts wait, so the node does not hold the
-%% pieces of all of them at once.
+%% pieces of all of them at once. A message whose sender moved on is discarded
+%% (see "Senders that moved on" below), so its reservation does not outlive it.
 -module(convoy_chunk).
 
--export([payload/2, pieces/2, new/0, start/4, piece/5, down/2, nodedown/2, held/2,
-         partials/1, assemble/2, take_granted/1, waiting/1, tick/2]).
+-export([payload/2, pieces/2, new/0, start/4, piece/5, down/3, nodedown/2, held/2,
+         partials/1, assemble/2, take_granted/1, waiting/1, tick/2, sweep/3]).
 
 -export_type([rx/0, kind/0, start/0, result/0]).
 
@@ -84,7 +88,9 @@
                   mon :: term(),
                   got :: non_neg_integer(),
                   next :: non_neg_integer(),
-                  parts :: [binary()]}).       % newest first
+                  parts :: [binary()],         % newest first
+                  %% its sender was seen no longer monitoring the inbox
+                  left = false :: boolean()}).
 -record(rx, {partials = #{} :: #{reference() => #partial{}},
              senders = #{} :: #{pid() => reference()},
              held = #{} :: #{node() => non_neg_integer()},
@@ -221,9 +227,10 @@ close_piece(Cur, _N, Out) -> [iolist_to_binary(lists:reverse(Cur)) | Out].
 -spec new() -> rx().
 new() -> #rx{}.
 
-%% @doc A start piece from `Node' with the node's bound `Bound' (bytes of partial
-%% messages held for it). Returns the result and the monitors of partials it
-%% discarded (this sender's unfinished previous message).
+%% @doc A start piece from `Node', with `Bound' the bytes of partial messages of
+%% `Node' this state may hold (the node's bound less what its partials elsewhere
+%% reserve). Returns the result and the monitors of partials it discarded (this
+%% sender's unfinished previous message).
 -spec start(node(), start(), non_neg_integer() | infinity, rx()) ->
           {result(), [term()], rx()}.
 start(Node, #{ref := Ref, sender := Sender, size := Size, data := Data} = St, Bound, Rx)
@@ -389,6 +396,45 @@ tick(Node, Patience, Rx = #rx{active = Active}) ->
         _ -> grant_next(Node, Rx1)
     end.
 
+%%--------------------------------------------------------------------
+%% Senders that moved on
+%%
+%% A sender monitors the inbox while it works on a message (its acknowledgements
+%% go to an alias that is that monitor, see `convoy_chunk_send'): from before
+%% its start piece until it returns, whatever the outcome: delivered, its turn
+%% waited for too long (it then sends the message whole), dropped on a busy
+%% connection, or its last piece sent without an answer. Signals between two
+%% processes keep their order, so once the inbox sees the sender without a
+%% monitor on it, every piece the sender sent of that message has reached the
+%% inbox's mailbox: if the message is not whole once those are handled, it
+%% never will be. `sweep/3' marks such partials and, at the next sweep (when
+%% everything received before the marking has been handled), discards those
+%% still incomplete, unless their node's batches are not all handled yet. The
+%% caller must call it with the processes monitoring the inbox now and the
+%% nodes with batches not yet handled in full, and call it again only after
+%% handling what had been received at the previous call (`convoy_chunk_rx'
+%% does so at its ticks). A sender still monitoring the inbox for another
+%% reason only keeps its partial longer.
+
+%% @doc Mark the partials whose sender is not among `Watching' (the processes
+%% monitoring the inbox), and discard those marked at the previous sweep unless
+%% their node is among `Busy' (nodes with batches not yet handled in full).
+%% Returns the monitors of the partials discarded.
+-spec sweep([term()], [node()], rx()) -> {[term()], rx()}.
+sweep(Watching, Busy, Rx) ->
+    W = maps:from_keys(Watching, true),
+    B = maps:from_keys(Busy, true),
+    maps:fold(fun(Ref, P, Acc) -> sweep(Ref, P, W, B, Acc) end, {[], Rx}, Rx#rx.partials).
+
+sweep(Ref, #partial{left = true, node = Node}, _W, B, {Mons, Rx}) when not is_map_key(Node, B) ->
+    {M, Rx1} = drop(Ref, Rx),
+    {M ++ Mons, Rx1};
+sweep(Ref, P = #partial{left = false, sender = Sender}, W, _B, {Mons, Rx})
+  when not is_map_key(Sender, W) ->
+    {Mons, Rx#rx{partials = (Rx#rx.partials)#{Ref := P#partial{left = true}}}};
+sweep(_Ref, _P, _W, _B, Acc) ->
+    Acc.
+
 drop(Ref, Rx) ->
     P = maps:get(Ref, Rx#rx.partials),
     {[P#partial.mon], remove(Ref, P, Rx)}.
@@ -404,13 +450,19 @@ remember(Ref, Rx = #rx{done = Q, done_set = Set}) ->
             Rx#rx{done = Q1, done_set = Set1}
     end.
 
-%% @doc The sender `Pid' died: its partial message is discarded. Returns how many
-%% (0 or 1) and their monitors.
--spec down(pid(), rx()) -> {[term()], rx()}.
-down(Pid, Rx) ->
+%% @doc The monitor `Mon' of the sender `Pid' fired: its partial message is
+%% discarded. Returns the monitors of the partials discarded: none when `Mon' is
+%% not the monitor kept with `Pid''s partial (a stray `DOWN' changes nothing).
+-spec down(pid(), term(), rx()) -> {[term()], rx()}.
+down(Pid, Mon, Rx) ->
     case Rx#rx.senders of
-        #{Pid := Ref} -> drop(Ref, Rx);
-        _ -> {[], Rx}
+        #{Pid := Ref} ->
+            case maps:get(Ref, Rx#rx.partials) of
+                #partial{mon = Mon} -> drop(Ref, Rx);
+                _ -> {[], Rx}
+            end;
+        _ ->
+            {[], Rx}
     end.
 
 %% @doc `Node' is gone: its partial messages are discarded (their monitors).
@@ -511,7 +563,9 @@ rx_bound_and_replace_test() ->
     {{ack, 0}, [R1], Rx2} = start(n, St(R2, 10), 10, Rx1),
     ?assertEqual(10, held(n, Rx2)),
     ?assertMatch({{error, bad_piece}, _}, piece(n, R1, 1, <<"b">>, Rx2)),
-    {[R2], Rx3} = down(S, Rx2),
+    %% only the monitor kept with the partial discards it
+    ?assertMatch({[], _}, down(S, R1, Rx2)),
+    {[R2], Rx3} = down(S, R2, Rx2),
     ?assertEqual(0, held(n, Rx3)),
     {{ack, 0}, [], Rx4} = start(n, St(make_ref(), 3), 10, Rx3),
     {[_], Rx5} = nodedown(n, Rx4),
@@ -583,6 +637,33 @@ turns_test() ->
     {[D], Rx11} = take_granted(tick(2, Rx10)),     % D waited 2: its patience
     ?assertNot(waiting(Rx11)),
     ?assertEqual(3, partials(Rx11)).
+
+%% A partial whose sender no longer monitors the inbox is marked at one sweep
+%% and discarded at the next (freeing its reservation and its turn), unless its
+%% node still has batches to handle then; pieces that come between (sent
+%% before the sender moved on) still count, and a message they complete is
+%% delivered.
+sweep_test() ->
+    [S1, S2, S3] = Senders = [spawn(fun() -> ok end) || _ <- lists:seq(1, 3)],
+    St = fun(R, S) -> #{ref => R, sender => S, to => t, kind => binary, size => 3,
+                        mon => R, data => <<"a">>} end,
+    [A, B, C] = [make_ref() || _ <- Senders],
+    {{ack, 0}, [], Rx1} = start(n, St(A, S1), 10, new()),
+    {stored, [], Rx2} = start(n, St(B, S2), 10, Rx1),
+    {{ack, 0}, [], Rx3} = start(o, St(C, S3), 10, Rx2),
+    %% everyone monitors: nothing marked, nothing discarded
+    {[], Rx3a} = sweep(Senders, [], Rx3),
+    {[], Rx4} = sweep(Senders, [], Rx3a),
+    {[], Rx5} = sweep([S3], [], Rx4),              % A and B marked
+    {{ack, 1}, Rx6} = piece(n, B, 1, <<"b">>, Rx5),
+    {{complete, binary, t, _, C}, Rx7} = piece(o, C, 1, <<"bc">>, Rx6),
+    {[], Rx8} = sweep([], [n], Rx7),                % n busy: kept
+    ?assertEqual(6, held(n, Rx8)),
+    {Mons, Rx9} = sweep([], [], Rx8),
+    ?assertEqual(lists:sort([A, B]), lists:sort(Mons)),
+    ?assertMatch({[], _}, take_granted(Rx9)),
+    ?assertEqual({0, 0}, {held(n, Rx9), partials(Rx9)}),
+    ?assertMatch({{error, bad_piece}, _}, piece(n, B, 2, <<"c">>, Rx9)).
 
 assemble_forged_term_test() ->
     ?assertEqual(error, assemble(term, [<<131, 200>>])),

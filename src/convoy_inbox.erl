@@ -54,10 +54,13 @@
 %% Pieces of large messages (version 2, `convoy_chunk') are stored and acked by
 %% `convoy_chunk_rx' as they come; the last one delivers the whole message in its
 %% place. The inbox monitors the sender of a message in progress: its `DOWN' (and
-%% a `nodedown') discards the partial message.
+%% a `nodedown') discards the partial message, and so does its sender's moving on
+%% without it (it no longer monitors the inbox). Only a `DOWN' of a monitor the
+%% inbox holds, and a `nodedown' of a node that is not connected, are acted on;
+%% any other is counted (`unknown_message'), as anyone may send them.
 -module(convoy_inbox).
 
--export([start_link/1, init/2, system_continue/3, system_terminate/4,
+-export([start_link/2, init/3, system_continue/3, system_terminate/4,
          system_get_state/1, system_code_change/4]).
 
 %% The rest of a batch: its node's counters and entries, the first of them perhaps
@@ -82,14 +85,16 @@
             creation :: non_neg_integer(),
             good :: pid() | reference() | undefined}).
 
--spec start_link(pos_integer()) -> {ok, pid()}.
-start_link(Index) ->
-    proc_lib:start_link(?MODULE, init, [self(), Index]).
+%% @doc Inbox `Index' of `Inboxes'.
+-spec start_link(pos_integer(), pos_integer()) -> {ok, pid()}.
+start_link(Index, Inboxes) ->
+    proc_lib:start_link(?MODULE, init, [self(), Index, Inboxes]).
 
--spec init(pid(), pos_integer()) -> no_return().
-init(Parent, Index) ->
+-spec init(pid(), pos_integer(), pos_integer()) -> no_return().
+init(Parent, Index, Inboxes) ->
     Name = convoy_wire:inbox_name(Index),
     register(Name, self()),
+    ok = convoy_chunk_rx:init(Index, Inboxes),
     process_flag(message_queue_data, off_heap),
     process_flag(trap_exit, true),
     ok = net_kernel:monitor_nodes(true),
@@ -115,21 +120,29 @@ loop(S = #s{parent = Parent}) ->
         loop(slice(S))
     end.
 
-handle({nodedown, Node}, S) ->
-    ok = convoy_chunk_rx:nodedown(Node),
-    S#s{peers = maps:remove(Node, S#s.peers)};
-handle({'DOWN', _Mon, process, Pid, _Reason}, S) when is_pid(Pid) ->
+handle({nodedown, Node}, S) when is_atom(Node) ->
+    case lists:member(Node, nodes(connected)) of
+        false ->
+            ok = convoy_chunk_rx:nodedown(Node),
+            S#s{peers = maps:remove(Node, S#s.peers)};
+        true ->
+            %% Forged, or from before a reconnection (whose monitors of the node's
+            %% senders fired then): nothing to discard.
+            convoy_metrics:rejected(unknown_message),
+            S
+    end;
+handle({'DOWN', Mon, process, Pid, _Reason}, S) when is_reference(Mon), is_pid(Pid) ->
     %% Only senders of messages in pieces are monitored (convoy_chunk_rx).
-    case convoy_chunk_rx:down(Pid) of
+    case convoy_chunk_rx:down(Mon, Pid) of
         true -> ok;
         false -> convoy_metrics:rejected(unknown_message)
     end,
     S;
-handle({nodeup, _Node}, S) ->
+handle({nodeup, Node}, S) when is_atom(Node) ->
     S;
 handle({timeout, TRef, convoy_chunk_tick}, S) when is_reference(TRef) ->
-    %% the tick of messages in pieces waiting for their turn (convoy_chunk_rx)
-    case convoy_chunk_rx:tick(TRef) of
+    %% the tick of messages in pieces (convoy_chunk_rx)
+    case convoy_chunk_rx:tick(TRef, maps:keys(S#s.work)) of
         true -> ok;
         false -> convoy_metrics:rejected(unknown_message)
     end,

@@ -1,10 +1,11 @@
 %% Large messages sent in pieces (convoy_chunk), with peer nodes: order across
 %% small and chunked messages from many senders to many receivers, exact delivery
 %% of binaries and other terms around piece boundaries, a sender and a node killed
-%% mid-message, forged pieces, and the receiver's reassembly bound. The peers send
-%% (with small pieces so that messages have many of them); this node receives,
-%% except where a receiving peer is stopped (SIGSTOP) or its inbox killed: then
-%% this node sends.
+%% mid-message, forged pieces, stray DOWNs and nodedowns, senders that gave up
+%% their turn, and the receiver's reassembly bound, shared by its inboxes. The
+%% peers send (with small pieces so that messages have many of them); this node
+%% receives, except where a receiving peer is stopped (SIGSTOP) or its inbox
+%% killed: then this node sends.
 -module(convoy_chunk_SUITE).
 
 -include_lib("common_test/include/ct.hrl").
@@ -15,11 +16,14 @@
          node_killed_mid_message/1, forged_pieces/1, reassembly_bound/1,
          plain_peer_gets_whole/1, old_path_when_infinity/1, path_pieces_by_version/1,
          turn_passes_from_silent_sender/1, stray_ticks_counted/1,
+         stray_down_keeps_message/1, stray_nodedown_keeps_message/1,
+         gave_up_turns_release_reservations/1, bound_shared_by_inboxes/1,
          guard_cuts_only_with_small_traffic/1, guard_sees_small_traffic_with_max_delay/1,
          guard_sees_small_traffic_on_other_lanes/1, receiver_stopped_mid_message/1,
          large_to_stopped_node/1, inbox_killed_mid_message/1]).
 %% Run on peer nodes, or spawned.
 -export([run_senders/1, sender/2, collector/0, forge/3, run_plan/2, spawn_sender/2,
+         send_and_stay/1, hold/4, hold_many/4,
          exact_msgs/0, make/1, hold/3, small_then_large_on_other_lane/3, sink/0]).
 
 -define(INBOX, convoy_inbox_1).
@@ -43,6 +47,8 @@ all() ->
     [order_many_senders, exact_delivery, sender_killed_mid_message, node_killed_mid_message,
      forged_pieces, reassembly_bound, plain_peer_gets_whole, old_path_when_infinity,
      path_pieces_by_version, turn_passes_from_silent_sender, stray_ticks_counted,
+     stray_down_keeps_message, stray_nodedown_keeps_message,
+     gave_up_turns_release_reservations, bound_shared_by_inboxes,
      guard_cuts_only_with_small_traffic,
      guard_sees_small_traffic_with_max_delay, guard_sees_small_traffic_on_other_lanes,
      receiver_stopped_mid_message, large_to_stopped_node, inbox_killed_mid_message].
@@ -163,7 +169,9 @@ node_killed_mid_message(_Config) ->
     ?assertEqual(0, convoy_chunk_rx:held(Inbox, A)),
     ?assertEqual(1, maps:get(partial_discarded, rejected()) - maps:get(partial_discarded, Before)),
     ?assertEqual([], ask(Rec, received)),
-    ?assertEqual(Inbox, whereis(?INBOX)).
+    ?assertEqual(Inbox, whereis(?INBOX)),
+    %% the node's row of reservations goes with its nodedown
+    await(fun() -> ets:lookup(convoy_reassembly, A) end, fun(Row) -> Row =:= [] end, 20000).
 
 %% 10,000 forged pieces from a peer: pieces of messages never started, pieces
 %% out of sequence and repeated, a second start of a message in progress, starts
@@ -184,7 +192,8 @@ forged_pieces(_Config) ->
     %% A barrier from the peer behind the forged batches: all were handled.
     await(fun() -> maps:get(bad_piece, rejected()) - maps:get(bad_piece, Before) end,
           fun(N) -> N =:= Bad end, 60000),
-    %% the last partial goes with its sender's DOWN, which may come later
+    %% the last partial goes with its sender's DOWN or, as the forger never
+    %% monitors the inbox, a later tick
     await(fun() -> maps:get(partial_discarded, rejected())
                        - maps:get(partial_discarded, Before) end,
           fun(N) -> N >= Replaced end, 60000),
@@ -263,12 +272,165 @@ stray_ticks_counted(_Config) ->
     ?assertEqual(Before + 2, maps:get(unknown_message, rejected())),
     ?assertEqual(Inbox, whereis(?INBOX)).
 
+%% A `DOWN' naming a sender whose message is half sent in pieces, with a
+%% reference that is not the inbox's monitor (anyone can send one to the
+%% registered inbox), is counted and discards nothing: the message arrives
+%% whole, between the sender's messages before and after it.
+stray_down_keeps_message(_Config) ->
+    stray_during_stream(fun(Sender, _Node) ->
+                                {'DOWN', make_ref(), process, Sender, noconnection}
+                        end).
+
+%% The same with a `nodedown' for the sending node while it is connected.
+stray_nodedown_keeps_message(_Config) ->
+    stray_during_stream(fun(_Sender, Node) -> {nodedown, Node} end).
+
+stray_during_stream(Stray) ->
+    {Peer, A} = convoy_peer(?SENDER),
+    Rec = spawn_link(?MODULE, collector, []),
+    Inbox = whereis(?INBOX),
+    Before = rejected(),
+    Specs = [{first, 1}, {make, big, 20000000}, {third, 3}],
+    Sender = peer:call(Peer, erlang, spawn, [?MODULE, sender, [[{Rec, S} || S <- Specs], self()]]),
+    await(fun() -> convoy_chunk_rx:partials(Inbox) end, fun(P) -> P =:= 1 end, 20000),
+    %% The inbox held still mid-message: the stray comes between two pieces.
+    ok = sys:suspend(Inbox),
+    ?assertEqual(1, convoy_chunk_rx:partials(Inbox)),
+    Inbox ! Stray(Sender, A),
+    ok = sys:resume(Inbox),
+    receive {sent, Sender} -> ok after 60000 -> ct:fail(sender_not_done) end,
+    ?assertMatch(#{chunked := 1, stalled := 0}, peer_node_info(Peer)),
+    ?assertEqual([make(S) || S <- Specs], await_count(Rec, 3)),
+    Diff = fun(K) -> maps:get(K, rejected()) - maps:get(K, Before) end,
+    ?assertEqual({1, 0, 0}, {Diff(unknown_message), Diff(partial_discarded), Diff(bad_piece)}).
+
+%% Senders whose first piece waited too long for its turn (behind a holder
+%% that keeps it for a tick or two, while they wait 2 ms) give up, send their
+%% message whole (it arrives) and stay alive. Their partials can no longer be
+%% completed: they are discarded once the senders no longer monitor the inbox,
+%% so the bytes reserved for the node come back to 0 once the holder is gone,
+%% and a later large message from that node goes in pieces (it used to be
+%% refused, the reservations left standing for as long as their senders lived).
+gave_up_turns_release_reservations(_Config) ->
+    ok = convoy:set_config(#{max_reassembly_bytes => 3500000}),
+    {Peer, A} = convoy_peer(?SENDER#{barrier_timeout => 2}),
+    Rec = spawn_link(?MODULE, collector, []),
+    Inbox = whereis(?INBOX),
+    Before = rejected(),
+    Holder = peer:call(Peer, ?MODULE, hold, [{?INBOX, node()}, Rec, 10000]),
+    await(fun() -> convoy_chunk_rx:held(Inbox, A) end, fun(H) -> H =:= 10000 end, 20000),
+    Specs = [{make, tagged, T, 500000} || T <- [g1, g2, g3]],          % 1 MB each
+    Senders = peer:call(Peer, ?MODULE, send_and_stay, [[[{Rec, S}] || S <- Specs]], 60000),
+    ?assertEqual(lists:sort([make(S) || S <- Specs]), lists:sort(await_count(Rec, 3))),
+    #{stalled := GaveUp, chunked := Chunked} = peer_node_info(Peer),
+    ct:pal("senders that gave up: ~b of 3", [GaveUp]),
+    ?assert(GaveUp >= 1),
+    true = peer:call(Peer, erlang, exit, [Holder, kill]),
+    await(fun() -> convoy_chunk_rx:held(Inbox, A) end, fun(H) -> H =:= 0 end, 20000),
+    ?assertEqual(0, convoy_chunk_rx:partials(Inbox)),
+    ?assertEqual([true, true, true], [peer:call(Peer, erlang, is_process_alive, [P]) || P <- Senders]),
+    ?assertEqual(GaveUp + 1, maps:get(partial_discarded, rejected())
+                 - maps:get(partial_discarded, Before)),
+    ok = peer:call(Peer, convoy, set_config, [#{barrier_timeout => 10000}]),
+    Later = {make, tagged, later, 200000},
+    ok = peer:call(Peer, ?MODULE, run_senders, [[[{Rec, Later}]]], 60000),
+    ?assertEqual(make(Later), lists:last(await_count(Rec, 4))),
+    ?assertMatch(#{chunked := C} when C =:= Chunked + 1, peer_node_info(Peer)),
+    ?assertEqual(0, maps:get(reassembly_full, rejected()) - maps:get(reassembly_full, Before)).
+
+%% On the peer: one process per list of {Dest, Msg}, each sending its list with
+%% convoy:send/2 and then staying alive; returns their pids once all are done.
+send_and_stay(Lists) ->
+    Self = self(),
+    Pids = [spawn(fun() -> sender(L, Self), receive stop -> ok end end) || L <- Lists],
+    [receive {sent, P} -> ok end || P <- Pids],
+    Pids.
+
+%% max_reassembly_bytes bounds a node's partial messages in all the inboxes
+%% they arrive at together. With two inboxes and a bound of 3 MB: 2.5 MB held
+%% at inbox 1 leaves no room for 1 MB at inbox 2 (refused, counted), and the
+%% other way round once the first holder is gone; 12 starts of 500 KB at once,
+%% at both inboxes, keep at most 6; an inbox restarted gives back what its
+%% previous run reserved.
+bound_shared_by_inboxes(_Config) ->
+    ok = application:stop(convoy),
+    ok = application:set_env(convoy, lanes, 2),
+    try
+        {ok, _} = application:ensure_all_started(convoy),
+        shared_bound()
+    after
+        application:unset_env(convoy, lanes)
+    end.
+
+shared_bound() ->
+    ok = convoy:set_config(#{max_reassembly_bytes => 3000000}),
+    {Peer, A} = convoy_peer(?SENDER),
+    Rec = spawn_link(?MODULE, collector, []),
+    [In1, In2] = Inboxes = [{I, node()} || I <- [convoy_inbox_1, convoy_inbox_2]],
+    Before = rejected(),
+    {H1, 0} = hold_answer(Peer, In1, Rec, 2500000),
+    {_, refused} = hold_answer(Peer, In2, Rec, 1000000),
+    ?assertEqual(2500000, reserved(A)),
+    true = peer:call(Peer, erlang, exit, [H1, kill]),
+    await(fun() -> reserved(A) end, fun(R) -> R =:= 0 end, 20000),
+    {H3, 0} = hold_answer(Peer, In2, Rec, 1000000),
+    {_, refused} = hold_answer(Peer, In1, Rec, 2500000),
+    ?assertEqual(1000000, reserved(A)),
+    ?assertEqual(2, maps:get(reassembly_full, rejected()) - maps:get(reassembly_full, Before)),
+    true = peer:call(Peer, erlang, exit, [H3, kill]),
+    await(fun() -> reserved(A) end, fun(R) -> R =:= 0 end, 20000),
+    Answers = peer:call(Peer, ?MODULE, hold_many, [Inboxes, Rec, 500000, 12], 60000),
+    Kept = length([ok || {_, 0} <- Answers]),
+    ct:pal("answers: ~p", [[Answer || {_, Answer} <- Answers]]),
+    ?assertEqual(12, Kept + length([ok || {_, refused} <- Answers])),
+    ?assert(Kept =< 6),
+    ?assertEqual(Kept * 500000, reserved(A)),
+    ?assertEqual(reserved(A), convoy_chunk_bound:reserved(A)),
+    Old = [whereis(I) || {I, _} <- Inboxes],
+    [exit(P, kill) || P <- Old],
+    New = await(fun() -> [whereis(I) || {I, _} <- Inboxes] end,
+                fun(Ps) -> lists:all(fun(P) -> is_pid(P) andalso not lists:member(P, Old) end, Ps)
+                end, 20000),
+    [_ = sys:get_state(P) || P <- New],         % past their start
+    ?assertEqual(0, convoy_chunk_bound:reserved(A)).
+
+%% Bytes reserved for Node's partial messages in all inboxes.
+reserved(Node) ->
+    lists:sum([convoy_chunk_rx:held(whereis(I), Node) || I <- [convoy_inbox_1, convoy_inbox_2]]).
+
+%% A holder (hold/4) on the peer and the inbox's first answer to its start.
+hold_answer(Peer, Inbox, To, Size) ->
+    Holder = peer:call(Peer, ?MODULE, hold, [Inbox, To, Size, self()]),
+    receive
+        {held, Holder, Answer} -> {Holder, Answer}
+    after 20000 ->
+        ct:fail({no_answer, Holder})
+    end.
+
+%% On the peer: N holders at once, taking Inboxes in turn; their pids and first
+%% answers.
+hold_many(Inboxes, To, Size, N) ->
+    Holders = [hold(lists:nth(I rem length(Inboxes) + 1, Inboxes), To, Size, self())
+               || I <- lists:seq(1, N)],
+    [receive {held, H, Answer} -> {H, Answer} after 20000 -> {H, none} end || H <- Holders].
+
 %% On the peer: a process that starts a message of Size bytes to To and sends
-%% nothing more.
+%% nothing more. Like a sender of pieces, it monitors the inbox (the alias its
+%% answers go to) while the message is in progress.
 hold(Inbox, To, Size) ->
+    hold(Inbox, To, Size, none).
+
+%% The same, telling ReplyTo the inbox's first answer: `{held, Holder, Answer}',
+%% Answer 0 (acknowledged) or `refused'.
+hold(Inbox, To, Size, ReplyTo) ->
     spawn(fun() ->
-                  Inbox ! convoy_wire:batch(node(), [convoy_wire:piece_start(alias(), self(), To,
+                  Ref = erlang:monitor(process, Inbox, [{alias, demonitor}]),
+                  Inbox ! convoy_wire:batch(node(), [convoy_wire:piece_start(Ref, self(), To,
                                                                              binary, Size, <<"h">>)]),
+                  ReplyTo =:= none orelse receive
+                                              {Ref, convoy_piece, Answer} ->
+                                                  ReplyTo ! {held, self(), Answer}
+                                          end,
                   receive stop -> ok end
           end).
 

@@ -8,8 +8,10 @@
 %% Reassembly: several senders each send messages one after another, as pieces
 %% (cut by `pieces/2'); their streams are interleaved at random, with faults: a
 %% piece lost (a gap), a piece or start repeated, a sender killed part way (its
-%% `down' comes then, its later messages are never sent), forged pieces (unknown
-%% references, or known ones with sequence numbers far out of range), a bound on
+%% `down' comes then, its later messages are never sent), a sender giving up
+%% part way (it goes on with its next message), forged pieces (unknown
+%% references, or known ones with sequence numbers far out of range; a `DOWN'
+%% naming a sender with a reference that is not its message's monitor), a bound on
 %% the bytes held, and at the end the node's `nodedown'. A model of what must
 %% happen (a start is refused if its size does not fit beside what is held; a
 %% message completes when all its pieces came in sequence after an accepted
@@ -27,6 +29,11 @@
 %% where the streaming one took no piece since the tick before (one tick after
 %% its turn came at the earliest) or a start has waited its patience. The model
 %% says which starts are granted at each step: exactly those, in that order.
+%% Senders that moved on: a sender monitors the inbox from its start until it
+%% is done with the message (all its pieces sent, or given up); sweeps
+%% (inserted at random, the node busy or not) mark the messages of senders not
+%% monitoring and discard, at the next sweep with the node not busy, those
+%% marked and still incomplete, exactly as the model says.
 %% PropEr 1.2 cannot report an exception raised inside a property on OTP 25, so
 %% the properties catch and print their own.
 -module(prop_convoy_chunk_tests).
@@ -103,15 +110,15 @@ scenario() ->
      range(1, 40),
      non_empty(list(list({binary(), fault(), range(1, 4)}))),
      list(range(1, 4)),
-     list({range(0, 200), oneof([forged(), tick])}),
+     list({range(0, 200), oneof([forged(), tick, {sweep, boolean()}])}),
      range(1, 3)}.
 
 fault() ->
     frequency([{6, none}, {1, {gap, range(0, 6)}}, {1, {dup, range(0, 6)}},
-               {1, {kill, range(0, 6)}}]).
+               {1, {kill, range(0, 6)}}, {1, {give_up, range(1, 6)}}]).
 
 forged() ->
-    oneof([unknown_ref, {known_ref, range(1000, 2000)}, known_start]).
+    oneof([unknown_ref, {known_ref, range(1000, 2000)}, known_start, known_down]).
 
 run({Bound, N, Plans, Order, Forged, Patience}) ->
     Senders = [{S, spawn(fun() -> ok end)} || S <- lists:seq(1, length(Plans))],
@@ -126,8 +133,10 @@ run({Bound, N, Plans, Order, Forged, Patience}) ->
         orelse throw({delivered, lists:reverse(Delivered), expected, Expected}),
     convoy_chunk:held(?NODE, RxEnd) =:= 0 andalso convoy_chunk:partials(RxEnd) =:= 0.
 
-%% A sender's events: each message's start and pieces, with its fault; after a
-%% kill nothing more of this sender, then its down.
+%% A sender's events: each message's start and pieces, with its fault, then
+%% `unwatch' (it drops its monitor of the inbox, done with the message); after a
+%% kill nothing more of this sender, then its down; after giving up (its first I
+%% entries sent) it goes on with its next message.
 stream(Pid, Msgs, N) ->
     stream(Pid, Msgs, N, []).
 
@@ -142,15 +151,18 @@ stream(Pid, [{Payload, Fault, AckEvery} | Rest], N, Acc) ->
                       [{start, Pid, Ref, Size, First, Payload, AckEvery}
                        | [{piece, Pid, Ref, Seq, P} || {Seq, P} <- lists:zip(lists:seq(1, length(More)), More)]]
               end,
+    Unwatch = [{unwatch, Pid} || Entries =/= []],
     case Fault of
         {kill, I} when I < length(Entries) ->
             lists:reverse(Acc, lists:sublist(Entries, I) ++ [{down, Pid}]);
         {gap, I} when I < length(Entries) ->
-            stream(Pid, Rest, N, lists:reverse(drop_nth(I, Entries), Acc));
+            stream(Pid, Rest, N, lists:reverse(drop_nth(I, Entries) ++ Unwatch, Acc));
         {dup, I} when I < length(Entries) ->
-            stream(Pid, Rest, N, lists:reverse(dup_nth(I, Entries), Acc));
+            stream(Pid, Rest, N, lists:reverse(dup_nth(I, Entries) ++ Unwatch, Acc));
+        {give_up, I} when I < length(Entries) ->
+            stream(Pid, Rest, N, lists:reverse(lists:sublist(Entries, I) ++ Unwatch, Acc));
         _ ->
-            stream(Pid, Rest, N, lists:reverse(Entries, Acc))
+            stream(Pid, Rest, N, lists:reverse(Entries ++ Unwatch, Acc))
     end.
 
 drop_nth(I, L) -> lists:sublist(L, I) ++ tl(lists:nthtail(I, L)).
@@ -180,6 +192,8 @@ insert_forged(Events, [{At, F} | Rest], Known) ->
 
 forge(tick, _Known) ->
     tick;
+forge({sweep, Busy}, _Known) ->
+    {sweep, Busy};
 forge(unknown_ref, _Known) ->
     {forged_piece, make_ref(), 1, <<"f">>};
 forge({known_ref, Seq}, [{_, Ref, _} | _]) ->
@@ -189,22 +203,28 @@ forge(known_start, [{Pid, Ref, Size} | _]) ->
     %% completed, it is rejected; discarded, it starts again (and never
     %% completes: its pieces are past)
     {forged_start, Pid, Ref, Size};
+forge(known_down, [{Pid, _, _} | _]) ->
+    {forged_down, Pid};
 forge(_, []) ->
     {forged_piece, make_ref(), 1, <<"f">>}.
 
 %%--------------------------------------------------------------------
 %% The model and one step of both
 
-%% cur: per sender its message in progress; active: the message whose turn it
+%% cur: per sender its message in progress (`left': marked by a sweep);
+%% watching: the senders monitoring the inbox; active: the message whose turn it
 %% is ({Ref, next piece at the last tick, or fresh}) or none; queue: starts
 %% waiting for their turn, oldest first, with the ticks waited; granted: turns
 %% given in this step.
 model() ->
     #{held => 0, cur => #{}, refs => #{}, delivered => [], active => none, queue => [],
-      granted => []}.
+      granted => [], watching => #{}}.
 
 step(tick, {Bound, Patience}, {D, Rx, M}) ->
     check(none, [], convoy_chunk:tick(Patience, Rx), Bound, model_tick(Patience, M), D);
+step({sweep, Busy}, {Bound, _Patience}, {D, Rx, M = #{watching := W}}) ->
+    {Dropped, Rx1} = convoy_chunk:sweep(maps:keys(W), [?NODE || Busy], Rx),
+    check(none, Dropped, Rx1, Bound, model_sweep(Busy, M), D);
 step(E, {Bound, _Patience}, Acc) ->
     step(E, Bound, Acc);
 step({start, Pid, Ref, Size, First, Payload, AckEvery}, Bound, {D, Rx, M}) ->
@@ -212,7 +232,9 @@ step({start, Pid, Ref, Size, First, Payload, AckEvery}, Bound, {D, Rx, M}) ->
            mon => Ref, data => First, ack_every => AckEvery},
     {R, Dropped, Rx1} = convoy_chunk:start(?NODE, St, Bound, Rx),
     M1 = model_start(Pid, Ref, Size, First, Payload, AckEvery, Bound, M),
-    check(R, Dropped, Rx1, Bound, M1, D);
+    check(R, Dropped, Rx1, Bound, M1#{watching := (maps:get(watching, M1))#{Pid => true}}, D);
+step({unwatch, Pid}, _Bound, {D, Rx, M = #{watching := W}}) ->
+    {D, Rx, M#{watching := maps:remove(Pid, W)}};
 step({forged_start, Pid, Ref, Size}, Bound, {D, Rx, M}) ->
     St = #{ref => Ref, sender => Pid, to => dest, kind => binary, size => Size,
            mon => Ref, data => <<"x">>},
@@ -226,8 +248,19 @@ step({forged_piece, Ref, Seq, Data}, Bound, {D, Rx, M}) ->
     {R, Rx1} = convoy_chunk:piece(?NODE, Ref, Seq, Data, Rx),
     check(R, [], Rx1, Bound, model_piece(Ref, Seq, Data, M), D);
 step({down, Pid}, Bound, {D, Rx, M}) ->
-    {Dropped, Rx1} = convoy_chunk:down(Pid, Rx),
-    check(none, Dropped, Rx1, Bound, model_drop(Pid, M), D).
+    %% the DOWN of the monitor kept with the sender's message in progress (the
+    %% start's `mon' is its reference), if it has one
+    Mon = case M of
+              #{cur := #{Pid := #{ref := Ref}}} -> Ref;
+              _ -> make_ref()
+          end,
+    {Dropped, Rx1} = convoy_chunk:down(Pid, Mon, Rx),
+    check(none, Dropped, Rx1, Bound, model_drop(Pid, M), D);
+step({forged_down, Pid}, Bound, {D, Rx, M}) ->
+    %% a DOWN naming the sender with a reference that is no monitor of its
+    %% message: nothing happens
+    {Dropped, Rx1} = convoy_chunk:down(Pid, make_ref(), Rx),
+    check(none, Dropped, Rx1, Bound, M#{dropped => 0}, D).
 
 %% The model's expectations travel in `expect' (result kind) and `dropped'.
 check(R, Dropped, Rx0, Bound, M = #{held := Held}, D) ->
@@ -267,7 +300,8 @@ model_start(Pid, Ref, Size, First, Payload, AckEvery, Bound, M = #{refs := Refs}
                     M1#{expect => refused};
                 true ->
                     Cur = #{ref => Ref, size => Size, got => byte_size(First), next => 1,
-                            data => [First], payload => Payload, ack_every => AckEvery},
+                            data => [First], payload => Payload, ack_every => AckEvery,
+                            left => false},
                     M2 = M1#{held := Held + Size, cur := (maps:get(cur, M1))#{Pid => Cur},
                              refs := Refs1#{Ref => in_progress}, expect => ack},
                     case maybe_complete(Pid, Cur, M2) of
@@ -321,6 +355,20 @@ model_release(Ref, M = #{active := {Ref, _}}) ->
     model_grant_next(M#{active := none});
 model_release(Ref, M = #{queue := Q}) ->
     M#{queue := lists:keydelete(Ref, 1, Q)}.
+
+%% A sweep: the messages marked at the previous one are discarded (unless the
+%% node is busy), then those of senders not watching are marked. Turns given to
+%% messages discarded in the same sweep are not given.
+model_sweep(Busy, M0 = #{cur := Cur0}) ->
+    Gone = [Pid || {Pid, #{left := true}} <- maps:to_list(Cur0), not Busy],
+    M1 = lists:foldl(fun(Pid, Acc = #{dropped := N}) ->
+                             (model_drop(Pid, Acc))#{dropped := N + 1}
+                     end, M0#{dropped => 0}, Gone),
+    #{cur := Cur1, watching := W, granted := G} = M1,
+    Cur2 = maps:map(fun(Pid, C) -> C#{left := maps:get(left, C) orelse not is_map_key(Pid, W)} end,
+                    Cur1),
+    Live = [R || #{ref := R} <- maps:values(Cur2)],
+    M1#{cur := Cur2, granted := [R || R <- G, lists:member(R, Live)]}.
 
 model_grant_next(M = #{queue := []}) ->
     M;
