@@ -21,19 +21,23 @@
 %% The sender never makes a call that a busy connection can suspend: pieces go
 %% `nosuspend' (or through a helper, see the bounds), and it sets up and removes
 %% no remote monitor (each is a signal to the peer, queued and suspending its
-%% sender like a message sent with `!'). Answers come to a plain alias, unaliased
-%% when the send ends, so an answer arriving later is dropped by the runtime and
-%% none stays in the sender's mailbox. The inbox is monitored by a short-lived
-%% helper process, which relays its 'DOWN' to that alias and is killed, unwaited
-%% for, when the send ends: a dead inbox (its node up) or a lost connection still
-%% ends the wait at once, except that while the connection is busy the helper is
-%% suspended setting its monitor up, and the bounds below apply instead. Bounds:
+%% sender like a message sent with `!'). Each message has a keeper, a process
+%% that the first piece names as the message's sender: it owns the alias the
+%% inbox answers to and the monitor of the inbox (its signals may suspend the
+%% keeper, never the sender), and relays answers and the inbox's death to an
+%% alias of the sender's, unaliased when the send ends (a later answer is dropped
+%% by the runtime, none stays in the sender's mailbox). The inbox holds the
+%% partial message only while its keeper lives: the sender kills the keeper to
+%% give the message up (`no_answer', `dropped'), and the inbox discards it at
+%% the keeper's `DOWN'; after `sent' the keeper lives on until the inbox delivers
+%% the message or goes; it watches the sender too, so a sender that dies gives
+%% its message up. Bounds:
 %% <ul>
 %% <li>no answer to the first piece within `barrier_timeout' ms: `no_answer'
 %%   (counted `stalled'); `convoy_route' hands the message to the lane whole
 %%   (behind that piece, in the same inbox; the piece is never completed and is
-%%   discarded by the sender's next message in pieces or its death), unless that
-%%   piece was the whole message: then it is `sent';</li>
+%%   discarded when its keeper goes), unless that piece was the whole message:
+%%   then it is `sent';</li>
 %% <li>no ack while the window is full for `barrier_timeout' ms: the remaining
 %%   pieces go unpaced (counted `stalled'), so a receiver that stopped acking
 %%   delays the message by at most that much;</li>
@@ -43,8 +47,8 @@
 %% <li>a busy distribution connection: a helper process sends the piece
 %%   (suspended until the connection takes it, as `!' would be) while the sender
 %%   waits for it at most `block_timeout' ms; then the rest of the message is
-%%   dropped and counted (`dropped'), and the receiver holds the partial until this
-%%   sender's next message in pieces, its death or its node's disconnection;</li>
+%%   dropped and counted (`dropped'), and the receiver discards the partial when
+%%   its keeper's `DOWN' comes through;</li>
 %% <li>the inbox's node not connected, or the inbox gone, before the last piece:
 %%   dropped and counted; after it: `sent' (delivered or not, as with `!').</li>
 %% </ul>
@@ -119,11 +123,12 @@ send(RT = #runtime{chunk_bytes = PB}, Node, {Inbox, Vsn}, C, To, Msg) ->
             refused; % nothing to cut: it goes whole
         {Size, [First | Rest]} ->
             Dest = {Inbox, Node},
-            Alias = alias([explicit_unalias]),
-            Watcher = watch(Dest, Alias),
-            Start = start(RT, Vsn, Alias, To, Kind, Size, First),
-            Result = first(RT, Dest, Alias, C, Start, Rest),
-            unwatch(Watcher, Alias),
+            Reply = alias([explicit_unalias]),
+            {Keeper, Ref} = keeper(Dest, Reply),
+            Ids = {Ref, Reply},
+            Start = start(RT, Vsn, Ids, Keeper, To, Kind, Size, First),
+            Result = first(RT, Dest, Ids, C, Start, Rest),
+            release(Keeper, Reply, Result),
             counted(C, Result)
     end.
 
@@ -134,32 +139,49 @@ counted(C, dropped) ->
 counted(_C, Result) ->
     Result.
 
-%% The helper that owns the inbox's monitor (a remote monitor's signals may
-%% suspend it, never the sender) and relays its 'DOWN' to Alias. It watches the
-%% sender too, so it never outlives it.
-watch(Dest, Alias) ->
+%% Start the message's keeper (see the module header) and get the alias it
+%% answers to; it sets up its monitors only after that, so the sender never
+%% waits for the connection.
+keeper(Dest, Reply) ->
     Sender = self(),
-    spawn(fun() -> watcher(Dest, Alias, Sender) end).
-
-watcher(Dest, Alias, Sender) ->
-    SenderMon = erlang:monitor(process, Sender),
-    InboxMon = erlang:monitor(process, Dest),
+    Keeper = spawn(fun() -> keeper_init(Dest, Reply, Sender) end),
     receive
-        {'DOWN', InboxMon, process, _, _} -> Alias ! {Alias, convoy_piece_down};
-        {'DOWN', SenderMon, process, _, _} -> ok
+        {Reply, keeper, Keeper, Ref} -> {Keeper, Ref}
     end.
 
-%% End of the wait, with local signals only: nothing sent to Alias reaches the
-%% sender after `unalias/1'; what came before is flushed.
-unwatch(Watcher, Alias) ->
-    exit(Watcher, kill),
-    true = unalias(Alias),
-    flush(Alias).
+keeper_init(Dest, Reply, Sender) ->
+    Ref = alias(),
+    Reply ! {Reply, keeper, self(), Ref},
+    SenderMon = erlang:monitor(process, Sender),
+    InboxMon = erlang:monitor(process, Dest),
+    keeper_loop(Ref, Reply, SenderMon, InboxMon).
 
-flush(Alias) ->
+keeper_loop(Ref, Reply, SenderMon, InboxMon) ->
     receive
-        {Alias, convoy_piece, _} -> flush(Alias);
-        {Alias, convoy_piece_down} -> flush(Alias)
+        {Ref, convoy_piece, delivered} ->
+            Reply ! {Reply, convoy_piece, delivered};
+        {Ref, convoy_piece, Answer} ->
+            Reply ! {Reply, convoy_piece, Answer},
+            keeper_loop(Ref, Reply, SenderMon, InboxMon);
+        {'DOWN', InboxMon, process, _, _} ->
+            Reply ! {Reply, convoy_piece_down};
+        {'DOWN', SenderMon, process, _, _} ->
+            ok
+    end.
+
+%% End of the wait, with local signals only. A message delivered, or on its way
+%% (`sent'), keeps its keeper until the inbox has it; any other is given up.
+%% Nothing sent to Reply reaches the sender after `unalias/1'; what came before
+%% is flushed.
+release(Keeper, Reply, Result) ->
+    _ = Result =:= delivered orelse Result =:= sent orelse exit(Keeper, kill),
+    true = unalias(Reply),
+    flush(Reply).
+
+flush(Reply) ->
+    receive
+        {Reply, convoy_piece, _} -> flush(Reply);
+        {Reply, convoy_piece_down} -> flush(Reply)
     after 0 ->
         ok
     end.
@@ -170,19 +192,19 @@ flush(Alias) ->
 %% time. Any `chunk_window' pieces in a row hold one that is acknowledged, or the
 %% last piece, after which the sender waits for `delivered' instead: it never
 %% waits for an answer that is not coming.
-start(#runtime{chunk_window = W}, Vsn, Alias, To, Kind, Size, First) ->
+start(#runtime{chunk_window = W}, Vsn, {Ref, _Reply}, Keeper, To, Kind, Size, First) ->
     case convoy_wire:supports(Vsn, piece_acks) of
-        true -> convoy_wire:piece_start(Alias, self(), To, Kind, Size, max(1, W div 2), First);
-        false -> convoy_wire:piece_start(Alias, self(), To, Kind, Size, First)
+        true -> convoy_wire:piece_start(Ref, Keeper, To, Kind, Size, max(1, W div 2), First);
+        false -> convoy_wire:piece_start(Ref, Keeper, To, Kind, Size, First)
     end.
 
-first(RT, Dest, Alias, C, Start, Rest) ->
+first(RT, Dest, Ids, C, Start, Rest) ->
     case put_piece(RT, Dest, Start) of
         ok ->
-            case await(RT, Alias) of
+            case await(RT, Ids) of
                 {ack, 0} ->
                     convoy_metrics:add(C, chunked, 1),
-                    stream(RT, Dest, Alias, C, 1, Rest, 0, true);
+                    stream(RT, Dest, Ids, C, 1, Rest, 0, true);
                 delivered when Rest =:= [] ->
                     %% one piece: complete at once
                     convoy_metrics:add(C, chunked, 1),
@@ -195,8 +217,7 @@ first(RT, Dest, Alias, C, Start, Rest) ->
                     convoy_metrics:add(C, stalled, 1),
                     sent;
                 timeout ->
-                    %% Never completed: the inbox drops it with this sender's
-                    %% next message in pieces (or its death).
+                    %% Never completed: the inbox drops it when its keeper goes.
                     convoy_metrics:add(C, stalled, 1),
                     no_answer;
                 _DownOrUnexpected ->
@@ -208,22 +229,22 @@ first(RT, Dest, Alias, C, Start, Rest) ->
 
 %% Pieces Seq.. left; Acked: the highest piece acked; Paced: false once the
 %% receiver has been silent too long.
-stream(RT, _Dest, Alias, C, _Seq, [], _Acked, _Paced) ->
-    finish(RT, Alias, C);
-stream(RT = #runtime{chunk_window = W}, Dest, Alias, C, Seq, [P | Ps] = Pieces, Acked, Paced) ->
+stream(RT, _Dest, Ids, C, _Seq, [], _Acked, _Paced) ->
+    finish(RT, Ids, C);
+stream(RT = #runtime{chunk_window = W}, Dest, Ids, C, Seq, [P | Ps] = Pieces, Acked, Paced) ->
     case (not Paced) orelse Seq - 1 - Acked < W of
         true ->
-            case put_piece(RT, Dest, convoy_wire:piece(Alias, Seq, P)) of
-                ok -> stream(RT, Dest, Alias, C, Seq + 1, Ps, Acked, Paced);
+            case put_piece(RT, Dest, convoy_wire:piece(element(1, Ids), Seq, P)) of
+                ok -> stream(RT, Dest, Ids, C, Seq + 1, Ps, Acked, Paced);
                 dropped -> dropped
             end;
         false ->
-            case await(RT, Alias) of
+            case await(RT, Ids) of
                 {ack, A} ->
-                    stream(RT, Dest, Alias, C, Seq, Pieces, max(A, Acked), Paced);
+                    stream(RT, Dest, Ids, C, Seq, Pieces, max(A, Acked), Paced);
                 timeout ->
                     convoy_metrics:add(C, stalled, 1),
-                    stream(RT, Dest, Alias, C, Seq, Pieces, Acked, false);
+                    stream(RT, Dest, Ids, C, Seq, Pieces, Acked, false);
                 _DownOrUnexpected ->
                     dropped
             end
@@ -231,12 +252,12 @@ stream(RT = #runtime{chunk_window = W}, Dest, Alias, C, Seq, [P | Ps] = Pieces, 
 
 %% Everything is handed over: wait for the delivery (acks still arriving count as
 %% progress).
-finish(RT, Alias, C) ->
-    case await(RT, Alias) of
+finish(RT, Ids, C) ->
+    case await(RT, Ids) of
         delivered ->
             delivered;
         {ack, _} ->
-            finish(RT, Alias, C);
+            finish(RT, Ids, C);
         timeout ->
             convoy_metrics:add(C, stalled, 1),
             sent;
@@ -244,12 +265,12 @@ finish(RT, Alias, C) ->
             sent
     end.
 
-await(#runtime{barrier_timeout = T}, Alias) ->
+await(#runtime{barrier_timeout = T}, {_Ref, Reply}) ->
     receive
-        {Alias, convoy_piece, Seq} when is_integer(Seq) -> {ack, Seq};
-        {Alias, convoy_piece, delivered} -> delivered;
-        {Alias, convoy_piece, refused} -> refused;
-        {Alias, convoy_piece_down} -> down
+        {Reply, convoy_piece, Seq} when is_integer(Seq) -> {ack, Seq};
+        {Reply, convoy_piece, delivered} -> delivered;
+        {Reply, convoy_piece, refused} -> refused;
+        {Reply, convoy_piece_down} -> down
     after T ->
         timeout
     end.

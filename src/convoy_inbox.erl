@@ -53,9 +53,10 @@
 %%
 %% Pieces of large messages (version 2, `convoy_chunk') are stored and acked by
 %% `convoy_chunk_rx' as they come; the last one delivers the whole message in its
-%% place. The inbox monitors the sender of a message in progress: its `DOWN' (and
-%% a `nodedown') discards the partial message, and so does its sender's moving on
-%% without it (it no longer monitors the inbox). Only a `DOWN' of a monitor the
+%% place. The inbox monitors the sender named in a message's first piece (its
+%% keeper, see `convoy_chunk_send'): its `DOWN' (and a `nodedown') discards the
+%% partial message, and so does its moving on without it (it no longer monitors
+%% the inbox). Only a `DOWN' of a monitor the
 %% inbox holds, and a `nodedown' of a node that is not connected, are acted on;
 %% any other is counted (`unknown_message'), as anyone may send them.
 -module(convoy_inbox).
