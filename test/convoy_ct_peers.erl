@@ -5,7 +5,8 @@
 %% get convoy's code and the calling suite's.
 -module(convoy_ct_peers).
 
--export([start/3, start_convoy/2, convoy_peer/3, await_route/2, route_kind/1, await/3,
+-export([start/3, start_convoy/2, start_local/1, stop_local/0, convoy_peer/3, await_route/2,
+         route_kind/1, await/3,
          restart_here/0, route_as_version/2, trace_inbox/1, traced/1]).
 
 %% A peer named Name for Suite; Extra: peer:start_options(), `args' appended.
@@ -23,6 +24,18 @@ start(Suite, Name, Extra) ->
 start_convoy(Peer, Settings) ->
     [ok = peer:call(Peer, application, set_env, [convoy, K, V]) || {K, V} <- maps:to_list(Settings)],
     {ok, _} = peer:call(Peer, application, ensure_all_started, [convoy]),
+    ok.
+
+%% Start convoy on this node with Settings (application environment).
+start_local(Settings) ->
+    [ok = application:set_env(convoy, K, V) || {K, V} <- maps:to_list(Settings)],
+    {ok, _} = application:ensure_all_started(convoy),
+    ok.
+
+%% Stop convoy on this node and forget every setting (a test case's end).
+stop_local() ->
+    _ = application:stop(convoy),
+    [application:unset_env(convoy, K) || K <- convoy_config:keys()],
     ok.
 
 %% A peer running convoy with Settings, once this node (which must run convoy)

@@ -37,9 +37,7 @@ init_per_testcase(_TC, Config) ->
     Config.
 
 end_per_testcase(_TC, _Config) ->
-    _ = application:stop(convoy),
-    [application:unset_env(convoy, K) || K <- convoy_config:keys()],
-    ok.
+    convoy_ct_peers:stop_local().
 
 %%--------------------------------------------------------------------
 %% Cases
@@ -313,9 +311,7 @@ until_refused(Sink, Payload, Opts, I, N, Refused, Acc = #{slow := Slow, oks := O
 %% Helpers
 
 start_convoy(Settings) ->
-    [ok = application:set_env(convoy, K, V) || {K, V} <- maps:to_list(Settings)],
-    {ok, _} = application:ensure_all_started(convoy),
-    ok.
+    convoy_ct_peers:start_local(Settings).
 
 convoy_peer(Name) ->
     convoy_ct_peers:convoy_peer(?MODULE, ?CT_PEER_NAME(Name), #{}).

@@ -28,9 +28,7 @@ init_per_testcase(_TC, Config) ->
     Config.
 
 end_per_testcase(_TC, _Config) ->
-    _ = application:stop(convoy),
-    [application:unset_env(convoy, K) || K <- convoy_config:keys()],
-    ok.
+    convoy_ct_peers:stop_local().
 
 %% lanes 2 -> 1: the sender's lane (2) shipped to the peer's second inbox, its
 %% new one ships to the first.
@@ -102,9 +100,7 @@ is_unconfirmed(Sender, Node) ->
     receive {is_marked, Sender, M} -> M after 5000 -> ct:fail(no_answer) end.
 
 start_convoy(Settings) ->
-    [ok = application:set_env(convoy, K, V) || {K, V} <- maps:to_list(Settings)],
-    {ok, _} = application:ensure_all_started(convoy),
-    ok.
+    convoy_ct_peers:start_local(Settings).
 
 collector() ->
     collector([]).
