@@ -121,7 +121,8 @@ send(Dest, Msg, Opts) ->
 %% @doc Send `Msg' to every destination: one copy travels to each remote node and is
 %% fanned out there. Order relative to the caller's `send/2' to each destination is
 %% kept. Raises `badarg', with nothing sent, if any destination is invalid or a local
-%% name is not registered.
+%% name (an atom) is not registered; a `{Name, node()}' not registered is skipped,
+%% as `!' drops a message to it.
 -spec multicast([dest()], term()) -> ok.
 multicast(Dests, Msg) ->
     convoy_route:multicast(Dests, Msg).

@@ -88,8 +88,9 @@ send(Dest, Msg, Opts) ->
         local ->
             erlang:send(Dest, Msg),
             ok;
-        {local, Name} ->
-            erlang:send(Name, Msg),
+        {local, _Name} ->
+            %% as `!': badarg for an unregistered Name, nothing for {Name, node()}
+            erlang:send(Dest, Msg),
             ok;
         {remote, Node, To} ->
             remote(with_opts(persistent_term:get(?RUNTIME_KEY, undefined), Opts), Node, To,
@@ -131,8 +132,11 @@ group([D | Rest], Msg, Local, Remote) ->
         local ->
             group(Rest, Msg, [D | Local], Remote);
         {local, Name} ->
+            %% as `!' would do: badarg for an unregistered Name, while a message
+            %% to an unregistered {Name, node()} is dropped
             case whereis(Name) of
-                undefined -> erlang:error(badarg, [[D | Rest], Msg]);
+                undefined when is_atom(D) -> erlang:error(badarg, [[D | Rest], Msg]);
+                undefined -> group(Rest, Msg, Local, Remote);
                 Pid -> group(Rest, Msg, [Pid | Local], Remote)
             end;
         {remote, Node, To} ->

@@ -596,6 +596,10 @@ badarg_like_send(_Config) ->
     ?assertError(badarg, convoy:multicast([self(), 42], x)),
     ?assertError(badarg, convoy:multicast([self(), not_registered_here], x)),
     ?assertError(badarg, convoy:multicast(notalist, x)),
+    %% `{Name, node()} ! x' drops x when Name is not registered: so does convoy
+    ?assertEqual(ok, convoy:send({not_registered_here, node()}, x)),
+    ?assertEqual(ok, convoy:send({not_registered_here, node()}, x, #{overload => drop})),
+    ?assertEqual(ok, convoy:multicast([{not_registered_here, node()}], x)),
     %% send/3: a bad destination as send/2; bad options named, with the settings'
     %% bounds, checked before anything is sent.
     ?assertError(badarg, convoy:send(123, x, #{overload => drop})),
