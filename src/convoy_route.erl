@@ -184,11 +184,13 @@ lane_of(#runtime{n = N}) -> erlang:phash2(self(), N) + 1.
 
 slots(#runtime{slots = Slots}, L) -> element(L, Slots).
 
-%% The sender's own state is kept in its process dictionary under two atom keys,
-%% each a map by node (an atom key hashes and compares at once, where a tuple key
-%% per node is walked on every lookup):
-%% MARKED_KEY: the nodes this sender's traffic went to through a lane or an inbox
-%% since its last barrier; REFS_KEY: each node's counters and held array.
+%% The sender's own state is kept in its process dictionary under atom keys (an
+%% atom key hashes and compares at once, where a tuple key per node is walked on
+%% every lookup). Two are maps by node: MARKED_KEY, the nodes this sender's
+%% traffic went to through a lane or an inbox since its last barrier (each
+%% `true', or `{pieces, Inbox}', see `settle/5'); REFS_KEY, each node's counters
+%% and held array. The others are the sender's own clock readings and reuse
+%% counts (`unmarked_calm/2', `marked_calm/2', `own_last_send/1').
 -define(MARKED_KEY, '$convoy_marked').
 -define(REFS_KEY, '$convoy_refs').
 
