@@ -30,8 +30,9 @@
 %%   mid-call cannot remove its entry: each sweep removes those of callers that
 %%   are no longer alive.</li>
 %% </ul>
-%% A server not watched yet: the caller monitors it itself for that call, as
-%% gen_server:call does, and asks this process (a cast) to watch it from then on.
+%% A server not watched yet: the caller watches it itself for that call (a
+%% watcher of the call's own, `convoy_gen') and asks this process (a cast) to
+%% watch it from then on.
 %%
 %% Why no caller misses a `DOWN': a server enters `convoy_call_watched' only once
 %% its monitor is taken, so the monitor was set up before any request of a
@@ -42,7 +43,7 @@
 %% exit, or the sweep below), first removes the server from
 %% `convoy_call_watched', then reads the waiters. A caller that saw the server
 %% watched registered before that removal, so it is among the waiters read; one
-%% that did not see it monitors the server itself. A watcher that dies otherwise
+%% that did not see it watches the server itself. A watcher that dies otherwise
 %% (killed by someone else) is replaced at once; the server stays watched, and
 %% the new monitor gives the `DOWN' (`noproc' if the server died meanwhile).
 %%
@@ -60,7 +61,7 @@
 %% The `DOWN' passed on is ``{'$convoy_call_down', Alias, Reason}'' sent to the
 %% caller's alias: once the call is over the alias is inactive and the message
 %% is dropped by the runtime. A caller also monitors this process during its
-%% call: if it goes, the caller monitors the server itself (`convoy_gen').
+%% call: if it goes, the caller watches the server itself (`convoy_gen').
 %%
 %% Anything else that reaches this process is counted as rejected
 %% (`unknown_message') and changes nothing.
@@ -100,7 +101,7 @@ start_link() ->
 %% more will be passed on; the tag names the alias, so that the caller's receive
 %% names it in every clause). Otherwise
 %% `unavailable' (convoy is not running, or the server is not watched yet: this
-%% process is asked to watch it for later calls): the caller monitors the server
+%% process is asked to watch it for later calls): the caller watches the server
 %% itself.
 -spec watch(pid(), reference()) -> {ok, reference()} | unavailable.
 watch(Process, Alias) ->

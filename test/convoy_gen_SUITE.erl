@@ -22,7 +22,8 @@
          idle_monitors_dropped/1, calls_helper_rejects_strays/1,
          busy_node_holds_no_other_calls/1, call_with_long_mailbox/1,
          name_changes_hands/1, calls_helper_rejects_stray_sweeps/1,
-         calls_helper_killed_often/1, stalled_node_delays_no_down/1, calls_watcher_killed/1]).
+         calls_helper_killed_often/1, stalled_node_delays_no_down/1, calls_watcher_killed/1,
+         call_to_stalled_node_times_out/1, own_watcher_ends_with_call/1]).
 
 -define(SHARED, [cast_each_form, call_each_form, server_sees_gen_messages,
                  noproc_each_form, nodedown, timeout_leaves_no_late_reply,
@@ -40,6 +41,7 @@ groups() ->
                                    idle_monitors_dropped, calls_helper_rejects_strays,
                                    busy_node_holds_no_other_calls,
                                    stalled_node_delays_no_down, calls_watcher_killed,
+                                   call_to_stalled_node_times_out, own_watcher_ends_with_call,
                                    calls_helper_killed_often]},
      {plain_peer, [], ?SHARED},
      {not_running, [], ?SHARED},
@@ -149,6 +151,7 @@ is_stray({'DOWN', _, process, _, _}) -> true;
 is_stray({{'$convoy_server_down', _}, _, process, _, _}) -> true;
 is_stray({{'$convoy_calls_gone', _}, _, process, _, _}) -> true;
 is_stray({'$convoy_call_down', _, _}) -> true;
+is_stray({'$convoy_call_watching', _}) -> true;
 is_stray({Ref, _}) when is_reference(Ref) -> true;
 is_stray(_) -> false.
 
@@ -266,11 +269,13 @@ call_with_long_mailbox(Config) ->
     #{server := Srv} = setup(Config),
     Other = erlang:alias(),
     Queued = lists:append([[{n, I}, {[alias | Other], I}, {'$convoy_call_down', Other, I},
+                            {'$convoy_call_watching', Other},
                             {{'$convoy_server_down', Other}, make_ref(), process, self(), I},
                             {{'$convoy_calls_gone', Other}, make_ref(), process, self(), I}]
                            || I <- lists:seq(1, 4000)]),
     [self() ! M || M <- Queued],
-    [?assertEqual({echo, I}, convoy:call(Srv, {echo, {echo, I}})) || I <- lists:seq(1, 50)],
+    [?assertEqual({echo, I}, convoy:call(Ref, {echo, {echo, I}}))
+     || Ref <- [Srv, {gen_srv, node(Srv)}], I <- lists:seq(1, 50)],
     ?assertEqual(Queued, [receive M -> M after 0 -> missing end || _ <- Queued]),
     ?assertEqual([], strays()),
     true = erlang:unalias(Other).
@@ -526,6 +531,50 @@ stalled_node_delays_no_down(Config) ->
         ?assert(T < 2000, {took, T}),
         resume(B),
         ?assertEqual({returned, b}, result_of(HeldCall))
+    after
+        resume(B)
+    end,
+    peer:stop(maps:get(peer, B)).
+
+%% A call's own watcher (here by `{Name, Node}') ends with the call: the call
+%% returned, timed out, or its caller was killed mid-call. No monitor of the
+%% server from this node is left, and nothing in the caller's mailbox.
+own_watcher_ends_with_call(Config) ->
+    #{peer := Peer, node := Node, server := Srv} = setup(Config),
+    Name = {gen_srv, Node},
+    ?assertEqual(ok, convoy:call(Name, {echo, ok})),
+    ?assertEqual({timeout, {gen_server, call, [Name, {late, 100}, 10]}},
+                 exit_of(fun() -> convoy:call(Name, {late, 100}, 10) end)),
+    receive {replied, Srv} -> ok after 5000 -> ct:fail(no_late_reply) end,
+    ?assertEqual([], strays()),
+    {Caller, Mon} = in_process(fun() -> convoy:call(Name, hold, infinity) end),
+    receive {holding, Srv} -> ok after 10000 -> ct:fail(not_held) end,
+    ?assertMatch([_], monitors_from_here(Peer, Srv)),
+    exit(Caller, kill),
+    receive {'DOWN', Mon, process, Caller, killed} -> ok end,
+    convoy_ct_peers:await(fun() -> monitors_from_here(Peer, Srv) end,
+                          fun(Ms) -> Ms =:= [] end, 5000).
+
+%% A call to a node stopped with its connection full ends at its Timeout, by
+%% `{Name, Node}' and by pid, and leaves nothing in the caller's mailbox.
+call_to_stalled_node_times_out(Config) ->
+    _ = setup(Config),
+    B = #{node := Node, server := SrvB} = stalled_node(),
+    try
+        stall(B),
+        [begin
+             T0 = erlang:monotonic_time(millisecond),
+             Caller = in_process(fun() ->
+                                         {exit_of(fun() -> convoy:call(Ref, {echo, x}, 500) end),
+                                          strays()}
+                                 end),
+             R = result_within(Caller, 5000),
+             T = erlang:monotonic_time(millisecond) - T0,
+             ct:pal("call to ~p on the stalled node: ~b ms", [Ref, T]),
+             ?assertEqual({returned, {{timeout, {gen_server, call, [Ref, {echo, x}, 500]}}, []}},
+                          R),
+             ?assert(T >= 500 andalso T < 2000, {took, T})
+         end || Ref <- [{gen_srv_b, Node}, SrvB]]
     after
         resume(B)
     end,
