@@ -151,8 +151,11 @@ call(ServerRef, Request) ->
 %% server's exit reason. A reply that comes after the timeout is dropped (the
 %% call's alias is gone), never left in the mailbox. Timeout counts from the
 %% call, including any wait for room in convoy when the node's bound is reached
-%% (a call waits for room whatever the `overload' setting). A server on this
-%% node, or any call while convoy is not running, is `gen_server:call/3' itself.
+%% (a call waits for room whatever the `overload' setting). The caller takes no
+%% remote monitor itself, so a node stalled with a full distribution buffer
+%% holds it no longer than Timeout (gen_server:call's monitor would suspend it
+%% until the buffer drains). A server on this node, or any call while convoy is
+%% not running, is `gen_server:call/3' itself.
 -spec call(server_ref(), term(), timeout()) -> term().
 call(ServerRef, Request, Timeout) ->
     convoy_gen:call(ServerRef, Request, Timeout).

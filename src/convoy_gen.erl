@@ -22,14 +22,31 @@
 %% comes late is dropped by the runtime instead of landing in the caller's
 %% mailbox. The monitor gives the exits: `noproc' (no such process or name),
 %% `{nodedown, Node}' (connection lost: a `noconnection' DOWN), the server's exit
-%% reason, and `timeout' (without `convoy_calls', the call monitors the server
-%% itself, as `gen' does); global and via names whose process is on a node that
+%% reason, and `timeout' (without `convoy_calls', the call has a monitor of its
+%% own, as `gen' does, see below); global and via names whose process is on a node that
 %% went down give `noproc', as `gen' does. Exits are
 %% `{Reason, {gen_server, call, Args}}' with gen_server's own `Args'. Everything
 %% that does not go to another node through a running convoy (a server on this
 %% node, convoy not running here, a name that resolves to no remote process, a
 %% malformed reference or timeout) is handed to `gen_server:call' itself, so its
 %% replies and exits are gen_server's by construction.
+%%
+%% The caller takes and drops no remote monitor itself: each is a distribution
+%% signal, which suspends its sender while the node's distribution buffer is
+%% full (a stalled node: until it is declared down), and that would hold the
+%% call past its Timeout, as it holds gen_server:call. A call's own monitor
+%% (a `{Name, Node}', a server not shared yet, or `convoy_calls' gone) belongs
+%% to a watcher process spawned for the call (`watcher/3'): not linked, it
+%% monitors the caller too, so it never outlives it; it says
+%% ``{'$convoy_call_watching', Alias}'' once its monitor is taken and relays the
+%% server's `DOWN' as ``{'$convoy_call_down', Alias, Reason}'', the shape
+%% `convoy_calls' passes on; it is killed when the call ends (a local signal:
+%% the runtime drops a dead process's monitors without suspending anyone). The
+%% caller sends its request only once the monitor is taken, as gen does (a
+%% server that dies handling it gives its exit reason, not `noproc'), and waits
+%% for that no longer than its Timeout: then the request goes anyway and the
+%% call ends in `timeout'. Whatever reached the alias before it was deactivated
+%% is taken out of the mailbox.
 %%
 %% Why routing the request through convoy is safe: a call is one message to the
 %% server plus a monitor, and the message is an ordinary convoy send (order kept
@@ -41,13 +58,11 @@
 %% within its own Timeout whatever the `overload' policy (the caller waits for an
 %% answer anyway), so convoy's bound never holds a call past its Timeout, and a
 %% request that finds no room in time ends in `timeout' (counted in `refused').
-%% (A new monitor, as in gen_server:call, is a distribution signal: it waits
-%% while the node's distribution buffer is full; a shared one is taken once per
-%% server.) A cast is a `convoy:send/2' and
-%% follows the `overload' setting.
+%% A cast is a `convoy:send/2' and follows the `overload' setting.
 -module(convoy_gen).
 
 -export([cast/2, call/2, call/3]).
+-export([watcher/3]).
 
 -include("convoy_runtime.hrl").
 
@@ -60,10 +75,6 @@
 -define(MAX_BLOCK_MS, 3600000).
 
 -dialyzer({no_improper_lists, [do_call/3, await_own/3, late_reply/1]}).
-
-%% The tag of the `DOWN' of the call's own monitor of the server, with the call's
-%% alias (convoy_calls' is `?CALLS_GONE').
--define(SERVER_DOWN, '$convoy_server_down').
 
 %% @doc See `convoy:cast/2'.
 -spec cast(convoy:server_ref(), term()) -> ok.
@@ -154,22 +165,21 @@ where(Fun) ->
 %% reply's alias is made here and every clause of the receive below names it,
 %% so the compiler has that receive skip what was in the caller's mailbox before
 %% the call, as gen_server:call's receive does: a caller with a long queue does
-%% not scan it on every call. (The watch's `DOWN' messages carry the alias in
-%% their tag for the same reason.)
+%% not scan it on every call. (The watchers' messages carry the alias for the
+%% same reason; the receives of the functions given the alias skip it too.)
 do_call({Process, How}, Request, Timeout) ->
     Deadline = deadline(Timeout),
     Alias = erlang:alias([explicit_unalias]),
     Watch0 = watch(Process, Alias),
+    ok = watching(Watch0, Alias, Deadline),
     Msg = {'$gen_call', {self(), [alias | Alias]}, Request},
     {Outcome, Watch} =
-        case request(Process, Msg, Watch0, Alias, Deadline) of
+        case request(Process, Msg, Alias, Deadline) of
             sent ->
                 receive
                     {[alias | Alias], Reply} ->
                         {{ok, Reply}, Watch0};
                     {'$convoy_call_down', Alias, Reason} ->
-                        {{exit, down(Reason, Process)}, Watch0};
-                    {{?SERVER_DOWN, Alias}, _, process, _, Reason} ->
                         {{exit, down(Reason, Process)}, Watch0};
                     {{?CALLS_GONE, Alias}, _, process, _, _} ->
                         %% convoy_calls is gone (and with it the shared monitor):
@@ -186,22 +196,18 @@ do_call({Process, How}, Request, Timeout) ->
         end,
     _ = erlang:unalias(Alias),
     unwatch(Process, Alias, Watch),
-    %% A server's death passed on before the alias went inactive: taken out.
-    receive
-        {'$convoy_call_down', Alias, _} -> flush_down(Alias)
-    after 0 ->
-        ok
-    end,
+    ok = flush_watch(Alias),
     case {How, Outcome} of
         {registered, {exit, {nodedown, _}}} -> {exit, noproc};
         _ -> Outcome
     end.
 
 %% How the call learns that the server is gone: from the monitor convoy_calls
-%% shares among callers (`shared': no monitor signal per call, its passing on
-%% comes as `{'$convoy_call_down', Alias, Reason}'), or from a monitor of its
-%% own as gen_server:call takes it (`own') when convoy_calls is not there. The
-%% reply comes to the alias either way, inactive once the call is over.
+%% shares among callers (`shared': no monitor signal per call), or from a
+%% watcher of the call's own (`own') when the server is not shared yet or
+%% convoy_calls is not there; either passes the `DOWN' on as
+%% ``{'$convoy_call_down', Alias, Reason}''. The reply comes to the alias either
+%% way, inactive once the call is over.
 %% A `{Name, Node}' always gets its own: the name may have changed hands since a
 %% shared monitor resolved it, and only a monitor taken now watches its holder.
 watch(Pid, Alias) when is_pid(Pid) ->
@@ -212,21 +218,53 @@ watch(Pid, Alias) when is_pid(Pid) ->
 watch(Name, Alias) ->
     own_watch(Name, Alias).
 
+%% The spawn is here, not behind one more local function given the alias: the
+%% compiler would then drop the mark that lets do_call/3's receive skip the queue.
 own_watch(Process, Alias) ->
-    {own, erlang:monitor(process, Process, [{tag, {?SERVER_DOWN, Alias}}])}.
+    {own, spawn(?MODULE, watcher, [Process, Alias, self()])}.
 
-%% Nothing of the watch is left: a `DOWN' that reached the mailbox is taken out.
-unwatch(_Process, _Alias, {own, Mref}) ->
-    erlang:demonitor(Mref, [flush]),
+%% The request goes once the call's own watcher has its monitor (or the call's
+%% time is up).
+watching({own, _Watcher}, Alias, Deadline) ->
+    receive
+        {'$convoy_call_watching', Alias} -> ok
+    after left(Deadline) ->
+        ok
+    end;
+watching({shared, _Helper}, _Alias, _Deadline) ->
+    ok.
+
+%% @private
+%% A call's watcher (see the module header): monitors Process for Caller's call
+%% tagged Alias, and relays the server's `DOWN'; it ends with the caller.
+-spec watcher(pid() | {atom(), node()}, reference(), pid()) -> ok.
+watcher(Process, Alias, Caller) ->
+    CallerMon = erlang:monitor(process, Caller),
+    Mon = erlang:monitor(process, Process),
+    Alias ! {'$convoy_call_watching', Alias},
+    receive
+        {'DOWN', Mon, process, _, Reason} ->
+            Alias ! {'$convoy_call_down', Alias, Reason},
+            ok;
+        {'DOWN', CallerMon, process, _, _} ->
+            ok
+    end.
+
+%% Nothing of the watch is left: the call's own watcher is killed (no signal
+%% to the server's node from the caller), a shared watch's entry removed.
+unwatch(_Process, _Alias, {own, Watcher}) ->
+    exit(Watcher, kill),
     ok;
 unwatch(Pid, Alias, {shared, Helper}) ->
     ok = convoy_calls:unwatch(Pid, Alias),
     erlang:demonitor(Helper, [flush]),
     ok.
 
-flush_down(Alias) ->
+%% After the alias is deactivated: what a watcher sent it before is taken out.
+flush_watch(Alias) ->
     receive
-        {'$convoy_call_down', Alias, _} -> flush_down(Alias)
+        {'$convoy_call_watching', Alias} -> flush_watch(Alias);
+        {'$convoy_call_down', Alias, _} -> flush_watch(Alias)
     after 0 ->
         ok
     end.
@@ -234,29 +272,24 @@ flush_down(Alias) ->
 %% Hand the request to convoy. If the node's bound is reached, wait for room no
 %% longer than the call may last (the caller waits for the answer anyway); a
 %% request refused with time left is tried again unless the server is gone.
-request(Process, Msg, Watch, Alias, Deadline) ->
+request(Process, Msg, Alias, Deadline) ->
     Wait = min(left(Deadline), ?MAX_BLOCK_MS),
     case convoy_route:send(Process, Msg, #{overload => block, block_timeout => Wait}) of
         ok ->
             sent;
         {error, overload} ->
-            case gone(Watch, Alias, Process) of
+            case gone(Alias, Process) of
                 {exit, _} = Exit ->
                     Exit;
                 no ->
                     case left(Deadline) of
                         0 -> sent; % the wait for the answer times out at once
-                        _ -> request(Process, Msg, Watch, Alias, Deadline)
+                        _ -> request(Process, Msg, Alias, Deadline)
                     end
             end
     end.
 
-gone({own, _Mref}, Alias, Process) ->
-    receive
-        {{?SERVER_DOWN, Alias}, _, process, _, Reason} -> {exit, down(Reason, Process)}
-    after 0 -> no
-    end;
-gone({shared, _Helper}, Alias, Process) ->
+gone(Alias, Process) ->
     receive
         {'$convoy_call_down', Alias, Reason} -> {exit, down(Reason, Process)}
     after 0 -> no
@@ -269,8 +302,6 @@ await_own(Alias, Process, Deadline) ->
         {[alias | Alias], Reply} ->
             {ok, Reply};
         {'$convoy_call_down', Alias, Reason} ->
-            {exit, down(Reason, Process)};
-        {{?SERVER_DOWN, Alias}, _, process, _, Reason} ->
             {exit, down(Reason, Process)}
     after left(Deadline) ->
         late_reply(Alias)

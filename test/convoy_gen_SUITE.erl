@@ -22,7 +22,8 @@
          idle_monitors_dropped/1, calls_helper_rejects_strays/1,
          busy_node_holds_no_other_calls/1, call_with_long_mailbox/1,
          name_changes_hands/1, calls_helper_rejects_stray_sweeps/1,
-         calls_helper_killed_often/1]).
+         calls_helper_killed_often/1, stalled_node_delays_no_down/1, calls_watcher_killed/1,
+         call_to_stalled_node_times_out/1, own_watcher_ends_with_call/1]).
 
 -define(SHARED, [cast_each_form, call_each_form, server_sees_gen_messages,
                  noproc_each_form, nodedown, timeout_leaves_no_late_reply,
@@ -39,6 +40,8 @@ groups() ->
                                    server_dies_after_calls, calls_helper_killed_mid_call,
                                    idle_monitors_dropped, calls_helper_rejects_strays,
                                    busy_node_holds_no_other_calls,
+                                   stalled_node_delays_no_down, calls_watcher_killed,
+                                   call_to_stalled_node_times_out, own_watcher_ends_with_call,
                                    calls_helper_killed_often]},
      {plain_peer, [], ?SHARED},
      {not_running, [], ?SHARED},
@@ -148,6 +151,7 @@ is_stray({'DOWN', _, process, _, _}) -> true;
 is_stray({{'$convoy_server_down', _}, _, process, _, _}) -> true;
 is_stray({{'$convoy_calls_gone', _}, _, process, _, _}) -> true;
 is_stray({'$convoy_call_down', _, _}) -> true;
+is_stray({'$convoy_call_watching', _}) -> true;
 is_stray({Ref, _}) when is_reference(Ref) -> true;
 is_stray(_) -> false.
 
@@ -265,11 +269,13 @@ call_with_long_mailbox(Config) ->
     #{server := Srv} = setup(Config),
     Other = erlang:alias(),
     Queued = lists:append([[{n, I}, {[alias | Other], I}, {'$convoy_call_down', Other, I},
+                            {'$convoy_call_watching', Other},
                             {{'$convoy_server_down', Other}, make_ref(), process, self(), I},
                             {{'$convoy_calls_gone', Other}, make_ref(), process, self(), I}]
                            || I <- lists:seq(1, 4000)]),
     [self() ! M || M <- Queued],
-    [?assertEqual({echo, I}, convoy:call(Srv, {echo, {echo, I}})) || I <- lists:seq(1, 50)],
+    [?assertEqual({echo, I}, convoy:call(Ref, {echo, {echo, I}}))
+     || Ref <- [Srv, {gen_srv, node(Srv)}], I <- lists:seq(1, 50)],
     ?assertEqual(Queued, [receive M -> M after 0 -> missing end || _ <- Queued]),
     ?assertEqual([], strays()),
     true = erlang:unalias(Other).
@@ -339,14 +345,15 @@ calls_barrier() ->
     end.
 
 %% Many concurrent callers of one server: one monitor of it from this node,
-%% convoy_calls's, not one per call (gen_server:call's way: two signals a call).
+%% convoy_calls's watcher's, not one per call (gen_server:call's way: two
+%% signals a call).
 one_shared_monitor(Config) ->
     #{peer := Peer, server := Srv} = setup(Config),
     Callers = [in_process(fun() -> [I = convoy:call(Srv, {echo, I}) || I <- lists:seq(1, 200)], ok end)
                || _ <- lists:seq(1, 20)],
     [{returned, ok} = result_of(C) || C <- Callers],
     ?assert(ets:member(convoy_call_watched, Srv)),
-    ?assertEqual([whereis(convoy_calls)], monitors_from_here(Peer, Srv)).
+    ?assert(shared_monitor(monitors_from_here(Peer, Srv))).
 
 %% A first call monitors the server itself and has convoy_calls watch it: wait
 %% until it does (later calls share its monitor).
@@ -361,6 +368,13 @@ await_watched(Srv) ->
 monitors_from_here(Peer, Srv) ->
     {monitored_by, By} = peer:call(Peer, erlang, process_info, [Srv, monitored_by]),
     [P || P <- By, is_pid(P), node(P) =:= node(), P =/= whereis(global_name_server)].
+
+%% The monitors are one, held by a watcher of convoy_calls (linked to it alone).
+shared_monitor([W]) ->
+    process_info(W, initial_call) =:= {initial_call, {convoy_calls, watcher, 2}}
+        andalso process_info(W, links) =:= {links, [whereis(convoy_calls)]};
+shared_monitor(_) ->
+    false.
 
 %% A server that dies after the calls are over: its DOWN goes to convoy_calls,
 %% nothing reaches the callers.
@@ -413,7 +427,7 @@ calls_helper_killed_mid_call(Config) ->
     {ok, S2} = peer:call(Peer, convoy_ct_server, start, [self()]),
     await_watched(S2),
     ?assertEqual(2, convoy:call(S2, {echo, 2})),
-    ?assertEqual([whereis(convoy_calls)], monitors_from_here(Peer, S2)).
+    ?assert(shared_monitor(monitors_from_here(Peer, S2))).
 
 %% convoy_calls killed as soon as each new one is up, beyond its supervisor's
 %% restart intensity: its supervisor gives up and nothing else of convoy is
@@ -463,40 +477,167 @@ kill_calls_helper(N, Killed) ->
         false -> Killed
     end.
 
-%% A node whose distribution buffer is full holds a call's monitor, there as in
-%% gen_server:call. convoy_calls, asked to watch a server there, is held too; calls
-%% to another node's servers, watched or not yet, go on (no caller waits for it).
+%% A node stopped with its connection full holds nothing to do with other nodes:
+%% convoy_calls, asked to watch a server there, goes on answering (its watcher
+%% waits for the connection in its place), and calls to another node's servers,
+%% watched or not yet, go on.
 busy_node_holds_no_other_calls(Config) ->
     #{server := SrvC, peer := PeerC} = setup(Config),
     await_watched(SrvC),
-    {PeerB, B} = convoy_ct_peers:start(?MODULE, ?CT_PEER_NAME(busy_b), #{}),
-    ok = convoy_ct_peers:start_convoy(PeerB, #{}),
-    {ok, SrvB} = peer:call(PeerB, convoy_ct_server, start, [self()]),
-    Sink = spawn(B, fun() -> receive after infinity -> ok end end),
-    OsPid = peer:call(PeerB, os, getpid, []),
-    os:cmd("kill -STOP " ++ OsPid),
+    B = #{server := SrvB} = stalled_node(),
     try
-        %% Plain sends until the distribution buffer to B is full (the socket
-        %% buffers take several megabytes first).
-        Big = binary:copy(<<"b">>, 1 bsl 20),
-        Filler = spawn(fun() -> [Sink ! Big || _ <- lists:seq(1, 200)] end),
-        convoy_ct_peers:await(fun() -> process_info(Filler, status) end,
-                              fun(St) -> St =:= {status, suspended} end, 20000),
+        stall(B),
         HeldCall = in_process(fun() -> convoy:call(SrvB, {echo, b}, 60000) end),
+        past_watch(HeldCall),
         Helper = whereis(convoy_calls),
-        convoy_ct_peers:await(fun() -> process_info(Helper, status) end,
-                              fun(St) -> St =:= {status, suspended} end, 10000),
+        convoy_ct_peers:await(fun() -> suspended_watchers(Helper) end,
+                              fun(Ws) -> Ws =/= [] end, 10000),
+        _ = sys:get_state(Helper, 1000),
         {ok, SrvC2} = peer:call(PeerC, convoy_ct_server, start, [self()]),
         T0 = erlang:monotonic_time(millisecond),
         ?assertEqual(c, convoy:call(SrvC, {echo, c}, 5000)),
         ?assertEqual(c2, convoy:call(SrvC2, {echo, c2}, 5000)),
         ?assert(erlang:monotonic_time(millisecond) - T0 < 2000),
-        os:cmd("kill -CONT " ++ OsPid),
+        resume(B),
         ?assertEqual({returned, b}, result_of(HeldCall))
     after
-        os:cmd("kill -CONT " ++ OsPid)
+        resume(B)
     end,
-    peer:stop(PeerB).
+    peer:stop(maps:get(peer, B)).
+
+%% A server on a healthy node is killed mid-call while convoy_calls is asked to
+%% watch a server on a node stopped with its connection full: the caller, which
+%% relies on the shared watch, exits `killed' at once, Timeout `infinity'. (Were
+%% convoy_calls to take that monitor itself, it would pass on nothing until the
+%% stalled node drained.)
+stalled_node_delays_no_down(Config) ->
+    #{server := SrvC} = setup(Config),
+    await_watched(SrvC),
+    Caller = in_process(fun() -> convoy:call(SrvC, hold, infinity) end),
+    receive {holding, SrvC} -> ok after 10000 -> ct:fail(not_held) end,
+    %% It relies on the shared watch (a caller that does not leaves no entry).
+    ?assertMatch([_], ets:match(convoy_call_waiters, {'_', SrvC, '_'})),
+    B = #{server := SrvB} = stalled_node(),
+    try
+        stall(B),
+        HeldCall = in_process(fun() -> convoy:call(SrvB, {echo, b}, 60000) end),
+        past_watch(HeldCall),
+        T0 = erlang:monotonic_time(millisecond),
+        exit(SrvC, kill),
+        R = result_within(Caller, 5000),
+        T = erlang:monotonic_time(millisecond) - T0,
+        ct:pal("killed mid-call, exit after ~b ms", [T]),
+        ?assertEqual({killed, {gen_server, call, [SrvC, hold, infinity]}}, R),
+        ?assert(T < 2000, {took, T}),
+        resume(B),
+        ?assertEqual({returned, b}, result_of(HeldCall))
+    after
+        resume(B)
+    end,
+    peer:stop(maps:get(peer, B)).
+
+%% A call's own watcher (here by `{Name, Node}') ends with the call: the call
+%% returned, timed out, or its caller was killed mid-call. No monitor of the
+%% server from this node is left, and nothing in the caller's mailbox.
+own_watcher_ends_with_call(Config) ->
+    #{peer := Peer, node := Node, server := Srv} = setup(Config),
+    Name = {gen_srv, Node},
+    ?assertEqual(ok, convoy:call(Name, {echo, ok})),
+    ?assertEqual({timeout, {gen_server, call, [Name, {late, 100}, 10]}},
+                 exit_of(fun() -> convoy:call(Name, {late, 100}, 10) end)),
+    receive {replied, Srv} -> ok after 5000 -> ct:fail(no_late_reply) end,
+    ?assertEqual([], strays()),
+    {Caller, Mon} = in_process(fun() -> convoy:call(Name, hold, infinity) end),
+    receive {holding, Srv} -> ok after 10000 -> ct:fail(not_held) end,
+    ?assertMatch([_], monitors_from_here(Peer, Srv)),
+    exit(Caller, kill),
+    receive {'DOWN', Mon, process, Caller, killed} -> ok end,
+    convoy_ct_peers:await(fun() -> monitors_from_here(Peer, Srv) end,
+                          fun(Ms) -> Ms =:= [] end, 5000).
+
+%% A call to a node stopped with its connection full ends at its Timeout, by
+%% `{Name, Node}' and by pid, and leaves nothing in the caller's mailbox.
+call_to_stalled_node_times_out(Config) ->
+    _ = setup(Config),
+    B = #{node := Node, server := SrvB} = stalled_node(),
+    try
+        stall(B),
+        [begin
+             T0 = erlang:monotonic_time(millisecond),
+             Caller = in_process(fun() ->
+                                         {exit_of(fun() -> convoy:call(Ref, {echo, x}, 500) end),
+                                          strays()}
+                                 end),
+             R = result_within(Caller, 5000),
+             T = erlang:monotonic_time(millisecond) - T0,
+             ct:pal("call to ~p on the stalled node: ~b ms", [Ref, T]),
+             ?assertEqual({returned, {{timeout, {gen_server, call, [Ref, {echo, x}, 500]}}, []}},
+                          R),
+             ?assert(T >= 500 andalso T < 2000, {took, T})
+         end || Ref <- [{gen_srv_b, Node}, SrvB]]
+    after
+        resume(B)
+    end,
+    peer:stop(maps:get(peer, B)).
+
+%% A peer B running convoy (routed to through convoy from here) with a server
+%% registered there as `gen_srv_b', owned by the calling process.
+stalled_node() ->
+    {Peer, Node} = convoy_ct_peers:start(?MODULE, ?CT_PEER_NAME(stalled_b), #{}),
+    ok = convoy_ct_peers:start_convoy(Peer, #{}),
+    convoy_ct_peers:await_route(Node, convoy),
+    {ok, Srv} = peer:call(Peer, convoy_ct_server, start, [{local, gen_srv_b}, self()]),
+    Sink = peer:call(Peer, erlang, spawn, [timer, sleep, [infinity]]),
+    #{peer => Peer, node => Node, server => Srv, sink => Sink,
+      os_pid => peer:call(Peer, os, getpid, [])}.
+
+%% B's OS process stopped, then plain sends to it until the connection from here
+%% is full: the socket takes no more (its port queues what the kernel refused)
+%% and the connection is busy. It stays so until B runs again: from then on a
+%% signal to B (a message, a monitor) suspends its sender.
+stall(#{os_pid := OsPid, sink := Sink, node := Node}) ->
+    _ = os:cmd("kill -STOP " ++ OsPid),
+    {Node, Port} = lists:keyfind(Node, 1, erlang:system_info(dist_ctrl)),
+    Deadline = erlang:monotonic_time(millisecond) + 30000,
+    fill(Sink, binary:copy(<<"b">>, 1 bsl 20), Port, Deadline).
+
+fill(Sink, Big, Port, Deadline) ->
+    case erlang:send(Sink, Big, [nosuspend]) of
+        ok ->
+            fill(Sink, Big, Port, Deadline);
+        nosuspend ->
+            case erlang:port_info(Port, queue_size) of
+                {queue_size, Q} when Q > 0 ->
+                    ok;
+                _ ->
+                    %% Busy for now, but the socket still takes what is queued.
+                    erlang:monotonic_time(millisecond) < Deadline
+                        orelse ct:fail(connection_never_full),
+                    receive after 10 -> fill(Sink, Big, Port, Deadline) end
+            end
+    end.
+
+resume(#{os_pid := OsPid}) ->
+    _ = os:cmd("kill -CONT " ++ OsPid),
+    ok.
+
+%% The caller is past convoy_calls:watch/2 (its cast to convoy_calls is sent):
+%% waiting, or suspended on the stalled connection.
+past_watch({Pid, _}) ->
+    convoy_ct_peers:await(fun() -> process_info(Pid, status) end,
+                          fun(St) -> lists:member(St, [{status, waiting}, {status, suspended}])
+                          end, 10000).
+
+%% The processes linked to convoy_calls (its watchers) that are suspended.
+suspended_watchers(Helper) ->
+    {links, Links} = process_info(Helper, links),
+    [W || W <- Links, process_info(W, status) =:= {status, suspended}].
+
+%% What in_process/1 ran returned, or a failure if it has not within Ms.
+result_within({Pid, Mon}, Ms) ->
+    receive {result, Pid, R} -> demonitor(Mon, [flush]), R
+    after Ms -> ct:fail({no_result_within, Ms})
+    end.
 
 %% A server nobody calls any more is no longer monitored (within two sweeps),
 %% also when a caller was killed in the middle of its call (its entry is swept).
@@ -505,9 +646,8 @@ idle_monitors_dropped(Config) ->
     await_watched(Srv),
     %% gen_server:call's own monitor goes asynchronously (its demonitor travels
     %% the connection; peer:call does not wait behind it).
-    Helper = whereis(convoy_calls),
     convoy_ct_peers:await(fun() -> monitors_from_here(Peer, Srv) end,
-                          fun(Ms) -> Ms =:= [Helper] end, 5000),
+                          fun shared_monitor/1, 5000),
     {Killed, KilledMon} = in_process(fun() -> convoy:call(Srv, hold, infinity) end),
     receive {holding, Srv} -> ok after 10000 -> ct:fail(not_held) end,
     exit(Killed, kill),
@@ -518,6 +658,25 @@ idle_monitors_dropped(Config) ->
     ?assertEqual([], ets:tab2list(convoy_call_watched)),
     ?assertEqual([], ets:tab2list(convoy_call_waiters)),
     ?assertEqual(1, convoy:call(Srv, {echo, 1})).
+
+%% A watcher of convoy_calls killed from elsewhere is replaced: the server stays
+%% watched, and a caller relying on it still exits with the server's reason.
+calls_watcher_killed(Config) ->
+    #{peer := Peer, server := Srv} = setup(Config),
+    await_watched(Srv),
+    [W] = convoy_ct_peers:await(fun() -> monitors_from_here(Peer, Srv) end,
+                                fun shared_monitor/1, 5000),
+    Rejected = maps:get(unknown_message, convoy_metrics:rejected(), 0),
+    Caller = in_process(fun() -> convoy:call(Srv, hold, infinity) end),
+    receive {holding, Srv} -> ok after 10000 -> ct:fail(not_held) end,
+    ?assertMatch([_], ets:match(convoy_call_waiters, {'_', Srv, '_'})),
+    exit(W, kill),
+    convoy_ct_peers:await(fun() -> monitors_from_here(Peer, Srv) end,
+                          fun(Ms) -> shared_monitor(Ms) andalso Ms =/= [W] end, 5000),
+    ?assert(ets:member(convoy_call_watched, Srv)),
+    exit(Srv, boom),
+    ?assertEqual({boom, {gen_server, call, [Srv, hold, infinity]}}, result_of(Caller)),
+    ?assertEqual(Rejected, maps:get(unknown_message, convoy_metrics:rejected(), 0)).
 
 %% Stray, malformed and misdirected input to convoy_calls is counted and changes
 %% nothing.
@@ -530,9 +689,11 @@ calls_helper_rejects_strays(Config) ->
     gen_server:cast(Helper, {watch, {"x", node(Srv)}}),
     gen_server:cast(Helper, junk),
     Helper ! {'DOWN', make_ref(), process, Srv, forged},
+    Helper ! {'EXIT', self(), forged}, % not one of its watchers
+    Helper ! {'$convoy_calls_watching', self()},
     Helper ! junk,
     _ = sys:get_state(Helper),
-    ?assertEqual(Before + 6, maps:get(unknown_message, convoy_metrics:rejected(), 0)),
+    ?assertEqual(Before + 8, maps:get(unknown_message, convoy_metrics:rejected(), 0)),
     ?assertEqual(Helper, whereis(convoy_calls)),
     ?assertEqual(3, convoy:call(Srv, {echo, 3})).
 
