@@ -1,6 +1,7 @@
 # convoy: the two commands
 #   make test   installs what is missing (Debian packages), then runs EUnit + PropEr,
-#               Common Test (peer nodes), Dialyzer, xref and the Elixir example.
+#               Common Test (peer nodes), Dialyzer, xref, the Elixir example and
+#               the Phoenix.PubSub adapter's tests.
 #   make bench  runs the seed comparison on nodes it starts itself (ARGS="--help").
 
 REBAR ?= rebar3
@@ -8,7 +9,7 @@ ARGS ?=
 DEBIAN_PKGS = rebar3 erlang-common-test erlang-dialyzer erlang-proper-dev gnuplot-nox elixir
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: all deps compile test eunit ct dialyzer xref elixir bench docs clean
+.PHONY: all deps compile test eunit ct dialyzer xref elixir phoenix bench docs clean
 
 all: compile
 
@@ -31,6 +32,7 @@ test: deps
 	$(REBAR) dialyzer
 	$(REBAR) xref
 	$(MAKE) elixir
+	$(MAKE) phoenix
 
 eunit: deps
 	$(REBAR) eunit
@@ -50,6 +52,19 @@ elixir: deps
 	cd examples/elixir_demo && MIX_ENV=test MIX_HOME="$$PWD/_build/mix" HEX_OFFLINE=1 \
 	  MIX_REBAR3="$$(command -v $(REBAR))" REBAR_BASE_DIR="$$PWD/_build/rebar3" \
 	  mix test </dev/null 2>&1
+
+# The Phoenix.PubSub adapter, integrations/phoenix_pubsub_convoy: phoenix_pubsub's
+# own adapter suite and multi-node tests. No Hex is needed: phoenix_pubsub is a
+# path dependency on the copy in shared/vendor beside this repository (set
+# PHOENIX_PUBSUB_PATH to use another checkout of it).
+PHOENIX_PUBSUB_PATH ?= $(abspath $(CURDIR)/../shared/vendor/phoenix_pubsub)
+
+phoenix: deps
+	@command -v mix >/dev/null || { echo "mix not found: install Elixir (apt-get install elixir)"; exit 1; }
+	@test -f "$(PHOENIX_PUBSUB_PATH)/mix.exs" || { echo "phoenix_pubsub not found at $(PHOENIX_PUBSUB_PATH): set PHOENIX_PUBSUB_PATH"; exit 1; }
+	cd integrations/phoenix_pubsub_convoy && MIX_ENV=test MIX_HOME="$$PWD/_build/mix" HEX_OFFLINE=1 \
+	  MIX_REBAR3="$$(command -v $(REBAR))" REBAR_BASE_DIR="$$PWD/_build/rebar3" \
+	  PHOENIX_PUBSUB_PATH="$(PHOENIX_PUBSUB_PATH)" mix test </dev/null 2>&1
 
 bench: deps
 	$(REBAR) as bench compile
