@@ -85,15 +85,17 @@ close(Ref) ->
 %%
 %% The word holds 0 (answering), 1 (`wait'), 2 (`room': a block ran out) or 3 (a
 %% block ran out and the node did not answer the lane's probe within
-%% `barrier_timeout', see `escalate/1': senders at its bound stop waiting for
-%% room). A node held back on purpose (`max_delay') answers the probe at once, so
-%% only a node that does not answer makes `block' refuse at once.
+%% `barrier_timeout', see `escalate/1', or it had not answered since an earlier
+%% wait ran out: senders at its bound stop waiting for room). A node held back
+%% on purpose (`max_delay') answers the probe at once, so only a node that does
+%% not answer makes `block' refuse at once.
 -spec unanswered(counters:counters_ref(), wait | room) -> boolean().
 unanswered(Ref, Why) ->
     Before = counters:get(Ref, ?UNANSWERED_IX),
-    Level = case Why of
-                wait -> 1;
-                room -> 2
+    Level = case {Why, Before} of
+                {wait, _} -> 1;
+                {room, 0} -> 2;
+                {room, _} -> 3 % and it had not answered since an earlier wait ran out
             end,
     _ = Before >= Level orelse counters:put(Ref, ?UNANSWERED_IX, Level),
     Before =:= 0.
