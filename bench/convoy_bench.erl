@@ -71,8 +71,10 @@ usage() ->
      "peer nodes, connected over distribution; the harness node only coordinates).\n"
      "Every scenario runs all its variants in the same run, interleaved, repeated;\n"
      "cells are median [min - max]; \"x base\" is the median of the per-repeat ratios\n"
-     "variant/base. Progress goes to stderr, the table to stdout, files to the results\n"
-     "directory: table.txt, results.csv, results.json, *.png (gnuplot).\n"
+     "variant/base; convoy's rows also show \"x best flag\" (over the better of\n"
+     "nodelay_false and delay_send in the same repeat), \"x handover\" and \"x ceiling\"\n"
+     "where those ran. Progress goes to stderr, the table to stdout, files to the\n"
+     "results directory: table.txt, results.csv, results.json, *.png (gnuplot).\n"
      "\n"
      "Scenarios: ", Names, "\n"
      "  local    seed 002: same-node oneway and ping-pong rates\n"
@@ -107,10 +109,13 @@ usage() ->
      "one node behind one call to another module's function, what calling any\n"
      "library's send costs), plain (`!`), ceiling (oneway, oneway8, sizes,\n"
      "flood: a batching router with no bookkeeping; senders of many messages batch\n"
-     "them themselves, lists of max_batch entries), nodelay_false (`!`, both\n"
-     "nodes with -kernel dist_nodelay false), delay_send (`!`, both nodes with\n"
-     "{delay_send,true} in inet_dist_connect/listen_options), convoy (defaults), and\n"
-     "one per --convoy option. Each flag family has its own pair of peer nodes.\n"
+     "them themselves, lists of max_batch entries), handover (oneway, oneway8,\n"
+     "flood: each message handed to one bare batching process per node, which\n"
+     "ships lists of up to 1000 to a deliverer on the peer when its mailbox drains;\n"
+     "the limit of a design that hands each message to a process), nodelay_false\n"
+     "(`!`, both nodes with -kernel dist_nodelay false), delay_send (`!`, both nodes\n"
+     "with {delay_send,true} in inet_dist_connect/listen_options), convoy (defaults),\n"
+     "and one per --convoy option. Each flag family has its own pair of peer nodes.\n"
      "plain_again (`!` again, beside plain; only with --noise or when named) measures\n"
      "the run's own noise.\n"
      "\n"
@@ -521,6 +526,8 @@ variants(#{convoy := Extra, only := Only, noise := Noise}) ->
            #{name => <<"plain_again">>, kind => plain_again, family => default,
              mode => plain, convoy => off},
            #{name => <<"ceiling">>, kind => ceiling, family => default, mode => ceiling,
+             convoy => off},
+           #{name => <<"handover">>, kind => handover, family => default, mode => handover,
              convoy => off},
            #{name => <<"nodelay_false">>, kind => nodelay_false, family => nodelay_false,
              mode => plain, convoy => off},

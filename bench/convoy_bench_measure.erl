@@ -2,8 +2,10 @@
 %% processes it talks to are spawned on the sink nodes named in the context. Every
 %% send in a measurement goes through `snd/3': `erlang:send/2' for the plain
 %% variants, `convoy:send/2' for the convoy ones, on both sides of a round trip,
-%% and for the `ceiling' variant a batching router without bookkeeping
-%% (`convoy_bench_ceiling'; a sender of many messages batches them itself).
+%% for the `ceiling' variant a batching router without bookkeeping
+%% (`convoy_bench_ceiling'; a sender of many messages batches them itself), and for
+%% the `handover' variant each message handed to a bare batching process
+%% (`convoy_bench_handover').
 %%
 %% Durations come from `erlang:monotonic_time/0'. Nothing here knows about
 %% variants, repeats or reports: it returns the figures of one run as a map.
@@ -17,7 +19,7 @@
          slow_consumer/4, fault_meter/2]).
 -export([gen_host/2, caster/5, caller/3]).
 
--type mode() :: plain | call | convoy | ceiling.
+-type mode() :: plain | call | convoy | ceiling | handover.
 -type ctx() :: #{mode := mode(), sinks := [node(), ...], timeout := pos_integer()}.
 -type figures() :: #{atom() => number()}.
 -export_type([ctx/0, figures/0]).
@@ -33,17 +35,22 @@ run(Scenario, Params, Ctx) ->
     process_flag(priority, high),
     with_router(Ctx, fun() -> measure(Scenario, Params, Ctx) end).
 
-%% The ceiling's batchers and deliverers live as long as one measurement.
+%% The ceiling's and the handover's batchers and deliverers live as long as one
+%% measurement.
 with_router(#{mode := ceiling, sinks := Sinks}, Measure) ->
-    Nodes = [node() | Sinks],
-    ok = convoy_bench_ceiling:start(Nodes),
+    with_router(convoy_bench_ceiling, [node() | Sinks], Measure);
+with_router(#{mode := handover, sinks := Sinks}, Measure) ->
+    with_router(convoy_bench_handover, [node() | Sinks], Measure);
+with_router(_Ctx, Measure) ->
+    Measure().
+
+with_router(Router, Nodes, Measure) ->
+    ok = Router:start(Nodes),
     try
         Measure()
     after
-        convoy_bench_ceiling:stop(Nodes)
-    end;
-with_router(_Ctx, Measure) ->
-    Measure().
+        Router:stop(Nodes)
+    end.
 
 %% @doc `run/3' in a process of its own on the driver node, spawned by the harness
 %% (which kills it at the point's deadline): sends `{Ref, {ok, Figures}}' or
@@ -260,7 +267,8 @@ measure(flow, #{mode := FlowMode, where := Where, n := N, work := Work, every :=
 snd(plain, Dest, Msg) -> erlang:send(Dest, Msg);
 snd(call, Dest, Msg) -> convoy_bench_call:send(Dest, Msg);
 snd(convoy, Dest, Msg) -> convoy:send(Dest, Msg);
-snd(ceiling, Dest, Msg) -> convoy_bench_ceiling:send(Dest, Msg).
+snd(ceiling, Dest, Msg) -> convoy_bench_ceiling:send(Dest, Msg);
+snd(handover, Dest, Msg) -> convoy_bench_handover:send(Dest, Msg).
 
 sink(#{sinks := [Node | _]}) -> Node.
 

@@ -38,7 +38,8 @@ config_text(C) ->
      io_lib:format("convoy defaults: ~s~n", [settings_text(Defaults)]),
      "variants:\n", [["  ", variant_text(V), "\n"] || V <- Vs],
      io_lib:format("sizes ~s, ~b repeat~s interleaved; cells: median [min - max]; "
-                   "\"x base\": median over repeats of variant/base in the same repeat~n",
+                   "\"x base\": median over repeats of variant/base in the same repeat "
+                   "(\"x best flag\": base = the better of nodelay_false and delay_send)~n",
                    [Size, Repeat, case Repeat of 1 -> ""; _ -> "s" end])].
 
 cores(F) ->
@@ -61,6 +62,10 @@ variant_text(#{name := N, kind := plain_again}) ->
 variant_text(#{name := N, kind := ceiling}) ->
     io_lib:format("~s = a batching router with no bookkeeping (convoy_bench_ceiling), "
                   "where a scenario has one", [N]);
+variant_text(#{name := N, kind := handover}) ->
+    io_lib:format("~s = each message handed to one bare batching process per node, which "
+                  "ships lists of up to 1000 when its mailbox drains "
+                  "(convoy_bench_handover), in oneway, oneway8 and flood", [N]);
 variant_text(#{name := N, flags := []}) ->
     io_lib:format("~s = `!` between two nodes", [N]);
 variant_text(#{name := N, flags := Flags}) ->
@@ -73,19 +78,35 @@ scenario_table(Result = #{name := Name, title := Title, spec := Spec, summary :=
                           baseline := Base, seconds := Secs}) ->
     #{figures := Figs, ratio := RatioFigs, points := Points} = Spec,
     MultiPoint = length(Points) > 1,
-    CeilingFigs = case Spec of
-                      #{ceiling := true} -> RatioFigs;
-                      _ -> []
-                  end,
+    Limits = limits(Result),
     Header = [<<"point">> || MultiPoint] ++ [<<"variant">>]
         ++ [Label || {_, Label, _} <- Figs]
         ++ [iolist_to_binary(["x ", Base, " ", label_of(F, Figs)]) || F <- RatioFigs]
-        ++ [iolist_to_binary(["x ceiling ", label_of(F, Figs)]) || F <- CeilingFigs],
-    Rows = [row(S, MultiPoint, Figs, RatioFigs, CeilingFigs) || S <- Summary],
+        ++ [iolist_to_binary(["x ", LimitLabel, " ", label_of(F, Figs)])
+            || {_, LimitLabel} <- Limits, F <- RatioFigs],
+    Rows = [row(S, MultiPoint, Figs, RatioFigs, Limits) || S <- Summary],
     [io_lib:format("== ~s: ~s (~.1f s)~n", [Name, Title, Secs]),
      format_rows([Header | Rows]),
      notes(Summary),
      confirmed(Result)].
+
+%% The columns that give convoy as a fraction of a limit measured beside it (the
+%% summary's key and the column's label), where the scenario has a convoy variant
+%% and the limit ran: the best distribution flag (`nodelay_false', `delay_send'),
+%% the `handover' and the `ceiling' variants.
+limits(#{spec := Spec, variants := Vs}) ->
+    Ran = fun(V) -> lists:member(V, Vs) end,
+    case lists:any(fun(<<"convoy", _/binary>>) -> true; (_) -> false end, Vs) of
+        false ->
+            [];
+        true ->
+            [{flag_ratios, <<"best flag">>}
+             || Ran(<<"nodelay_false">>) orelse Ran(<<"delay_send">>)]
+                ++ [{handover_ratios, <<"handover">>}
+                    || maps:get(handover, Spec, false), Ran(<<"handover">>)]
+                ++ [{ceiling_ratios, <<"ceiling">>}
+                    || maps:get(ceiling, Spec, false), Ran(<<"ceiling">>)]
+    end.
 
 %% --confirm: which rows have more repeats than the header says, and why.
 confirmed(#{confirmed := #{points := Ps, variants := Vs, repeats := N}, baseline := Base}) ->
@@ -100,14 +121,14 @@ label_of(F, Figs) ->
     L.
 
 row(#{variant := V, point := P, status := ok, figures := FS, ratios := RS} = S,
-    MultiPoint, Figs, RatioFigs, CeilingFigs) ->
+    MultiPoint, Figs, RatioFigs, Limits) ->
     [P || MultiPoint] ++ [V]
         ++ [case FS of
                 #{F := Spread} -> spread_text(Spread, Unit);
                 _ -> <<"-">>
             end || {F, _, Unit} <- Figs]
         ++ ratio_cells(RS, RatioFigs)
-        ++ ratio_cells(maps:get(ceiling_ratios, S, #{}), CeilingFigs);
+        ++ lists:append([ratio_cells(maps:get(Key, S, #{}), RatioFigs) || {Key, _} <- Limits]);
 row(#{variant := V, point := P, status := Status}, MultiPoint, _Figs, _RatioFigs, _) ->
     [P || MultiPoint] ++ [V, status_text(Status)].
 

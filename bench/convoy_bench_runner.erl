@@ -27,9 +27,9 @@
 
 -type variant() :: #{name := binary(),
                      kind := local | local_call | plain | plain_again | ceiling
-                             | nodelay_false | delay_send | convoy,
+                             | handover | nodelay_false | delay_send | convoy,
                      family := convoy_bench_nodes:family(),
-                     mode := plain | call | convoy | ceiling,
+                     mode := plain | call | convoy | ceiling | handover,
                      convoy := convoy_bench_nodes:convoy_setting()}.
 -type status() :: ok | error | awaiting | unavailable.
 -type run() :: #{scenario := atom(), variant := binary(), repeat := pos_integer(),
@@ -39,13 +39,15 @@
 -export_type([variant/0, run/0, opts/0]).
 
 %% @doc The variants that make sense for a scenario: all of them across nodes
-%% (`ceiling' only where the scenario has one, `local_call' nowhere); on one node
-%% (`local' scenario) `local', `local_call' and the convoy ones.
+%% (`ceiling' and `handover' only where the scenario has them, `local_call'
+%% nowhere); on one node (`local' scenario) `local', `local_call' and the convoy
+%% ones.
 -spec variants_for(convoy_bench_scenarios:spec(), [variant()]) -> [variant()].
 variants_for(#{placement := same_node}, Variants) ->
     [V || V = #{kind := K} <- Variants, on_one_node(K) orelse K =:= convoy];
-variants_for(#{placement := cross, ceiling := Ceiling}, Variants) ->
-    [V || V = #{kind := K} <- Variants, K =/= local_call, K =/= ceiling orelse Ceiling].
+variants_for(#{placement := cross, ceiling := Ceiling, handover := Handover}, Variants) ->
+    [V || V = #{kind := K} <- Variants, K =/= local_call, K =/= ceiling orelse Ceiling,
+          K =/= handover orelse Handover].
 
 %% Variants that run everything on one node, whatever the scenario.
 on_one_node(Kind) -> Kind =:= local orelse Kind =:= local_call.
@@ -233,20 +235,30 @@ progress(#{t0 := T0}, F, A) ->
     io:format(standard_error, "[~7.1f s] " ++ F ++ "~n", [Elapsed / 1000 | A]).
 
 %% @doc Per point and variant (in the given order): status, figures' spread, the
-%% compared figures' ratios to the baseline and, for the convoy variants of a
-%% scenario with a ceiling, to the `ceiling' variant (`ceiling_ratios').
+%% compared figures' ratios to the baseline and, for the convoy variants, to the
+%% limits that ran beside them in the same repeat: the `ceiling' variant
+%% (`ceiling_ratios', where the scenario has one), the `handover' variant
+%% (`handover_ratios', where the scenario has it) and the best flag
+%% (`flag_ratios': per repeat, the better of `nodelay_false' and `delay_send',
+%% whichever of them measured that repeat; the higher rate, the lower time).
+%% Empty maps where there is nothing to compare.
 -spec summarise(convoy_bench_scenarios:spec(), [variant()], [run()]) -> [map()].
 summarise(Spec = #{points := Points, figures := Figs, ratio := RatioFigs}, Variants, Runs) ->
     Base = baseline(Spec),
     [begin
          Mine = [Run || Run = #{variant := VN, point := PL} <- Runs, VN =:= VName, PL =:= Label],
          Ok = [Run || Run = #{status := ok} <- Mine],
-         BaseRuns = ok_runs(Runs, Base, Label),
+         Limit = fun(Ran, Of) ->
+                         case Kind =:= convoy andalso Ran of
+                             true -> ratios(RatioFigs, Ok, Of);
+                             false -> #{}
+                         end
+                 end,
+         Of = fun(Other) -> fun(F) -> by_repeat(F, ok_runs(Runs, Other, Label)) end end,
          #{variant => VName, point => Label,
-           ceiling_ratios => case Kind =:= convoy andalso maps:get(ceiling, Spec, false) of
-                                 true -> ratios(RatioFigs, Ok, ok_runs(Runs, <<"ceiling">>, Label));
-                                 false -> #{}
-                             end,
+           ceiling_ratios => Limit(maps:get(ceiling, Spec, false), Of(<<"ceiling">>)),
+           handover_ratios => Limit(maps:get(handover, Spec, false), Of(<<"handover">>)),
+           flag_ratios => Limit(true, fun(F) -> best_flag(F, Figs, Runs, Label) end),
            status => summary_status(Mine, Ok),
            note => case Mine of [#{note := N} | _] when Ok =:= [] -> N; _ -> <<>> end,
            figures => maps:from_list(
@@ -255,18 +267,35 @@ summarise(Spec = #{points := Points, figures := Figs, ratio := RatioFigs}, Varia
                                    S =/= none]),
            ratios => case VName =:= Base of
                          true -> #{};
-                         false -> ratios(RatioFigs, Ok, BaseRuns)
+                         false -> ratios(RatioFigs, Ok, Of(Base))
                      end}
      end || #{label := Label} <- Points, #{name := VName, kind := Kind} <- Variants].
+
+%% The distribution flags' variants, whose best per repeat convoy is compared with.
+-define(FLAGS, [<<"nodelay_false">>, <<"delay_send">>]).
+
+%% `[{Repeat, Value}]' of figure `F' at point `Label': per repeat, the best of the
+%% flags' variants that measured it (the highest rate, the lowest time).
+best_flag(F, Figs, Runs, Label) ->
+    {F, _, Unit} = lists:keyfind(F, 1, Figs),
+    Best = case lists:member(Unit, [us, ms, ns]) of
+               true -> fun lists:min/1;
+               false -> fun lists:max/1
+           end,
+    Values = lists:append([by_repeat(F, ok_runs(Runs, V, Label)) || V <- ?FLAGS]),
+    [{R, Best([V || {R2, V} <- Values, R2 =:= R])}
+     || R <- lists:usort([R || {R, _} <- Values])].
 
 ok_runs(Runs, VName, Label) ->
     [Run || Run = #{variant := VN, point := PL, status := ok} <- Runs, VN =:= VName,
             PL =:= Label].
 
-ratios(RatioFigs, Runs, BaseRuns) ->
+%% Per compared figure, the spread of the per-repeat ratios of `Runs' to
+%% `BaseOf(F)' (`[{Repeat, Value}]'); figures with no repeat on both sides are
+%% left out.
+ratios(RatioFigs, Runs, BaseOf) ->
     maps:from_list([{F, S} || F <- RatioFigs,
-                              S <- [convoy_bench_stats:ratios(by_repeat(F, Runs),
-                                                              by_repeat(F, BaseRuns))],
+                              S <- [convoy_bench_stats:ratios(by_repeat(F, Runs), BaseOf(F))],
                               S =/= none]).
 
 summary_status([], _) -> unavailable;

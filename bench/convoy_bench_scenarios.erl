@@ -6,6 +6,8 @@
 %%
 %% `ceiling' (default false): the scenario also runs the `ceiling' variant
 %% (`convoy_bench_ceiling') and its table shows convoy as a fraction of it.
+%% `handover' (default false): the same for the `handover' variant
+%% (`convoy_bench_handover', each message handed to a bare batching process).
 %%
 %% `oneway', `oneway8', `flood' and `pairs' measure two message shapes, named in the point
 %% label: the scenario's small message (`atom' = the atom `message'; `ping' = the
@@ -33,6 +35,7 @@
                   primary := {atom(), higher | lower},
                   convoy := measured | {awaiting, binary()},
                   ceiling := boolean(),
+                  handover := boolean(),
                   timeout := pos_integer(),
                   deadline := pos_integer()}.
 -export_type([spec/0, size/0, unit/0, point/0]).
@@ -61,9 +64,13 @@ spec(Name, Size, Overrides) ->
     P0 = params(Name, Size),
     P = maps:merge(P0, maps:with(maps:keys(P0), Overrides)),
     Deadline = maps:get(deadline_ms, Overrides, deadline(Name, Size)),
-    (maps:merge(#{ceiling => false}, describe(Name, P)))#{name => Name, params => P,
-                         timeout => case Size of tiny -> 30000; normal -> 300000 end,
-                         deadline => Deadline}.
+    Limits = #{ceiling => false, handover => false},
+    (maps:merge(Limits, describe(Name, P)))#{name => Name, params => P,
+                                             timeout => case Size of
+                                                            tiny -> 30000;
+                                                            normal -> 300000
+                                                        end,
+                                             deadline => Deadline}.
 
 %% How long one point may take, set-up and clean-up included, before it is
 %% reported as FAILED (`deadline N ms') and its nodes are replaced: a few times the
@@ -143,7 +150,8 @@ describe(flood, P = #{pingers := N}) ->
       points => [point(fmt("~b pingers, ~s", [N, Shape]), P#{shape => Shape})
                  || Shape <- [ping, event]],
       figures => [{msg_min, <<"msg/min">>, rate}, {ns_msg, <<"ns/msg">>, ns}],
-      ratio => [msg_min], primary => {msg_min, higher}, convoy => measured, ceiling => true};
+      ratio => [msg_min], primary => {msg_min, higher}, convoy => measured, ceiling => true,
+      handover => true};
 describe(oneway, P = #{n := N}) ->
     #{title => fmt("one sender, ~b messages to one remote process; atom: the atom "
                    "'message', event: {event, Id, <<\"user-42\">>, #{k => Id}}; "
@@ -152,7 +160,8 @@ describe(oneway, P = #{n := N}) ->
       points => [point(fmt("~b msgs, ~s", [N, Shape]), P#{shape => Shape})
                  || Shape <- [atom, event]],
       figures => [{msg_s, <<"msg/s">>, rate}, {ns_msg, <<"ns/msg">>, ns}],
-      ratio => [msg_s], primary => {msg_s, higher}, convoy => measured, ceiling => true};
+      ratio => [msg_s], primary => {msg_s, higher}, convoy => measured, ceiling => true,
+      handover => true};
 describe(oneway8, P = #{n := N, senders := K}) ->
     #{title => fmt("~b senders at once, each ~b messages to its own process on the other "
                    "node; atom and event as in oneway; ns/msg: wall time per message, all "
@@ -161,7 +170,8 @@ describe(oneway8, P = #{n := N, senders := K}) ->
       points => [point(fmt("~b x ~b msgs, ~s", [K, N div K, Shape]), P#{shape => Shape})
                  || Shape <- [atom, event]],
       figures => [{msg_s, <<"msg/s">>, rate}, {ns_msg, <<"ns/msg">>, ns}],
-      ratio => [msg_s], primary => {msg_s, higher}, convoy => measured, ceiling => true};
+      ratio => [msg_s], primary => {msg_s, higher}, convoy => measured, ceiling => true,
+      handover => true};
 describe(sizes, #{sizes := Sizes, budget := Budget, min_count := Min,
                       max_count := Max}) ->
     #{title => <<"one sender, one-way, binary payloads of each size (MB = 10^6 bytes)">>,

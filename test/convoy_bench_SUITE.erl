@@ -13,7 +13,7 @@
          deadline_leaves_clean_given_nodes/1, settle/1]).
 
 suite() ->
-    [{timetrap, {minutes, 3}}].
+    [{timetrap, {minutes, 6}}].
 
 all() ->
     [arguments, every_scenario_tiny, noise_tiny, tune_tiny, cost_tiny, given_nodes,
@@ -111,6 +111,12 @@ every_scenario_tiny(Config) ->
     {ok, Table} = file:read_file(filename:join(Dir, "table.txt")),
     Line = io_lib:format("convoy vs plain: ~b of ~b cells within tolerance", [N, M]),
     ?assertNotEqual(nomatch, string:find(Table, Line)),
+    %% convoy beside the limits: the best flag everywhere across nodes, the
+    %% handover and the ceiling where they ran
+    [?assertNotEqual(nomatch, string:find(Table, Column), Column)
+     || Column <- ["x best flag msg/s", "x best flag rt/s", "x best flag p99",
+                   "x handover msg/s", "x handover msg/min", "x ceiling msg/s",
+                   "handover = each message handed to one bare batching process"]],
     {ok, Bin} = file:read_file(filename:join(Dir, "results.json")),
     {ok, #{<<"check">> := #{<<"cells">> := M, <<"within">> := N,
                             <<"tolerances">> := #{<<"p50_max">> := _}}}} =
@@ -357,6 +363,21 @@ check_scenario(Result = #{name := Name, spec := Spec, runs := Runs0, summary := 
                       false -> []
                   end, lists:sort(maps:keys(CR)), {Name, V})
      || #{variant := V, status := ok, ceiling_ratios := CR} <- Summary],
+    %% The same for the handover (oneway, oneway8, flood) and, in every scenario
+    %% across nodes, for the best distribution flag.
+    Handover = maps:get(handover, Spec),
+    ?assertEqual(Handover, lists:member(<<"handover">>, Variants), Name),
+    Cross = maps:get(placement, Spec) =:= cross,
+    ?assertEqual(Cross, lists:member(<<"nodelay_false">>, Variants), Name),
+    [?assertEqual({Limit(Handover), Limit(Cross)},
+                  {lists:sort(maps:keys(HR)), lists:sort(maps:keys(FR))}, {Name, V})
+     || #{variant := V, status := ok, handover_ratios := HR, flag_ratios := FR} <- Summary,
+        Limit <- [fun(Ran) ->
+                          case Ran andalso is_convoy(V) of
+                              true -> lists:sort(maps:get(ratio, Spec));
+                              false -> []
+                          end
+                  end]],
     ok.
 
 %% The runs of the two repeats asked for; --confirm's (numbered after them) are

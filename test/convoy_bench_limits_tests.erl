@@ -1,0 +1,77 @@
+%% EUnit tests of the limits convoy is compared with beside `plain' in the bench's
+%% summaries (`convoy_bench_runner:summarise/3'), on fabricated runs: the
+%% `handover' variant and the best distribution flag (the better of
+%% `nodelay_false' and `delay_send' in the same repeat: the higher rate, the lower
+%% time), only for the convoy variants and only where the limit ran.
+-module(convoy_bench_limits_tests).
+
+-include_lib("eunit/include/eunit.hrl").
+
+variants(Names) ->
+    {ok, O} = convoy_bench:parse(["--variants", lists:flatten(lists:join(",", Names))]),
+    convoy_bench:variants(O).
+
+run(Spec, Variant, Repeat, Figures) ->
+    [#{label := Label} | _] = maps:get(points, Spec),
+    #{scenario => maps:get(name, Spec), variant => Variant, repeat => Repeat, point => Label,
+      status => ok, note => <<>>, figures => Figures, seconds => 0.1}.
+
+row(Variant, Summary) ->
+    hd([R || R = #{variant := V} <- Summary, V =:= Variant]).
+
+median(Key, Fig, Row) ->
+    #{Fig := #{median := M}} = maps:get(Key, Row),
+    M.
+
+%% oneway: msg/s; the best flag is the faster of the two in each repeat.
+oneway_test() ->
+    Spec = convoy_bench_scenarios:spec(oneway, tiny, #{}),
+    Vs = variants(["plain", "nodelay_false", "delay_send", "handover", "convoy"]),
+    Runs = [run(Spec, <<"plain">>, 1, #{msg_s => 100, ns_msg => 1}),
+            run(Spec, <<"nodelay_false">>, 1, #{msg_s => 200, ns_msg => 1}),
+            run(Spec, <<"delay_send">>, 1, #{msg_s => 400, ns_msg => 1}),
+            run(Spec, <<"handover">>, 1, #{msg_s => 1000, ns_msg => 1}),
+            run(Spec, <<"convoy">>, 1, #{msg_s => 800, ns_msg => 1}),
+            run(Spec, <<"plain">>, 2, #{msg_s => 100, ns_msg => 1}),
+            %% repeat 2: delay_send failed, nodelay_false alone is the best flag
+            run(Spec, <<"nodelay_false">>, 2, #{msg_s => 300, ns_msg => 1}),
+            (run(Spec, <<"delay_send">>, 2, #{}))#{status := error},
+            run(Spec, <<"handover">>, 2, #{msg_s => 1000, ns_msg => 1}),
+            run(Spec, <<"convoy">>, 2, #{msg_s => 600, ns_msg => 1})],
+    Summary = convoy_bench_runner:summarise(Spec, Vs, Runs),
+    Convoy = row(<<"convoy">>, Summary),
+    ?assertEqual(7.0, median(ratios, msg_s, Convoy)),
+    %% repeat 1: 800 / 400; repeat 2: 600 / 300
+    ?assertEqual(#{median => 2.0, min => 2.0, max => 2.0, n => 2},
+                 maps:get(msg_s, maps:get(flag_ratios, Convoy))),
+    ?assertEqual(#{median => 0.7, min => 0.6, max => 0.8, n => 2},
+                 maps:get(msg_s, maps:get(handover_ratios, Convoy))),
+    %% no ceiling ran: no ratio to it
+    ?assertEqual(#{}, maps:get(ceiling_ratios, Convoy)),
+    %% only convoy's rows carry the limits
+    [?assertEqual({#{}, #{}}, {maps:get(flag_ratios, R), maps:get(handover_ratios, R)})
+     || R = #{variant := V} <- Summary, V =/= <<"convoy">>].
+
+%% pairs: no handover there; for a time (p50) the best flag is the lower one.
+pairs_test() ->
+    Spec = convoy_bench_scenarios:spec(pairs, tiny, #{}),
+    Vs = variants(["plain", "nodelay_false", "delay_send", "handover", "convoy"]),
+    ?assertNot(lists:member(<<"handover">>,
+                            [N || #{name := N} <- convoy_bench_runner:variants_for(Spec, Vs)])),
+    Fig = fun(Rt, P50) -> #{rt_s => Rt, p50_us => P50, p99_us => 10, p999_us => 10} end,
+    Runs = [run(Spec, <<"plain">>, 1, Fig(100, 50)),
+            run(Spec, <<"nodelay_false">>, 1, Fig(120, 40)),
+            run(Spec, <<"delay_send">>, 1, Fig(150, 80)),
+            run(Spec, <<"handover">>, 1, Fig(1000, 1)),
+            run(Spec, <<"convoy">>, 1, Fig(300, 60))],
+    Summary = convoy_bench_runner:summarise(Spec, Vs, Runs),
+    Convoy = row(<<"convoy">>, Summary),
+    ?assertEqual(2.0, median(flag_ratios, rt_s, Convoy)),
+    ?assertEqual(1.5, median(flag_ratios, p50_us, Convoy)),
+    ?assertEqual(#{}, maps:get(handover_ratios, Convoy)).
+
+%% The handover runs in oneway, oneway8 and flood only.
+where_test() ->
+    ?assertEqual([flood, oneway, oneway8],
+                 lists:sort([N || N <- convoy_bench_scenarios:names(),
+                                  maps:get(handover, convoy_bench_scenarios:spec(N, tiny, #{}))])).
