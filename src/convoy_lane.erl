@@ -30,6 +30,11 @@
 %% from convoy_control carry a secret reference given at start, so a stray copy of
 %% one cannot hold, release or retire a lane.
 %%
+%% A node marked unanswered (a sender's wait for it ran out, see
+%% `convoy_metrics:unanswered/2') is probed by the lanes: a barrier tagged with
+%% the lane's secret, behind a batch or alone, until the node answers and the
+%% mark is cleared (`probe/2').
+%%
 %% Helpers (couriers, connectors, barrier senders) are linked: they report their
 %% result as their exit reason, and a lane that is killed takes its couriers with
 %% it, so no chunk of a dead lane can arrive after what its replacement ships.
@@ -250,8 +255,11 @@ handle({'$convoy_retire', Secret, K}, Now, S = #s{control = {_, Secret}})
     core({retire, K}, Now, S);
 handle({{Secret, Node}, convoy_barrier}, _Now, S = #s{probe_secret = Secret}) when is_atom(Node) ->
     answered(Node, S);
-handle({'$convoy_probe', Node}, _Now, S) when is_atom(Node) ->
-    probe_alone(Node, erlang:monotonic_time(millisecond), first, S);
+handle({'$convoy_probe', Node}, _Now, S = #s{probes = Probes}) when is_atom(Node) ->
+    case is_map_key(Node, Probes) of
+        true -> S; % probed already: again when due (`reprobe/1')
+        false -> probe_alone(Node, erlang:monotonic_time(millisecond), first, S)
+    end;
 handle({system, From, Req}, _Now, S) ->
     sys:handle_system_msg(Req, From, S#s.parent, ?MODULE, [], S);
 handle(_Other, _Now, S) ->

@@ -80,8 +80,8 @@ close(Ref) ->
 %% the node's bound (policy `block') for its whole `block_timeout' (`room'). Until
 %% a lane clears the mark (`answered/1', once the node answers a barrier the lane
 %% sends it), senders send to it only through their lanes, which hold and count
-%% what waits: a stall costs each sender at most one wait. `true' when the node
-%% was not marked before (the caller asks its lane to probe it).
+%% what waits: a stall costs each sender at most one wait. The caller asks its
+%% lane to probe the node.
 %%
 %% The word holds 0 (answering), 1 (`wait'), 2 (`room': a block ran out) or 3 (a
 %% block ran out and the node did not answer the lane's probe within
@@ -89,7 +89,7 @@ close(Ref) ->
 %% wait ran out: senders at its bound stop waiting for room). A node held back
 %% on purpose (`max_delay') answers the probe at once, so only a node that does
 %% not answer makes `block' refuse at once.
--spec unanswered(counters:counters_ref(), wait | room) -> boolean().
+-spec unanswered(counters:counters_ref(), wait | room) -> ok.
 unanswered(Ref, Why) ->
     Before = counters:get(Ref, ?UNANSWERED_IX),
     Level = case {Why, Before} of
@@ -98,7 +98,7 @@ unanswered(Ref, Why) ->
                 {room, _} -> 3 % and it had not answered since an earlier wait ran out
             end,
     _ = Before >= Level orelse counters:put(Ref, ?UNANSWERED_IX, Level),
-    Before =:= 0.
+    ok.
 
 %% @doc A lane's probe went unanswered for `barrier_timeout': a node marked after
 %% a block ran out (`room') now refuses senders at its bound at once.

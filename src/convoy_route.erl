@@ -697,14 +697,13 @@ waited(RT, C, Node, Wait, T0, Result) ->
             ok
     end.
 
-%% Mark Node unanswered (`convoy_metrics:unanswered/2'); the sender that marks it
-%% asks its lane to probe the node, so the mark clears once the node answers
-%% even if no lane ships to it meanwhile.
+%% Mark Node unanswered (`convoy_metrics:unanswered/2') and ask the sender's lane
+%% to probe it, so the mark clears once the node answers even if no lane ships
+%% to it meanwhile (a lane probing it already ignores the request).
 unanswered(#runtime{lanes = Lanes}, L, Node, C, Why) ->
-    case convoy_metrics:unanswered(C, Why) of
-        true -> element(L, Lanes) ! {'$convoy_probe', Node}, ok;
-        false -> ok
-    end.
+    ok = convoy_metrics:unanswered(C, Why),
+    element(L, Lanes) ! {'$convoy_probe', Node},
+    ok.
 
 %% The lane has disposed of every admission before ours (V). With max_delay set
 %% the user asked for batches: never bypass the lane then.
