@@ -92,6 +92,30 @@ readme_settings_rows() ->
          nomatch -> error({unexpected_settings_row, Row})
      end || Row <- Body].
 
+%% README's telemetry table lists exactly the events the code emits: every
+%% `[convoy, _, _]' written in src/ outside comments.
+readme_events_table_test() ->
+    Root = project_root(),
+    {ok, Readme} = file:read_file(filename:join(Root, "README.md")),
+    Documented = events(Readme, "^\\| `\\[convoy, ([a-z_]+), ([a-z_]+)\\]` \\|"),
+    Emitted = lists:usort(
+                lists:append([events(code_lines(F), "\\[convoy, ([a-z_]+), ([a-z_]+)\\]")
+                              || F <- filelib:wildcard(filename:join([Root, "src", "*.erl"]))])),
+    ?assertNotEqual([], Emitted),
+    ?assertEqual(Emitted, lists:usort(Documented)).
+
+events(Text, Re) ->
+    case re:run(Text, Re, [global, multiline, {capture, all_but_first, list}]) of
+        {match, Ms} -> [{list_to_atom(A), list_to_atom(B)} || [A, B] <- Ms];
+        nomatch -> []
+    end.
+
+%% A source file without its comments.
+code_lines(File) ->
+    {ok, Text} = file:read_file(File),
+    [[Code, "\n"] || Line <- string:split(Text, "\n", all),
+                     [Code | _] <- [string:split(Line, "%")]].
+
 %% The checkout convoy was compiled from: where its source was, or else the
 %% nearest directory above its beam holding the README (rebar3 puts beams in
 %% _build/PROFILE/lib/convoy/ebin).
