@@ -9,7 +9,7 @@ ARGS ?=
 DEBIAN_PKGS = rebar3 erlang-common-test erlang-dialyzer erlang-proper-dev gnuplot-nox elixir
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: all deps compile test eunit ct dialyzer xref elixir phoenix bench docs clean
+.PHONY: all deps compile test eunit ct dialyzer xref elixir phoenix phoenix-build bench docs clean
 
 all: compile
 
@@ -66,8 +66,22 @@ phoenix: deps
 	  MIX_REBAR3="$$(command -v $(REBAR))" REBAR_BASE_DIR="$$PWD/_build/rebar3" \
 	  PHOENIX_PUBSUB_PATH="$(PHOENIX_PUBSUB_PATH)" mix test </dev/null 2>&1
 
+# The same build without the tests: phoenix_pubsub and the adapter compiled into
+# integrations/phoenix_pubsub_convoy/_build/test/lib/*/ebin, where the bench
+# scenario `pubsub` loads them from (a second or two once built).
+phoenix-build:
+	@command -v mix >/dev/null || { echo "mix not found: install Elixir (apt-get install elixir)"; exit 1; }
+	@test -f "$(PHOENIX_PUBSUB_PATH)/mix.exs" || { echo "phoenix_pubsub not found at $(PHOENIX_PUBSUB_PATH): set PHOENIX_PUBSUB_PATH"; exit 1; }
+	cd integrations/phoenix_pubsub_convoy && MIX_ENV=test MIX_HOME="$$PWD/_build/mix" HEX_OFFLINE=1 \
+	  MIX_REBAR3="$$(command -v $(REBAR))" REBAR_BASE_DIR="$$PWD/_build/rebar3" \
+	  PHOENIX_PUBSUB_PATH="$(PHOENIX_PUBSUB_PATH)" mix compile </dev/null 2>&1
+
+# The pubsub scenario needs phoenix-build: built here when Elixir and
+# phoenix_pubsub are at hand; without them the scenario is skipped with a note.
 bench: deps
 	$(REBAR) as bench compile
+	@if command -v mix >/dev/null && test -f "$(PHOENIX_PUBSUB_PATH)/mix.exs"; then \
+	  $(MAKE) --no-print-directory phoenix-build >/dev/null || echo "phoenix-build failed: the pubsub scenario will be skipped"; fi
 	bin/convoy-bench $(ARGS)
 
 docs: deps

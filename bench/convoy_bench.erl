@@ -99,6 +99,9 @@ usage() ->
      "  publish  a pg group of 10,000 members on two remote nodes, 1 and 100\n"
      "           senders (convoy:publish vs the better of a loop of sends over\n"
      "           pg:get_members and a dispatcher per node, Phoenix.PubSub's way)\n"
+     "  pubsub   Phoenix.PubSub, one topic, 10 subscribers on each of two remote\n"
+     "           nodes, 1, 16 and 256 publishers: PG2 adapter vs Phoenix.PubSub.Convoy\n"
+     "           (needs `make phoenix-build`; skipped, with a note, without it)\n"
      "  flow     seed 004: a slow consumer, flooded, synced every 1000, or fed\n"
      "           through a convoy_channel (window 1000); same node and 2 nodes\n"
      "  The event shape is a realistic message, {event, Id, <<\"user-42\">>, #{k => Id}}\n"
@@ -115,7 +118,8 @@ usage() ->
      "the limit of a design that hands each message to a process), nodelay_false\n"
      "(`!`, both nodes with -kernel dist_nodelay false), delay_send (`!`, both nodes\n"
      "with {delay_send,true} in inet_dist_connect/listen_options), convoy (defaults),\n"
-     "and one per --convoy option. Each flag family has its own pair of peer nodes.\n"
+     "and one per --convoy option; in pubsub only pg2 (Phoenix.PubSub.PG2, the\n"
+     "baseline there) and the convoy ones (Phoenix.PubSub.Convoy). Each flag family has its own pair of peer nodes.\n"
      "plain_again (`!` again, beside plain; only with --noise or when named) measures\n"
      "the run's own noise.\n"
      "\n"
@@ -533,6 +537,7 @@ variants(#{convoy := Extra, only := Only, noise := Noise}) ->
              mode => plain, convoy => off},
            #{name => <<"delay_send">>, kind => delay_send, family => delay_send,
              mode => plain, convoy => off},
+           #{name => <<"pg2">>, kind => pg2, family => default, mode => pg2, convoy => off},
            convoy_variant(<<"convoy">>, #{})]
         ++ [convoy_variant(<<"convoy[", Text/binary, "]">>, S) || {Text, S} <- Extra],
     case Only of

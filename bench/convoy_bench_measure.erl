@@ -19,7 +19,7 @@
          slow_consumer/4, fault_meter/2]).
 -export([gen_host/2, caster/5, caller/3]).
 
--type mode() :: plain | call | convoy | ceiling | handover.
+-type mode() :: plain | call | convoy | ceiling | handover | pg2.
 -type ctx() :: #{mode := mode(), sinks := [node(), ...], timeout := pos_integer()}.
 -type figures() :: #{atom() => number()}.
 -export_type([ctx/0, figures/0]).
@@ -232,6 +232,10 @@ measure(publish, #{members := M, senders := S, rounds := Rounds0}, Ctx = #{sinks
     PerWay = [{list_to_atom(atom_to_list(W) ++ "_s"), D}
               || {W, #{deliveries_s := D}} <- Rates, W =/= convoy],
     maps:merge(lists:foldl(fun faster/2, First, Others), maps:from_list(PerWay));
+%% Phoenix.PubSub from the driver to subscribers on the sink nodes
+%% (convoy_bench_pubsub).
+measure(pubsub, P, Ctx) ->
+    convoy_bench_pubsub:measure(P, Ctx);
 %% seed 004: a producer and a slow consumer, on the driver node (`same') or on the
 %% sink node (`cross'): flooding, syncing every `every', or through a credit
 %% channel (`convoy_channel', window `window', `ack_every' 0 = its default). The

@@ -66,6 +66,9 @@ variant_text(#{name := N, kind := handover}) ->
     io_lib:format("~s = each message handed to one bare batching process per node, which "
                   "ships lists of up to 1000 when its mailbox drains "
                   "(convoy_bench_handover), in oneway, oneway8 and flood", [N]);
+variant_text(#{name := N, kind := pg2}) ->
+    io_lib:format("~s = Phoenix.PubSub's own adapter, Phoenix.PubSub.PG2 (`!`), in pubsub, "
+                  "where convoy variants use Phoenix.PubSub.Convoy", [N]);
 variant_text(#{name := N, flags := []}) ->
     io_lib:format("~s = `!` between two nodes", [N]);
 variant_text(#{name := N, flags := Flags}) ->

@@ -27,9 +27,9 @@
 
 -type variant() :: #{name := binary(),
                      kind := local | local_call | plain | plain_again | ceiling
-                             | handover | nodelay_false | delay_send | convoy,
+                             | handover | nodelay_false | delay_send | pg2 | convoy,
                      family := convoy_bench_nodes:family(),
-                     mode := plain | call | convoy | ceiling | handover,
+                     mode := plain | call | convoy | ceiling | handover | pg2,
                      convoy := convoy_bench_nodes:convoy_setting()}.
 -type status() :: ok | error | awaiting | unavailable.
 -type run() :: #{scenario := atom(), variant := binary(), repeat := pos_integer(),
@@ -41,13 +41,16 @@
 %% @doc The variants that make sense for a scenario: all of them across nodes
 %% (`ceiling' and `handover' only where the scenario has them, `local_call'
 %% nowhere); on one node (`local' scenario) `local', `local_call' and the convoy
-%% ones.
+%% ones. `pg2' (Phoenix.PubSub's own adapter) and the convoy ones only, and `pg2'
+%% nowhere else, in a scenario of Phoenix.PubSub (`pubsub').
 -spec variants_for(convoy_bench_scenarios:spec(), [variant()]) -> [variant()].
 variants_for(#{placement := same_node}, Variants) ->
     [V || V = #{kind := K} <- Variants, on_one_node(K) orelse K =:= convoy];
+variants_for(#{pubsub := true}, Variants) ->
+    [V || V = #{kind := K} <- Variants, K =:= pg2 orelse K =:= convoy];
 variants_for(#{placement := cross, ceiling := Ceiling, handover := Handover}, Variants) ->
     [V || V = #{kind := K} <- Variants, K =/= local_call, K =/= ceiling orelse Ceiling,
-          K =/= handover orelse Handover].
+          K =/= handover orelse Handover, K =/= pg2].
 
 %% Variants that run everything on one node, whatever the scenario.
 on_one_node(Kind) -> Kind =:= local orelse Kind =:= local_call.
@@ -55,6 +58,7 @@ on_one_node(Kind) -> Kind =:= local orelse Kind =:= local_call.
 %% @doc The variant the others are compared with.
 -spec baseline(convoy_bench_scenarios:spec()) -> binary().
 baseline(#{placement := same_node}) -> <<"local">>;
+baseline(#{pubsub := true}) -> <<"pg2">>;
 baseline(#{placement := cross}) -> <<"plain">>.
 
 %% @doc All runs of `Spec' for `Variants', `repeat' times, interleaved point by
@@ -62,6 +66,7 @@ baseline(#{placement := cross}) -> <<"plain">>.
 -spec run(convoy_bench_scenarios:spec(), [variant()], opts(), convoy_bench_nodes:state()) ->
           {[run()], convoy_bench_nodes:state()}.
 run(Spec = #{name := Name, points := Points}, Variants, Opts = #{repeat := Repeat}, Nodes0) ->
+    unbuilt(Spec, Opts),
     Indexed = lists:zip(lists:seq(0, length(Points) - 1), Points),
     lists:foldl(
       fun(R, {Acc, N0}) ->
@@ -75,6 +80,16 @@ run(Spec = #{name := Name, points := Points}, Variants, Opts = #{repeat := Repea
                              end, {[], N0}, Indexed),
               {Acc ++ Runs, N1}
       end, {[], Nodes0}, lists:seq(1, Repeat)).
+
+%% A scenario of Phoenix.PubSub whose beams are not built says so once; its runs
+%% are reported unavailable with the same note (skip_reason/3).
+unbuilt(#{name := Name, pubsub := true}, Opts) ->
+    case convoy_bench_pubsub:code_paths() of
+        {ok, _} -> ok;
+        {error, Why} -> progress(Opts, "~s  skipped: ~s", [Name, Why])
+    end;
+unbuilt(_Spec, _Opts) ->
+    ok.
 
 rotate(L, 0) -> L;
 rotate([H | T], N) -> rotate(T ++ [H], N - 1).
@@ -133,7 +148,16 @@ placed(Spec = #{name := Name}, V = #{name := VName}, Nodes0, Opts) ->
 
 skip_reason(#{convoy := {awaiting, Why}}, #{kind := convoy}, _Nodes) ->
     {awaiting, Why};
+skip_reason(#{pubsub := true, sinks := K}, #{family := F}, Nodes) ->
+    %% Phoenix.PubSub's beams (Elixir) are built apart, by `make phoenix-build'.
+    case convoy_bench_pubsub:code_paths() of
+        {ok, _} -> available(F, K, Nodes);
+        {error, Why} -> {unavailable, Why}
+    end;
 skip_reason(#{sinks := K}, #{family := F}, Nodes) ->
+    available(F, K, Nodes).
+
+available(F, K, Nodes) ->
     case convoy_bench_nodes:available(F, 1 + K, Nodes) of
         true -> none;
         {false, Why} -> {unavailable, Why}

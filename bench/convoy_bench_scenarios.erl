@@ -8,6 +8,8 @@
 %% (`convoy_bench_ceiling') and its table shows convoy as a fraction of it.
 %% `handover' (default false): the same for the `handover' variant
 %% (`convoy_bench_handover', each message handed to a bare batching process).
+%% `pubsub' (default false): the scenario measures Phoenix.PubSub's adapters, so
+%% it runs the `pg2' variant (the baseline) and the convoy ones, and no other.
 %%
 %% `oneway', `oneway8', `flood' and `pairs' measure two message shapes, named in the point
 %% label: the scenario's small message (`atom' = the atom `message'; `ping' = the
@@ -36,6 +38,7 @@
                   convoy := measured | {awaiting, binary()},
                   ceiling := boolean(),
                   handover := boolean(),
+                  pubsub := boolean(),
                   timeout := pos_integer(),
                   deadline := pos_integer()}.
 -export_type([spec/0, size/0, unit/0, point/0]).
@@ -44,7 +47,7 @@
 -spec names() -> [atom()].
 names() ->
     [local, flood, oneway, oneway8, sizes, pairs, latency, cast, call, bulk, hol, fanout, publish,
-     flow].
+     pubsub, flow].
 
 %% @doc What `make bench' runs without arguments.
 -spec default_selection() -> [atom()].
@@ -64,7 +67,7 @@ spec(Name, Size, Overrides) ->
     P0 = params(Name, Size),
     P = maps:merge(P0, maps:with(maps:keys(P0), Overrides)),
     Deadline = maps:get(deadline_ms, Overrides, deadline(Name, Size)),
-    Limits = #{ceiling => false, handover => false},
+    Limits = #{ceiling => false, handover => false, pubsub => false},
     (maps:merge(Limits, describe(Name, P)))#{name => Name, params => P,
                                              timeout => case Size of
                                                             tiny -> 30000;
@@ -91,6 +94,7 @@ deadline(hol, normal) -> 20000;       % 2.3 s window
 deadline(fanout, normal) -> 60000;    % 21 rounds to 10 k processes (~1-3 s); 100
                                       % senders: 3 rounds of 1 M deliveries (~3-15 s)
 deadline(publish, normal) -> 120000;  % as fanout, twice for plain modes (two ways)
+deadline(pubsub, normal) -> 30000;    % 1.2 s window, up to 256 publishers, 20 subscribers
 deadline(flow, normal) -> 60000.      % 100 k slow items, syncing (~2-10 s)
 
 params(local, normal) -> #{n_oneway => 2000000, n_pingpong => 300000};
@@ -128,6 +132,10 @@ params(fanout, normal) -> #{receivers => 10000, rounds => 20, senders => [1, 100
 params(fanout, tiny) -> #{receivers => 200, rounds => 3, senders => [1, 10]};
 params(publish, normal) -> #{members => 10000, rounds => 20, senders => [1, 100]};
 params(publish, tiny) -> #{members => 200, rounds => 3, senders => [1, 10]};
+params(pubsub, normal) -> #{subscribers => 10, publishers => [1, 16, 256], duration_ms => 1000,
+                            warmup_ms => 200};
+params(pubsub, tiny) -> #{subscribers => 3, publishers => [1, 16], duration_ms => 100,
+                          warmup_ms => 20};
 params(flow, normal) -> #{n => 100000, work => 250, every => 1000, window => 1000,
                           ack_every => 0};
 params(flow, tiny) -> #{n => 5000, work => 250, every => 1000, window => 1000,
@@ -291,6 +299,23 @@ describe(publish, P = #{members := M, senders := Senders}) ->
                   {dispatch_s, <<"dispatch deliveries/s">>, rate}],
       optional => [loop_s, dispatch_s],
       ratio => [deliveries_s], primary => {deliveries_s, higher}, convoy => measured};
+describe(pubsub, P = #{subscribers := N, publishers := Pubs}) ->
+    Base = maps:remove(publishers, P),
+    #{title => fmt("Phoenix.PubSub, one topic: concurrent publishers on A, closed loop, ~b ms, "
+                   "~b subscribers on each of B and C; Phoenix.PubSub.PG2 (pg2) vs "
+                   "Phoenix.PubSub.Convoy (convoy variants); each broadcast waits for one "
+                   "subscriber per node to ack it (acks as the variant sends); bcast/s: "
+                   "broadcasts acked by both nodes a second, deliveries/s: x ~b subscribers; "
+                   "p50/p99: publish to delivery at the acking subscribers, "
+                   "os:system_time of the one host",
+                   [maps:get(duration_ms, P), N, 2 * N]),
+      placement => cross, sinks => 2,
+      points => [point(fmt("~b publisher~s", [K, plural(K)]), Base#{publishers => K})
+                 || K <- Pubs],
+      figures => [{bcast_s, <<"bcast/s">>, rate}, {deliveries_s, <<"deliveries/s">>, rate},
+                  {p50_us, <<"p50">>, us}, {p99_us, <<"p99">>, us}],
+      ratio => [bcast_s, p50_us, p99_us], primary => {bcast_s, higher}, convoy => measured,
+      pubsub => true};
 describe(flow, P = #{n := N, every := Every, window := W, ack_every := A}) ->
     Modes = [{<<"flood">>, flood},
              {fmt("sync/~b", [Every]), sync},

@@ -68,6 +68,7 @@ arguments(_Config) ->
 
 every_scenario_tiny(Config) ->
     Dir = filename:join(?config(priv_dir, Config), "all"),
+    PubsubBuilt = phoenix_build(),
     {ok, R} = convoy_bench:main(["--tiny", "--full", "--repeat", "2", "--quiet", "--check",
                                  "--convoy", "max_batch=50", "--out", Dir]),
     Names = convoy_bench_scenarios:names(),
@@ -75,7 +76,7 @@ every_scenario_tiny(Config) ->
     ?assertEqual(Names, [N || #{name := N} <- Scenarios]),
     ?assertMatch(#{otp_release := <<_/binary>>, schedulers_online := _,
                    logical_processors := _, convoy_defaults := #{lanes := _}}, Facts),
-    [check_scenario(S) || S <- Scenarios],
+    [check_scenario(S, PubsubBuilt) || S <- Scenarios],
     %% hol measures the receiving node's page faults wherever /proc tells them.
     [?assert(is_number(maps:get(sink_faults_mb, Fs, none)), Run)
      || filelib:is_regular("/proc/self/stat"),
@@ -313,6 +314,18 @@ variants() ->
 %%--------------------------------------------------------------------
 %% Checks
 
+check_scenario(Result = #{name := pubsub, runs := Runs, summary := Summary}, false) ->
+    %% Not built here (no Elixir, or no phoenix_pubsub beside the repository):
+    %% every run says so.
+    [?assertMatch(#{status := unavailable, note := <<"Phoenix.PubSub and its convoy ", _/binary>>},
+                  Run) || Run <- Runs],
+    [?assertEqual(unavailable, S) || #{status := S} <- Summary],
+    ?assertEqual([<<"pg2">>, <<"convoy">>, <<"convoy[max_batch=50]">>],
+                 maps:get(variants, Result)),
+    ok;
+check_scenario(Result, _PubsubBuilt) ->
+    check_scenario(Result).
+
 check_scenario(Result = #{name := Name, spec := Spec, runs := Runs0, summary := Summary,
                           variants := Variants}) ->
     Runs = first_runs(Result, Runs0),
@@ -367,7 +380,11 @@ check_scenario(Result = #{name := Name, spec := Spec, runs := Runs0, summary := 
     %% across nodes, for the best distribution flag.
     Handover = maps:get(handover, Spec),
     ?assertEqual(Handover, lists:member(<<"handover">>, Variants), Name),
-    Cross = maps:get(placement, Spec) =:= cross,
+    %% pubsub compares Phoenix.PubSub's adapters: pg2 and convoy's, nothing else.
+    Pubsub = maps:get(pubsub, Spec),
+    ?assertEqual(Pubsub, lists:member(<<"pg2">>, Variants), Name),
+    Pubsub andalso ?assertEqual([], [V || V <- Variants, V =/= <<"pg2">>, not is_convoy(V)]),
+    Cross = maps:get(placement, Spec) =:= cross andalso not Pubsub,
     ?assertEqual(Cross, lists:member(<<"nodelay_false">>, Variants), Name),
     [?assertEqual({Limit(Handover), Limit(Cross)},
                   {lists:sort(maps:keys(HR)), lists:sort(maps:keys(FR))}, {Name, V})
@@ -379,6 +396,31 @@ check_scenario(Result = #{name := Name, spec := Spec, runs := Runs0, summary := 
                           end
                   end]],
     ok.
+
+%% The pubsub scenario's beams (Phoenix.PubSub, its convoy adapter), built with
+%% `make phoenix-build' (a second or two once built) wherever Elixir and the
+%% phoenix_pubsub source are, so that the scenario is measured there and a broken
+%% scenario fails this test; `false' where they are not (the scenario must then
+%% say so in every run).
+phoenix_build() ->
+    Root = convoy_bench_pubsub:root(),
+    Source = case os:getenv("PHOENIX_PUBSUB_PATH") of
+                 P when is_list(P), P =/= "" -> P;
+                 _ -> filename:join([Root, "..", "shared", "vendor", "phoenix_pubsub"])
+             end,
+    case os:find_executable("mix") =/= false andalso os:find_executable("make") =/= false
+        andalso filelib:is_regular(filename:join(Source, "mix.exs")) of
+        false ->
+            ct:pal("pubsub: not built here (no mix, make or ~s)", [Source]),
+            false;
+        true ->
+            Out = os:cmd("make -C '" ++ Root ++ "' --no-print-directory phoenix-build 2>&1; "
+                         "echo \"exit $?\""),
+            ct:pal("make phoenix-build:~n~s", [Out]),
+            ?assertNotEqual(nomatch, string:find(Out, "exit 0\n"), Out),
+            ?assertMatch({ok, _}, convoy_bench_pubsub:code_paths()),
+            true
+    end.
 
 %% The runs of the two repeats asked for; --confirm's (numbered after them) are
 %% only at the points and for the variants it names, and only when it names some.
