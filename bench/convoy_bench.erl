@@ -115,7 +115,9 @@ usage() ->
      "them themselves, lists of max_batch entries), handover (oneway, oneway8,\n"
      "flood: each message handed to one bare batching process per node, which\n"
      "ships lists of up to 1000 to a deliverer on the peer when its mailbox drains;\n"
-     "the limit of a design that hands each message to a process), nodelay_false\n"
+     "the limit of a design that hands each message to a process), send_many\n"
+     "(oneway, oneway8: convoy, the sender handing its messages over in lists of\n"
+     "max_batch with convoy:send_many/1), nodelay_false\n"
      "(`!`, both nodes with -kernel dist_nodelay false), delay_send (`!`, both nodes\n"
      "with {delay_send,true} in inet_dist_connect/listen_options), convoy (defaults),\n"
      "and one per --convoy option; in pubsub only pg2 (Phoenix.PubSub.PG2, the\n"
@@ -533,6 +535,8 @@ variants(#{convoy := Extra, only := Only, noise := Noise}) ->
              convoy => off},
            #{name => <<"handover">>, kind => handover, family => default, mode => handover,
              convoy => off},
+           #{name => <<"send_many">>, kind => send_many, family => default, mode => send_many,
+             convoy => #{}},
            #{name => <<"nodelay_false">>, kind => nodelay_false, family => nodelay_false,
              mode => plain, convoy => off},
            #{name => <<"delay_send">>, kind => delay_send, family => delay_send,

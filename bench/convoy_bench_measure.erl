@@ -19,7 +19,7 @@
          slow_consumer/4, fault_meter/2]).
 -export([gen_host/2, caster/5, caller/3]).
 
--type mode() :: plain | call | convoy | ceiling | handover | pg2.
+-type mode() :: plain | call | convoy | ceiling | handover | send_many | pg2.
 -type ctx() :: #{mode := mode(), sinks := [node(), ...], timeout := pos_integer()}.
 -type figures() :: #{atom() => number()}.
 -export_type([ctx/0, figures/0]).
@@ -271,6 +271,7 @@ measure(flow, #{mode := FlowMode, where := Where, n := N, work := Work, every :=
 snd(plain, Dest, Msg) -> erlang:send(Dest, Msg);
 snd(call, Dest, Msg) -> convoy_bench_call:send(Dest, Msg);
 snd(convoy, Dest, Msg) -> convoy:send(Dest, Msg);
+snd(send_many, Dest, Msg) -> convoy:send(Dest, Msg);
 snd(ceiling, Dest, Msg) -> convoy_bench_ceiling:send(Dest, Msg);
 snd(handover, Dest, Msg) -> convoy_bench_handover:send(Dest, Msg).
 
@@ -314,6 +315,8 @@ send_all(ceiling, Dest, What, N) ->
                       convoy_bench_ceiling:batch_size()
               end,
     ceiling_n(Dest, What, 1, N, PerList, 0, []);
+send_all(send_many, Dest, What, N) ->
+    many_n(Dest, What, 1, N, convoy_bench_ceiling:batch_size(), 0, []);
 send_all(M, Dest, What, N) ->
     send_n(M, Dest, What, 1, N).
 
@@ -328,6 +331,15 @@ ceiling_n(Dest, What, I, N, PerList, PerList, Acc) ->
     ceiling_n(Dest, What, I, N, PerList, 0, []);
 ceiling_n(Dest, What, I, N, PerList, K, Acc) ->
     ceiling_n(Dest, What, I + 1, N, PerList, K + 1, [{Dest, shaped(What, I)} | Acc]).
+
+%% convoy:send_many/1 in lists of `PerList' messages.
+many_n(_Dest, _What, I, N, _PerList, _K, Acc) when I > N ->
+    convoy:send_many(lists:reverse(Acc));
+many_n(Dest, What, I, N, PerList, PerList, Acc) ->
+    ok = convoy:send_many(lists:reverse(Acc)),
+    many_n(Dest, What, I, N, PerList, 0, []);
+many_n(Dest, What, I, N, PerList, K, Acc) ->
+    many_n(Dest, What, I + 1, N, PerList, K + 1, [{Dest, shaped(What, I)} | Acc]).
 
 ceiling_ship(_Dest, []) -> ok;
 ceiling_ship(Dest, [{Dest, Msg}]) -> Dest ! Msg, ok;

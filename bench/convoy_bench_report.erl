@@ -66,6 +66,9 @@ variant_text(#{name := N, kind := handover}) ->
     io_lib:format("~s = each message handed to one bare batching process per node, which "
                   "ships lists of up to 1000 when its mailbox drains "
                   "(convoy_bench_handover), in oneway, oneway8 and flood", [N]);
+variant_text(#{name := N, kind := send_many}) ->
+    io_lib:format("~s = convoy with the sender handing its messages over in lists of "
+                  "1000 (convoy:send_many/1), in oneway and oneway8", [N]);
 variant_text(#{name := N, kind := pg2}) ->
     io_lib:format("~s = Phoenix.PubSub's own adapter, Phoenix.PubSub.PG2 (`!`), in pubsub, "
                   "where convoy variants use Phoenix.PubSub.Convoy", [N]);
@@ -99,7 +102,8 @@ scenario_table(Result = #{name := Name, title := Title, spec := Spec, summary :=
 %% the `handover' and the `ceiling' variants.
 limits(#{spec := Spec, variants := Vs}) ->
     Ran = fun(V) -> lists:member(V, Vs) end,
-    case lists:any(fun(<<"convoy", _/binary>>) -> true; (_) -> false end, Vs) of
+    case lists:any(fun(<<"convoy", _/binary>>) -> true; (<<"send_many">>) -> true;
+                      (_) -> false end, Vs) of
         false ->
             [];
         true ->

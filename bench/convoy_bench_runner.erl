@@ -27,9 +27,9 @@
 
 -type variant() :: #{name := binary(),
                      kind := local | local_call | plain | plain_again | ceiling
-                             | handover | nodelay_false | delay_send | pg2 | convoy,
+                             | handover | send_many | nodelay_false | delay_send | pg2 | convoy,
                      family := convoy_bench_nodes:family(),
-                     mode := plain | call | convoy | ceiling | handover | pg2,
+                     mode := plain | call | convoy | ceiling | handover | send_many | pg2,
                      convoy := convoy_bench_nodes:convoy_setting()}.
 -type status() :: ok | error | awaiting | unavailable.
 -type run() :: #{scenario := atom(), variant := binary(), repeat := pos_integer(),
@@ -39,7 +39,7 @@
 -export_type([variant/0, run/0, opts/0]).
 
 %% @doc The variants that make sense for a scenario: all of them across nodes
-%% (`ceiling' and `handover' only where the scenario has them, `local_call'
+%% (`ceiling', `handover' and `send_many' only where the scenario has them, `local_call'
 %% nowhere); on one node (`local' scenario) `local', `local_call' and the convoy
 %% ones. `pg2' (Phoenix.PubSub's own adapter) and the convoy ones only, and `pg2'
 %% nowhere else, in a scenario of Phoenix.PubSub (`pubsub').
@@ -48,9 +48,11 @@ variants_for(#{placement := same_node}, Variants) ->
     [V || V = #{kind := K} <- Variants, on_one_node(K) orelse K =:= convoy];
 variants_for(#{pubsub := true}, Variants) ->
     [V || V = #{kind := K} <- Variants, K =:= pg2 orelse K =:= convoy];
-variants_for(#{placement := cross, ceiling := Ceiling, handover := Handover}, Variants) ->
+variants_for(#{placement := cross, ceiling := Ceiling, handover := Handover} = Spec,
+             Variants) ->
+    SendMany = maps:get(send_many, Spec, false),
     [V || V = #{kind := K} <- Variants, K =/= local_call, K =/= ceiling orelse Ceiling,
-          K =/= handover orelse Handover, K =/= pg2].
+          K =/= handover orelse Handover, K =/= send_many orelse SendMany, K =/= pg2].
 
 %% Variants that run everything on one node, whatever the scenario.
 on_one_node(Kind) -> Kind =:= local orelse Kind =:= local_call.
@@ -259,7 +261,8 @@ progress(#{t0 := T0}, F, A) ->
     io:format(standard_error, "[~7.1f s] " ++ F ++ "~n", [Elapsed / 1000 | A]).
 
 %% @doc Per point and variant (in the given order): status, figures' spread, the
-%% compared figures' ratios to the baseline and, for the convoy variants, to the
+%% compared figures' ratios to the baseline and, for the convoy variants (and
+%% `send_many'), to the
 %% limits that ran beside them in the same repeat: the `ceiling' variant
 %% (`ceiling_ratios', where the scenario has one), the `handover' variant
 %% (`handover_ratios', where the scenario has it) and the best flag
@@ -273,7 +276,7 @@ summarise(Spec = #{points := Points, figures := Figs, ratio := RatioFigs}, Varia
          Mine = [Run || Run = #{variant := VN, point := PL} <- Runs, VN =:= VName, PL =:= Label],
          Ok = [Run || Run = #{status := ok} <- Mine],
          Limit = fun(Ran, Of) ->
-                         case Kind =:= convoy andalso Ran of
+                         case (Kind =:= convoy orelse Kind =:= send_many) andalso Ran of
                              true -> ratios(RatioFigs, Ok, Of);
                              false -> #{}
                          end

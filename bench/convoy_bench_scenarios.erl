@@ -8,6 +8,8 @@
 %% (`convoy_bench_ceiling') and its table shows convoy as a fraction of it.
 %% `handover' (default false): the same for the `handover' variant
 %% (`convoy_bench_handover', each message handed to a bare batching process).
+%% `send_many' (default false): the scenario also runs the `send_many' variant
+%% (convoy, the sender handing its messages over in lists: `convoy:send_many/1').
 %% `pubsub' (default false): the scenario measures Phoenix.PubSub's adapters, so
 %% it runs the `pg2' variant (the baseline) and the convoy ones, and no other.
 %%
@@ -38,6 +40,7 @@
                   convoy := measured | {awaiting, binary()},
                   ceiling := boolean(),
                   handover := boolean(),
+                  send_many := boolean(),
                   pubsub := boolean(),
                   timeout := pos_integer(),
                   deadline := pos_integer()}.
@@ -67,7 +70,7 @@ spec(Name, Size, Overrides) ->
     P0 = params(Name, Size),
     P = maps:merge(P0, maps:with(maps:keys(P0), Overrides)),
     Deadline = maps:get(deadline_ms, Overrides, deadline(Name, Size)),
-    Limits = #{ceiling => false, handover => false, pubsub => false},
+    Limits = #{ceiling => false, handover => false, send_many => false, pubsub => false},
     (maps:merge(Limits, describe(Name, P)))#{name => Name, params => P,
                                              timeout => case Size of
                                                             tiny -> 30000;
@@ -169,7 +172,7 @@ describe(oneway, P = #{n := N}) ->
                  || Shape <- [atom, event]],
       figures => [{msg_s, <<"msg/s">>, rate}, {ns_msg, <<"ns/msg">>, ns}],
       ratio => [msg_s], primary => {msg_s, higher}, convoy => measured, ceiling => true,
-      handover => true};
+      handover => true, send_many => true};
 describe(oneway8, P = #{n := N, senders := K}) ->
     #{title => fmt("~b senders at once, each ~b messages to its own process on the other "
                    "node; atom and event as in oneway; ns/msg: wall time per message, all "
@@ -179,7 +182,7 @@ describe(oneway8, P = #{n := N, senders := K}) ->
                  || Shape <- [atom, event]],
       figures => [{msg_s, <<"msg/s">>, rate}, {ns_msg, <<"ns/msg">>, ns}],
       ratio => [msg_s], primary => {msg_s, higher}, convoy => measured, ceiling => true,
-      handover => true};
+      handover => true, send_many => true};
 describe(sizes, #{sizes := Sizes, budget := Budget, min_count := Min,
                       max_count := Max}) ->
     #{title => <<"one sender, one-way, binary payloads of each size (MB = 10^6 bytes)">>,

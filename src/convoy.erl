@@ -14,7 +14,7 @@
 %% gen_server's.
 -module(convoy).
 
--export([send/2, send/3, multicast/2, publish/2, publish/3, flush/0, flush/1, flush/2, info/0, set_config/1,
+-export([send/2, send/3, send_many/1, multicast/2, publish/2, publish/3, flush/0, flush/1, flush/2, info/0, set_config/1,
          child_spec/1, start_link/1]).
 -export([cast/2, call/2, call/3]).
 
@@ -117,6 +117,19 @@ send(Dest, Msg, Opts) ->
         {ok, Checked} -> convoy_route:send(Dest, Msg, Checked);
         {error, Reason} -> erlang:error({badarg, Reason}, [Dest, Msg, Opts])
     end.
+
+%% @doc Send each `{Dest, Msg}' of the list, as `send/2' would one by one in
+%% list order: the same order per sender and receiver, bounds, overload policy
+%% and fallbacks. Cheaper than a loop: the small messages for a node reach the
+%% sender's lane in one hand-over, with one admission and room taken for all of
+%% them at once; a node whose messages do not all fit, or that is sent a large
+%% one, gets them one by one as `send/2' sends them. Everything is checked
+%% first: an invalid destination or an unregistered local name (an atom) raises
+%% `badarg' with nothing sent; a `{Name, node()}' not registered is skipped, as
+%% `!' drops a message to it.
+-spec send_many([{dest(), term()}]) -> ok.
+send_many(Sends) ->
+    convoy_route:send_many(Sends).
 
 %% @doc Send `Msg' to every destination: one copy travels to each remote node and is
 %% fanned out there. Order relative to the caller's `send/2' to each destination is

@@ -39,7 +39,7 @@
 %% closed array is never released.
 -module(convoy_held).
 
--export([new/0, hold/4, release/3, has_room/4, read/1, is_empty/1, try_close/1]).
+-export([new/0, hold/4, hold_many/5, release/3, has_room/4, read/1, is_empty/1, try_close/1]).
 
 -ifdef(TEST).
 -export([ceiling/0, set/3, is_closed/1]).
@@ -79,6 +79,32 @@ hold(H, W, Bytes, MaxN, MaxB) ->
             case atomics:compare_exchange(H, ?SLOT, W, W + ?MSG + Bytes) of
                 ok -> ok;
                 Now -> hold(H, Now, Bytes, MaxN, MaxB)
+            end;
+        false ->
+            full
+    end.
+
+%% @doc Take room for `K' messages of `Bytes' in all, all or none: `full' when
+%% they do not all fit (as one by one, only a single message alone may exceed
+%% the byte bound), `closed' when the row was forgotten.
+-spec hold_many(held(), pos_integer(), non_neg_integer(), bound(), bound()) ->
+          ok | full | closed.
+hold_many(H, 1, Bytes, MaxN, MaxB) ->
+    hold(H, Bytes, MaxN, MaxB);
+hold_many(H, K, Bytes, MaxN, MaxB) ->
+    hold_many(H, atomics:get(H, ?SLOT), K, Bytes, MaxN, MaxB).
+
+hold_many(_H, W, _K, _Bytes, _MaxN, _MaxB) when W >= ?CLOSED_BIT ->
+    closed;
+hold_many(H, W, K, Bytes, MaxN, MaxB) ->
+    Held = ?MSGS(W),
+    HeldBytes = ?BYTES(W),
+    case Held + K =< ?MAX_MSGS andalso within(Held + K, MaxN)
+        andalso HeldBytes + Bytes =< ?MAX_BYTES andalso within(HeldBytes + Bytes, MaxB) of
+        true ->
+            case atomics:compare_exchange(H, ?SLOT, W, W + K * ?MSG + Bytes) of
+                ok -> ok;
+                Now -> hold_many(H, Now, K, Bytes, MaxN, MaxB)
             end;
         false ->
             full

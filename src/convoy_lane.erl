@@ -174,7 +174,16 @@ drain(S, Now, N, Sends, K) ->
     end.
 
 pend(_Sends, 0, _Now, S) -> S;
-pend(Sends, K, Now, S) -> core({sends, Sends, K}, Now, S).
+pend(Sends, K, Now, S) -> core({sends, Sends, K}, Now, small_reached(S)).
+
+%% Where batching is forced its senders record no small sends: the lane notes
+%% that small messages reach it (`convoy_slots:note_small_send/2'), once per read.
+small_reached(S = #s{rt = #runtime{bypass_after = W, max_delay = D, clock = Clock}, slots = Slots})
+  when W =:= never; D > 0 ->
+    ok = convoy_slots:note_small_send(Slots, convoy_slots:now_us(Clock)),
+    S;
+small_reached(S) ->
+    S.
 
 %% Always the real time: the monotonic clock can be negative, so no constant can
 %% stand for "no time".
@@ -219,20 +228,30 @@ acts([A | Rest], Now, S) -> acts(Rest, Now, act(A, Now, S)).
 %% Sends come from convoy_route in this node's processes; the guards keep a
 %% malformed one (anything may reach a registered process) from crashing the lane.
 handle({'$convoy_send', Node, To, _Msg, Bytes} = M, Now, S) when ?IS_HANDED(Node, To, Bytes) ->
-    core({send, M}, Now, S);
+    core({send, M}, Now, small_reached(S));
+handle({'$convoy_sends', Sends, K}, Now, S) when is_list(Sends), is_integer(K), K > 0 ->
+    %% convoy:send_many/1: sends newest first, as a drain collects them
+    case counted_sends(Sends, 0) of
+        K -> core({sends, Sends, K}, Now, small_reached(S));
+        _ -> stray(S)
+    end;
 handle({'$convoy_large', Node, To, _Msg, Bytes} = M, Now, S) when ?IS_HANDED(Node, To, Bytes) ->
     core({send, M}, Now, S);
 handle({Kind, Node, Tos, _Msg, Bytes} = M, Now, S)
   when Kind =:= '$convoy_multicast' orelse Kind =:= '$convoy_large',
        is_atom(Node), is_integer(Bytes), Bytes >= 0, is_list(Tos) ->
     case valid_tos(Tos) of
+        true when Kind =:= '$convoy_multicast' -> core({send, M}, Now, small_reached(S));
         true -> core({send, M}, Now, S);
         false -> stray(S)
     end;
 handle({Kind, Node, {'$convoy_publish', Scope, _Group}, _Msg, Bytes} = M, Now, S)
   when Kind =:= '$convoy_multicast' orelse Kind =:= '$convoy_large',
        is_atom(Node), is_integer(Bytes), Bytes >= 0, is_atom(Scope) ->
-    core({send, M}, Now, S);
+    core({send, M}, Now, case Kind of
+                             '$convoy_multicast' -> small_reached(S);
+                             _ -> S
+                         end);
 handle({'$convoy_wait', Node, Alias, Bytes}, Now, S = #s{rt = RT})
   when is_atom(Node), is_reference(Alias), is_integer(Bytes), Bytes >= 0 ->
     {_, H} = refs(Node, S),
@@ -269,6 +288,12 @@ handle(_Other, _Now, S) ->
 stray(S) ->
     convoy_metrics:rejected(unknown_message),
     S.
+
+%% How many well-formed sends, or `bad'.
+counted_sends([], N) -> N;
+counted_sends([{'$convoy_send', Node, To, _Msg, Bytes} | Rest], N) when ?IS_HANDED(Node, To, Bytes) ->
+    counted_sends(Rest, N + 1);
+counted_sends(_, _N) -> bad.
 
 valid_tos([]) -> true;
 valid_tos([To | Rest]) when is_pid(To); is_atom(To); is_reference(To) -> valid_tos(Rest);

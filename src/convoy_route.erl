@@ -53,7 +53,7 @@
 %% longer, the lane gets the message whole, as before.
 -module(convoy_route).
 
--export([send/2, send/3, multicast/2, multicast_entry/3, lane_of/1, await_gone/1,
+-export([send/2, send/3, send_many/1, multicast/2, multicast_entry/3, lane_of/1, await_gone/1,
          is_marked/1]).
 
 -include("convoy_runtime.hrl").
@@ -67,7 +67,7 @@
 %% The small steps of every remote send (measured: `bin/convoy-bench cost').
 -compile({inline, [resolve/1, local_or_remote/2, with_opts/2, slots/2, is_marked/1,
                    size_kind/1, idle/3, hold/3, mark/1, own_last_send/1, now_us/1, gaps/2,
-                   recorded_sends/0, kind/2,
+                   recorded_sends/0, kind/2, skipped/0, record_own/2, own_last_record/1,
                    hand_over/7]}).
 
 %% @doc See `convoy:send/2'.
@@ -78,6 +78,8 @@ send(Pid, Msg) when is_pid(Pid), node(Pid) =:= node() ->
 send(Name, Msg) when is_atom(Name) ->
     Name ! Msg,
     ok;
+send(Pid, Msg) when is_pid(Pid) ->
+    remote(persistent_term:get(?RUNTIME_KEY, undefined), node(Pid), Pid, Msg);
 send(Dest, Msg) ->
     ok = send(Dest, Msg, #{}).
 
@@ -98,6 +100,127 @@ send(Dest, Msg, Opts) ->
         error ->
             erlang:error(badarg, [Dest, Msg])
     end.
+
+%% @doc See `convoy:send_many/1'.
+-spec send_many([{convoy:dest(), term()}]) -> ok.
+send_many(Sends) ->
+    {Local, Remote} = resolve_many(Sends, Sends, [], #{}, []),
+    lists:foreach(fun({Pid, Msg}) -> erlang:send(Pid, Msg) end, Local),
+    many(persistent_term:get(?RUNTIME_KEY, undefined), Remote).
+
+%% Everything is checked before anything is sent (as `multicast/2'): local
+%% names are looked up once, remote messages are grouped by node in list order
+%% (`Nodes' the nodes in the order first met).
+resolve_many([], _All, Local, Remote, Nodes) ->
+    {lists:reverse(Local),
+     [{Node, lists:reverse(maps:get(Node, Remote))} || Node <- lists:reverse(Nodes)]};
+resolve_many([{Dest, Msg} | Rest], All, Local, Remote, Nodes) ->
+    case resolve(Dest) of
+        local ->
+            resolve_many(Rest, All, [{Dest, Msg} | Local], Remote, Nodes);
+        {local, Name} ->
+            case whereis(Name) of
+                undefined when is_atom(Dest) -> erlang:error(badarg, [All]);
+                undefined -> resolve_many(Rest, All, Local, Remote, Nodes);
+                Pid -> resolve_many(Rest, All, [{Pid, Msg} | Local], Remote, Nodes)
+            end;
+        {remote, Node, To} ->
+            case Remote of
+                #{Node := Tos} ->
+                    resolve_many(Rest, All, Local, Remote#{Node := [{To, Msg} | Tos]}, Nodes);
+                _ ->
+                    resolve_many(Rest, All, Local, Remote#{Node => [{To, Msg}]}, [Node | Nodes])
+            end;
+        error ->
+            erlang:error(badarg, [All])
+    end;
+resolve_many(_Improper, All, _Local, _Remote, _Nodes) ->
+    erlang:error(badarg, [All]).
+
+%% Remote messages of `send_many/1', by node. While convoy runs, a node's small
+%% messages go to the sender's lane together: one admission, room taken for all
+%% of them at once, and one hand-over for every such node. A node for which that
+%% is not the plain case (a large message among them, no room for all of them
+%% at once, a message in pieces not yet confirmed) gets its messages one by one,
+%% as `send/2' sends them, after the hand-over: messages to one node keep their
+%% order, and nothing orders messages to different nodes.
+many(RT = #runtime{stopping = false, large_threshold = T}, Remote) ->
+    {Together, OneByOne} = lists:foldr(
+                             fun({Node, Tos} = Group, {Tg, One}) ->
+                                     case is_pieces(marker(Node)) of
+                                         false ->
+                                             case entries(Node, Tos, T, [], 0) of
+                                                 {Entries, Bytes} ->
+                                                     {[{Node, Entries, Bytes, Group} | Tg], One};
+                                                 large ->
+                                                     {Tg, [Group | One]}
+                                             end;
+                                         true ->
+                                             {Tg, [Group | One]}
+                                     end
+                             end, {[], []}, Remote),
+    Left = together(RT, Together),
+    one_by_one(RT, Left ++ OneByOne);
+many(RT, Remote) ->
+    one_by_one(RT, Remote).
+
+is_pieces({pieces, _}) -> true;
+is_pieces(_) -> false.
+
+%% The lane's sends for Node's messages, newest first, with their bytes; `large'
+%% if one of them is.
+entries(_Node, [], _T, Entries, Bytes) ->
+    {Entries, Bytes};
+entries(Node, [{To, Msg} | Rest], T, Entries, Bytes) ->
+    case convoy_size:measure(Msg, T) of
+        {small, B} -> entries(Node, Rest, T, [{'$convoy_send', Node, To, Msg, B} | Entries],
+                              Bytes + B);
+        {large, _} -> large
+    end.
+
+one_by_one(RT, Remote) ->
+    lists:foreach(fun({Node, Tos}) ->
+                          lists:foreach(fun({To, Msg}) -> _ = remote(RT, Node, To, Msg) end, Tos)
+                  end, Remote).
+
+%% One admission for every message, room per node for all its messages, one
+%% hand-over to the lane; returns the nodes left to send one by one.
+together(_RT, []) ->
+    [];
+together(RT = #runtime{lanes = Lanes}, Nodes) ->
+    L = lane_of(RT),
+    Slots = slots(RT, L),
+    K = lists:foldl(fun({_Node, _Entries, _Bytes, {_, Tos}}, Acc) -> Acc + length(Tos) end, 0,
+                    Nodes),
+    case convoy_slots:is_closed(convoy_slots:admit_many(Slots, K)) of
+        true ->
+            %% The lane is retired or stopping; its successor is published.
+            many(refreshed(RT), [Group || {_Node, _Entries, _Bytes, Group} <- Nodes]),
+            [];
+        false ->
+            {Sends, N, Left} = held_sends(RT, Nodes, [], 0, []),
+            ok = convoy_slots:dispose(Slots, K - N),
+            _ = N =:= 0 orelse erlang:send(element(L, Lanes), {'$convoy_sends', Sends, N}),
+            Left
+    end.
+
+%% The lane's sends, newest first, for every node that had room for all its
+%% messages (each such node marked: its messages go through the lane).
+held_sends(_RT, [], Sends, N, Left) ->
+    {Sends, N, lists:reverse(Left)};
+held_sends(RT, [{Node, Entries, Bytes, {_, Tos} = Group} | Rest], Sends, N, Left) ->
+    K = length(Tos),
+    case hold_many(RT, Node, K, Bytes) of
+        ok ->
+            mark(Node),
+            held_sends(RT, Rest, Entries ++ Sends, N + K, Left);
+        _FullOrClosed ->
+            held_sends(RT, Rest, Sends, N, [Group | Left])
+    end.
+
+hold_many(RT = #runtime{max_buffered = MaxN, max_buffered_bytes = MaxB}, Node, K, Bytes) ->
+    {_C, H} = refs(RT, Node),
+    convoy_held:hold_many(H, K, Bytes, MaxN, MaxB).
 
 %% @doc See `convoy:multicast/2'.
 -spec multicast([convoy:dest()], term()) -> ok.
@@ -249,8 +372,40 @@ remote(RT, Node, To, Msg) ->
                 _Other -> settle(RT, Node, Inbox, {To, Msg},
                                  fun() -> route(RT, L, Node, To, Msg, true) end)
             end;
-        Marked ->
-            route(RT, L, Node, To, Msg, Marked)
+        true ->
+            marked(RT, L, Node, To, Msg);
+        false ->
+            route(RT, L, Node, To, Msg, false)
+    end.
+
+%% A marked sender's message: it is admitted first, and while its lane holds
+%% messages a small one goes to the lane with nothing else decided (rule 2: only
+%% an idle lane may be bypassed, so the lane's calm cannot change the path).
+%% This is the path of every message of a flood: its sender reads the clock
+%% only for one send in SKIP_MAX + 1 (`skipped_record/2').
+marked(RT = #runtime{large_threshold = T}, L, Node, To, Msg) ->
+    case convoy_size:measure(Msg, T) of
+        {small, _} = Size ->
+            Slots = slots(RT, L),
+            V = convoy_slots:admit(Slots),
+            case convoy_slots:is_closed(V) of
+                true ->
+                    remote(refreshed(RT), Node, To, Msg);
+                false ->
+                    case idle(RT, L, V) of
+                        false ->
+                            skipped_record(RT, L),
+                            marked_to_lane(RT, L, Node, To, Msg, Size);
+                        true ->
+                            Calm = marked_calm(RT, L),
+                            case convoy_path:may_bypass(small, Calm) of
+                                true -> bypass(RT, L, Node, To, Msg, Size, Calm);
+                                false -> marked_to_lane(RT, L, Node, To, Msg, Size)
+                            end
+                    end
+            end;
+        {large, _} ->
+            route(RT, L, Node, To, Msg, true)
     end.
 
 route(RT = #runtime{large_threshold = T}, L, Node, To, Msg, Marked) ->
@@ -556,6 +711,19 @@ hand_over(#runtime{lanes = Lanes}, L, Node, To, Msg, Kind, Bytes) ->
     erlang:send(element(L, Lanes), {Kind, Node, To, Msg, Bytes}),
     ok.
 
+%% `to_lane/6' for a small message of a marked sender (already marked).
+marked_to_lane(RT = #runtime{lanes = Lanes}, L, Node, To, Msg, {small, Bytes} = Size) ->
+    {C, H} = refs(RT, Node),
+    case hold(RT, H, Bytes) of
+        ok ->
+            erlang:send(element(L, Lanes), {'$convoy_send', Node, To, Msg, Bytes}),
+            ok;
+        full ->
+            overloaded(RT, L, Node, To, Msg, Size, C, H);
+        closed ->
+            reheld(RT, L, Node, To, Msg, Size)
+    end.
+
 %% Take room for one message of Bytes within the node's bounds (convoy_held).
 hold(#runtime{max_buffered = MaxN, max_buffered_bytes = MaxB}, H, Bytes) ->
     convoy_held:hold(H, Bytes, MaxN, MaxB).
@@ -712,13 +880,14 @@ idle(_RT, _L, _V) -> false.
 
 %% Records this small send's time on the lane, standing for `Sends' small sends
 %% of its sender (see `unmarked_calm/2'), and says how calm the lane was before
-%% it (convoy_path). Never calm when max_delay asks for batches (the time is
-%% still recorded: it tells large messages there is small traffic to protect,
-%% see convoy_path:pieces/3).
-calm(RT = #runtime{bypass_after = never}, L, _Sends) ->
-    record_small(RT, L);
-calm(RT = #runtime{max_delay = D}, L, _Sends) when D > 0 ->
-    record_small(RT, L);
+%% it (convoy_path). Where batching is forced (`max_delay' set, or
+%% `bypass_after' `never') the lane is never calm and nothing is recorded: the
+%% lane itself notes when small messages reach it (`convoy_lane'), which large
+%% messages read (see convoy_path:pieces/3).
+calm(#runtime{bypass_after = never}, _L, _Sends) ->
+    busy;
+calm(#runtime{max_delay = D}, _L, _Sends) when D > 0 ->
+    busy;
 calm(RT, L, Sends) ->
     Now = now_us(RT),
     calm(RT, L, Now, (Now - own_last_send(Now)) div Sends, Sends, direct).
@@ -756,14 +925,11 @@ gaps(_Slots, Gaps) -> Gaps.
 
 %% An unmarked sender that found its lane calm takes that calm as found for its
 %% next CALM_REUSE small sends: they go directly without the clock or the lane's
-%% shared line. On a node idle between messages, that line and the clock were
-%% most of what convoy adds to a send: in one request/response pair, 0.6-0.7 us
-%% of the 1.7 us convoy's call took beyond the 1.3 us of `!' (`bin/convoy-bench
-%% cost', `[exchange]', with the steps left out one at a time); skipping them on 3
-%% sends in 4 took 0.2 us off the call's average. A direct send is always safe
-%% for an unmarked sender. The next recorded send stands for the sends taken
-%% since the last one (`recorded_sends/0'): its gaps count per send, so a sender
-%% that starts to stream, or many that take turns, are seen as before.
+%% shared line (on a node idle between messages, those were most of what convoy
+%% added to a send). A direct send is always safe for an unmarked sender. The
+%% next recorded send stands for the sends taken since the last one
+%% (`recorded_sends/0'): its gaps count per send, so a sender that starts to
+%% stream, or many that take turns, are seen as before.
 -define(CALM_REUSE, 3).
 -define(CALM_KEY, '$convoy_calm').
 
@@ -778,8 +944,8 @@ unmarked_calm(RT = #runtime{bypass_after = W, max_delay = 0}, L) when is_integer
                 Calm -> put(?CALM_KEY, {Calm, ?CALM_REUSE}), Calm
             end
     end;
-unmarked_calm(RT, L) ->
-    calm(RT, L, 1). % batching asked for: never calm, nothing to reuse
+unmarked_calm(_RT, _L) ->
+    busy. % batching forced: never calm, nothing recorded
 
 %% How many small sends the recorded one of an unmarked sender stands for:
 %% itself and those that took a reused calm since the last recorded one. (A
@@ -792,42 +958,67 @@ recorded_sends() ->
         undefined -> 1
     end.
 
-%% A marked sender's small send. A sender that streams (its own previous send
-%% within `bypass_after') keeps its lane whatever the lane's calm: the calm of
-%% its send would only keep the lane's estimates and its last small send up to
-%% date. So it skips recording for up to SKIP_MAX sends in a row, its next
-%% recorded send standing for them in the lane's averages (as `unmarked_calm/2''s
-%% do; its calm counts its own previous send as the lane's last): one clock read
-%% and three process-dictionary calls instead of four calls on the lane's shared
-%% line, and no read of the lane's idleness (`admitted/7'). Its records stay at
-%% most SKIP_MAX + 1 of its sends apart, so the lane's last small send, which
-%% tells other senders and large messages that the lane is in use, is never much
-%% staler than that.
+%% A marked sender records at most one small send in SKIP_MAX + 1 on its lane,
+%% the recorded one standing for the skipped ones in the lane's averages (as
+%% `unmarked_calm/2''s do): a send while its lane holds messages skips without
+%% reading the clock (`skipped_record/2'), and on an idle lane a sender that
+%% streams (its own sends, on average since its last record, within
+%% `bypass_after') keeps the lane without recording (`marked_calm/2'). So a
+%% flood's sender reads the clock and writes the lane's shared line rarely, and
+%% the lane's last small send, which tells other senders and large messages that
+%% the lane is in use, stays at most SKIP_MAX + 1 of its sends old.
 -define(SKIP_MAX, 15).
 -define(SKIPPED_KEY, '$convoy_skipped').
 
 marked_calm(RT = #runtime{bypass_after = W, max_delay = 0}, L) when is_integer(W) ->
     Now = now_us(RT),
-    OwnGap = Now - own_last_send(Now),
-    Skipped = case get(?SKIPPED_KEY) of
-                  undefined -> 0;
-                  N -> N
-              end,
+    Skipped = skipped(),
+    OwnGap = (Now - own_last_record(Now)) div (1 + Skipped),
     case Skipped < ?SKIP_MAX andalso convoy_path:streams(OwnGap, W) of
         true ->
             put(?SKIPPED_KEY, Skipped + 1),
             busy;
         false ->
-            _ = Skipped =:= 0 orelse erase(?SKIPPED_KEY),
+            record_own(Now, Skipped),
             calm(RT, L, Now, OwnGap, 1 + Skipped, lane)
     end;
-marked_calm(RT, L) ->
-    calm(RT, L, 1). % batching asked for: every send recorded, as before
+marked_calm(_RT, _L) ->
+    busy. % batching forced: never calm, nothing recorded
 
-record_small(RT, L) ->
-    Now = now_us(RT),
-    _ = convoy_slots:since_last_send(slots(RT, L), Now, Now - own_last_send(Now), 1),
-    busy.
+%% A marked sender's small send to its busy lane (the path does not depend on
+%% the lane's calm): counted, and one in SKIP_MAX + 1 recorded.
+skipped_record(RT = #runtime{bypass_after = W, max_delay = 0}, L) when is_integer(W) ->
+    case skipped() of
+        Skipped when Skipped < ?SKIP_MAX ->
+            put(?SKIPPED_KEY, Skipped + 1),
+            ok;
+        Skipped ->
+            Now = now_us(RT),
+            OwnGap = (Now - own_last_record(Now)) div (1 + Skipped),
+            record_own(Now, Skipped),
+            _ = convoy_slots:since_last_send(slots(RT, L), Now, OwnGap, 1 + Skipped),
+            ok
+    end;
+skipped_record(_RT, _L) ->
+    ok.
+
+skipped() ->
+    case get(?SKIPPED_KEY) of
+        undefined -> 0;
+        N -> N
+    end.
+
+%% A marked sender's record at Now: its skipped sends are accounted for.
+record_own(Now, Skipped) ->
+    put('$convoy_last_send', Now),
+    _ = Skipped =:= 0 orelse erase(?SKIPPED_KEY),
+    ok.
+
+own_last_record(Now) ->
+    case get('$convoy_last_send') of
+        undefined -> convoy_slots:long_ago(Now);
+        Last -> Last
+    end.
 
 now_us(#runtime{clock = Clock}) -> convoy_slots:now_us(Clock).
 

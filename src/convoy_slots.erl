@@ -31,8 +31,8 @@
 %% </ul>
 -module(convoy_slots).
 
--export([new/2, clock/0, now_us/1, admit/1, is_closed/1, dispose/2, idle/2,
-         since_last_send/4, close/1, admitted/1, disposed/1, record_batch/4,
+-export([new/2, clock/0, now_us/1, admit/1, admit_many/2, is_closed/1, dispose/2, idle/2,
+         since_last_send/4, note_small_send/2, close/1, admitted/1, disposed/1, record_batch/4,
          batch_average/1, unpaid_until/1, long_ago/1, last_small_send/1, recent_gaps/1]).
 
 -export_type([slots/0, clock/0, gaps/0]).
@@ -140,6 +140,11 @@ long_ago(Now) -> Now - ?LONG_AGO_US.
 -spec admit(slots()) -> integer().
 admit(A) -> atomics:add_get(A, ?ADMITTED, 1).
 
+%% @doc Take `K' admissions at once (`convoy:send_many/1'); returns the last one's
+%% number.
+-spec admit_many(slots(), pos_integer()) -> integer().
+admit_many(A, K) -> atomics:add_get(A, ?ADMITTED, K).
+
 %% @doc Whether an admission number was taken after the lane was closed.
 -spec is_closed(integer()) -> boolean().
 is_closed(V) -> V >= ?CLOSED.
@@ -189,6 +194,16 @@ since_last_send(A, Now, OwnGap, Sends) ->
             {Now - Last, Gaps};
         Last ->
             {Now - Last, unread}
+    end.
+
+%% @doc A small message reached the lane at `Now' (microseconds, the lanes'
+%% clock), noted by the lane itself where batching is forced and senders record
+%% nothing: the last small send moves forward only, the averages are not touched.
+-spec note_small_send(slots(), integer()) -> ok.
+note_small_send(A, Now) ->
+    case atomics:get(A, ?LAST_SEND) of
+        Last when Last < Now -> atomics:put(A, ?LAST_SEND, Now);
+        _ -> ok
     end.
 
 average(Old, Us) -> Old + ((Us * ?GAP_UNIT - Old) div ?GAP_WEIGHT).

@@ -1,5 +1,5 @@
 %% PropEr property of `convoy_held', run from EUnit: random sequences of holds,
-%% releases, closes and room checks give what a model of two plain counters and a
+%% holds of several messages at once, releases, closes and room checks give what a model of two plain counters and a
 %% closed flag gives, from empty rows and from rows at the fields' ceiling (holds
 %% past it, past the bounds, of 0 bytes, releases of nothing, closes of held,
 %% empty and closed rows).
@@ -43,6 +43,7 @@ near(Ceil, Lo, Hi) -> ?LET(D, range(Lo, Hi), Ceil - D).
 
 op() ->
     frequency([{6, {hold, bytes(), bound(msgs), bound(bytes)}},
+               {3, {hold_many, range(1, 12), bytes(), bound(msgs), bound(bytes)}},
                {3, {release, range(0, 100), range(0, 100)}},
                {1, try_close},
                {2, {has_room, bytes(), bound(msgs), bound(bytes)}}]).
@@ -85,6 +86,16 @@ step(H, M = {N, B, Closed}, {hold, Bytes, MaxN, MaxB}) ->
                 false -> {Got, full, M}
             end
     end;
+step(H, M = {N, B, Closed}, {hold_many, K, Bytes, MaxN, MaxB}) ->
+    Got = convoy_held:hold_many(H, K, Bytes, MaxN, MaxB),
+    if
+        Closed -> {Got, closed, M};
+        true ->
+            case fits_many(N, B, K, Bytes, MaxN, MaxB) of
+                true -> {Got, ok, {N + K, B + Bytes, false}};
+                false -> {Got, full, M}
+            end
+    end;
 step(H, {N, B, Closed}, {release, PctN, PctB}) ->
     %% As the lane does: a run of K held messages and at most their bytes, all of
     %% them with the last message.
@@ -107,6 +118,16 @@ fits(N, B, Bytes, MaxN, MaxB) ->
     N + 1 =< CeilN andalso B + Bytes =< CeilB
         andalso (MaxN =:= infinity orelse N + 1 =< MaxN)
         andalso (B =:= 0 orelse MaxB =:= infinity orelse B + Bytes =< MaxB).
+
+%% Room for K more messages at once: one is `fits/5'; more must all be within
+%% both bounds (only a message alone may exceed the byte bound).
+fits_many(N, B, 1, Bytes, MaxN, MaxB) ->
+    fits(N, B, Bytes, MaxN, MaxB);
+fits_many(N, B, K, Bytes, MaxN, MaxB) ->
+    {CeilN, CeilB} = ceiling(),
+    N + K =< CeilN andalso B + Bytes =< CeilB
+        andalso (MaxN =:= infinity orelse N + K =< MaxN)
+        andalso (MaxB =:= infinity orelse B + Bytes =< MaxB).
 
 observed({N, B, Closed}) ->
     {{N, B}, N =:= 0 andalso B =:= 0 andalso not Closed, Closed};
