@@ -1,8 +1,8 @@
 %% @doc The `local_call' variant's send: `!' behind one call to a function of
 %% another module, and nothing else. What calling any library's send function
 %% costs over writing `!' in place, measured beside `local' and convoy in the
-%% `local' scenario, where a send takes about 100 ns (see the README's "Where
-%% convoy loses").
+%% `local' scenario, where a send takes about 100 ns (see bench/RESULTS.md,
+%% "Where convoy loses").
 -module(convoy_bench_call).
 
 -export([send/2]).

@@ -602,8 +602,8 @@ latency_figures(Samples) ->
 %% @doc A window's worker that measures instead of sending: the minor page faults
 %% of `Node''s OS process from the window's start to its end (one sample; none
 %% where /proc is not there). A node that receives bulk in pieces faults in fresh
-%% pages when its allocators give emptied carriers back to the OS (README, "Nodes
-%% that receive large messages in pieces").
+%% pages when its allocators give emptied carriers back to the OS (doc/design.md,
+%% messages in pieces, "Turns").
 -spec fault_meter(node(), pid()) -> ok.
 fault_meter(Node, Driver) ->
     receive {go, Warm, Deadline} -> ok end,

@@ -4,8 +4,8 @@
 %% order kept per sender and receiver), but messages to another node travel in
 %% batches: one distribution message carries everything waiting for that node, and
 %% a batch leaves as soon as convoy's outbound lane has nothing more to read, so an
-%% idle message is not delayed. See the README for the design, the guarantees and
-%% the settings.
+%% idle message is not delayed. See the README for the guarantees and the
+%% settings, doc/design.md for the design.
 %%
 %% convoy runs as an OTP application (`application:ensure_all_started(convoy)',
 %% settings from its environment) or inside your own supervision tree

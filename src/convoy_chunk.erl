@@ -308,8 +308,8 @@ remove(Ref, #partial{node = Node, sender = Sender, size = Size}, Rx) ->
 %% Every piece is kept (as a part of the runtime's receive buffer) until its
 %% message is whole, so senders streaming side by side make the node hold all
 %% their messages at once, and with the runtime's default allocator settings
-%% those buffers are then received into fresh pages (README, "Nodes that receive
-%% large messages in pieces"). So a node's messages take turns: a start that
+%% those buffers are then received into fresh pages (doc/design.md, messages in
+%% pieces, "Turns"). So a node's messages take turns: a start that
 %% comes while another message of its node streams is stored but its
 %% acknowledgement, which its sender waits for before the next piece, waits
 %% until that message is whole or discarded. Turns are kept only while they

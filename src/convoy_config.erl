@@ -48,8 +48,8 @@
 %%
 %% `lanes' defaults to 1: on the 2-core machine this project is measured on, a
 %% second lane splits a single sender's traffic nowhere (lanes are chosen per
-%% sender) and adds a process competing for the same two schedulers; see README
-%% "Choosing the defaults". Its upper bound keeps the lane and inbox tables small.
+%% sender) and adds a process competing for the same two schedulers; see
+%% doc/decisions.md. Its upper bound keeps the lane and inbox tables small.
 %%
 %% `chunk_bytes' defaults to 63 KiB so that a piece with its headers (at most
 %% about 700 bytes, with node and name atoms of 255 characters sent uncached)
@@ -59,7 +59,7 @@
 %% `chunk_window' defaults to 16: a node's messages in pieces take turns at the
 %% receiving inbox, so one sender's window is all that node has in flight there,
 %% and 16 moved more bulk than 8 beside small round trips that stayed well under
-%% those beside plain sends (README "Choosing the defaults").
+%% those beside plain sends (doc/decisions.md).
 -spec settings() -> [{atom(), term(), accepts()}].
 settings() ->
     [{lanes, 1, [{integer, 1, 1024}]},
