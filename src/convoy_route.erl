@@ -1062,11 +1062,14 @@ multi(RT = #runtime{large_threshold = T}, L, Node, Tos, Msg) ->
                                {large, _} = Large -> {large, Large};
                                {small, B} -> {small, {multicast, B}}
                            end,
+            Idle = idle(RT, L, V),
+            %% Only an idle lane may be bypassed: while it holds messages the
+            %% entry goes to it, its calm unread (`skipped_record/2').
             Calm = case Kind of
                        large -> busy;
-                       small -> calm(RT, L, 1)
+                       small when Idle -> calm(RT, L, 1);
+                       small -> skipped_record(RT, L), busy
                    end,
-            Idle = idle(RT, L, V),
             {Route, C, Inboxes} = case Idle of
                                       true -> multi_row(Node, Tos);
                                       false -> {none, undefined, none}
