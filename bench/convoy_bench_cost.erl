@@ -223,6 +223,12 @@ shape_rows(Shape, Sink, P) ->
           fun() -> Discard ! Msg end},
          {<<"[cpu] whole convoy:send/2, sender (lane busy: suspended)">>,
           whole_send(Lane, Sink, Msg)},
+         {<<"[cpu] send_many/1, lists of max_batch (lane suspended)">>,
+          many_send(Lane, Sink, Msg, RT#runtime.max_batch)},
+         {<<"[cpu] hand-over alone: 5-tuple to a suspended process">>,
+          {suspended, fun(To) -> To ! {'$convoy_send', Node, Sink, Msg, Bytes} end}},
+         {<<"[cpu] local ! to a suspended process">>,
+          {suspended, fun(To) -> To ! Msg end}},
          {<<"[cpu] plain erlang:send/2 to the remote process">>,
           {cpu, fun() -> Sink ! Msg end}}],
     Rows = [#{step => Name, shape => Shape, ns => loop_ns(Fun, P)} || {Name, Fun} <- Steps],
@@ -235,11 +241,39 @@ shape_rows(Shape, Sink, P) ->
                shape => Shape,
                ns => loop_ns(fun() -> convoy_wire:entry({Sink, Msg}, node(), Node) end, P)}].
 
+%% convoy:send_many/1 of lists of PerCall messages, the lane suspended as for
+%% `whole_send/3' (a skipped row on a convoy without it).
+many_send(Lane, Sink, Msg, PerCall) ->
+    List = [{Sink, Msg} || _ <- lists:seq(1, PerCall)],
+    case erlang:function_exported(convoy, send_many, 1) of
+        true -> {many, Lane, fun() -> convoy:send_many(List) end, PerCall};
+        false -> {many, Lane, fun() -> ok end, PerCall}
+    end.
+
 %% convoy:send/2 with the lane suspended, so every send takes the batched path;
 %% the lane is resumed and drained between loops.
 whole_send(Lane, Sink, Msg) ->
     {suspend, Lane, fun() -> convoy:send(Sink, Msg) end}.
 
+loop_ns({suspended, Fun}, #{n := N, repeat := R}) ->
+    %% a receiver like the lane (off-heap mailbox), suspended as the lane is
+    median([begin
+                P = spawn_opt(fun() -> receive stop -> ok end end,
+                              [{message_queue_data, off_heap}]),
+                true = erlang:suspend_process(P),
+                Ns = cpu_ns(fun() -> repeat(fun() -> Fun(P) end, N) end) / N,
+                exit(P, kill),
+                Ns
+            end || _ <- lists:seq(1, R)]);
+loop_ns({many, Lane, Fun, PerCall}, #{n := N, repeat := R}) ->
+    Calls = max(1, N div PerCall),
+    median([begin
+                true = erlang:suspend_process(Lane),
+                Ns = cpu_ns(fun() -> repeat(Fun, Calls) end) / (Calls * PerCall),
+                true = erlang:resume_process(Lane),
+                ok = convoy:flush(),
+                Ns
+            end || _ <- lists:seq(1, R)]);
 loop_ns({suspend, Lane, Fun}, #{n := N, repeat := R}) ->
     median([begin
                 true = erlang:suspend_process(Lane),
@@ -287,6 +321,10 @@ ship_ns(Sink, Msg, Max, #{n := N, repeat := R}) ->
             || _ <- lists:seq(1, R)]).
 
 message(atom) -> message;
-message(event) -> {event, 42, <<"user-42">>, #{k => 42}}.
+%% Built at run time, as an application's messages are: a literal term is not
+%% copied by a local send, and would make the hand-over look cheaper than it is.
+message(event) ->
+    Id = erlang:phash2(self(), 1) + 42,
+    {event, Id, <<"user-42">>, #{k => Id}}.
 
 median(L) -> lists:nth((length(L) + 1) div 2, lists:sort(L)).
