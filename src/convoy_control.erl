@@ -79,7 +79,7 @@ set_config(Opts) ->
 init(Config = #{lanes := N}) ->
     process_flag(trap_exit, true),
     S0 = #s{config = Config, secret = make_ref()},
-    {RT, S1} = start_lanes(runtime(Config, N, make_ref()), none, S0),
+    {RT, S1} = start_lanes(runtime(Config, N, erlang:unique_integer([positive])), none, S0),
     persistent_term:put(?RUNTIME_KEY, RT),
     {ok, S1#s{runtime = RT}}.
 

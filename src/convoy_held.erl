@@ -58,6 +58,9 @@
 %% One message, in the word.
 -define(MSG, (1 bsl ?BYTE_BITS)).
 -define(CLOSED_BIT, (1 bsl (?BYTE_BITS + ?MSG_BITS))).
+%% Whether a word has the closed bit: by a shift, as the bit is past the range
+%% of small integers (a comparison with it would be one with a bignum).
+-define(IS_CLOSED(W), (((W) bsr (?BYTE_BITS + ?MSG_BITS)) =/= 0)).
 
 -define(MSGS(W), ((W) bsr ?BYTE_BITS)).
 -define(BYTES(W), ((W) band ?MAX_BYTES)).
@@ -71,7 +74,7 @@ new() -> atomics:new(1, [{signed, true}]).
 hold(H, Bytes, MaxN, MaxB) ->
     hold(H, atomics:get(H, ?SLOT), Bytes, MaxN, MaxB).
 
-hold(_H, W, _Bytes, _MaxN, _MaxB) when W >= ?CLOSED_BIT ->
+hold(_H, W, _Bytes, _MaxN, _MaxB) when ?IS_CLOSED(W) ->
     closed;
 hold(H, W, Bytes, MaxN, MaxB) ->
     case fits(?MSGS(W), ?BYTES(W), Bytes, MaxN, MaxB) of
@@ -94,7 +97,7 @@ hold_many(H, 1, Bytes, MaxN, MaxB) ->
 hold_many(H, K, Bytes, MaxN, MaxB) ->
     hold_many(H, atomics:get(H, ?SLOT), K, Bytes, MaxN, MaxB).
 
-hold_many(_H, W, _K, _Bytes, _MaxN, _MaxB) when W >= ?CLOSED_BIT ->
+hold_many(_H, W, _K, _Bytes, _MaxN, _MaxB) when ?IS_CLOSED(W) ->
     closed;
 hold_many(H, W, K, Bytes, MaxN, MaxB) ->
     Held = ?MSGS(W),
@@ -138,7 +141,7 @@ within(V, Max) -> V =< Max.
 -spec read(held()) -> {integer(), integer()}.
 read(H) ->
     case atomics:get(H, ?SLOT) of
-        W when W >= ?CLOSED_BIT -> {0, 0};
+        W when ?IS_CLOSED(W) -> {0, 0};
         W -> {?MSGS(W), ?BYTES(W)}
     end.
 
@@ -155,7 +158,7 @@ try_close(H) ->
 -ifdef(TEST).
 %% Whether the row was forgotten (senders learn it from `hold/4').
 is_closed(H) ->
-    atomics:get(H, ?SLOT) >= ?CLOSED_BIT.
+    ?IS_CLOSED(atomics:get(H, ?SLOT)).
 
 %% The most messages and bytes one array can hold, whatever the bounds.
 ceiling() -> {?MAX_MSGS, ?MAX_BYTES}.

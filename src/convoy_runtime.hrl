@@ -14,7 +14,9 @@
 
 -record(runtime, {
     lanes :: tuple(),                 % lane pids, index 1..n
-    generation :: reference(),        % this start of convoy (tells stale caches)
+    %% this start of convoy (tells stale caches): an integer, compared on every
+    %% cached lookup of a send at the cost of one word
+    generation :: pos_integer(),
     n :: pos_integer(),
     %% each lane's admission counters (convoy_slots), index 1..n
     slots :: tuple(),
