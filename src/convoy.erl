@@ -21,8 +21,6 @@
 -export_type([dest/0, options/0, send_options/0, info/0, node_info/0, forgotten/0]).
 -export_type([server_ref/0]).
 
--include("convoy_runtime.hrl").
-
 -type dest() :: pid() | atom() | {atom(), node()} | reference().
 %% A process (pid), a locally registered name, a name registered on a node, or an
 %% alias.
@@ -95,8 +93,7 @@
 %% unconnected distribution connection. Raises `badarg' where `!' would.
 -spec send(dest(), term()) -> ok.
 send(Pid, Msg) when is_pid(Pid), node(Pid) =:= node() ->
-    %% Here, not in convoy_route: a local send costs `!' plus this one call (the
-    %% `local' scenario's `local_call' variant measures what one call costs).
+    %% Here, not in convoy_route: a local send costs `!' plus this one call.
     Pid ! Msg,
     ok;
 send(Dest, Msg) ->
@@ -209,23 +206,7 @@ flush(Node) ->
 -spec flush(node() | all, timeout()) -> ok | {error, timeout}.
 flush(Which, Timeout) when is_atom(Which), Timeout =:= infinity;
                            is_atom(Which), is_integer(Timeout), Timeout >= 0 ->
-    case persistent_term:get(?RUNTIME_KEY, undefined) of
-        undefined ->
-            ok;
-        _ when Which =:= node() ->
-            ok;
-        RT = #runtime{stopping = true} ->
-            %% The lane ships everything and goes (convoy_control bounds the wait).
-            convoy_route:await_gone(element(convoy_route:lane_of(RT), RT#runtime.lanes));
-        RT ->
-            case convoy_lane:flush(element(convoy_route:lane_of(RT), RT#runtime.lanes), Which,
-                                   Timeout) of
-                ok -> ok;
-                %% The lane was replaced (lanes changed) or convoy restarted.
-                down -> flush(Which, Timeout);
-                timeout -> {error, timeout}
-            end
-    end;
+    convoy_control:flush(Which, Timeout);
 flush(Which, Timeout) ->
     erlang:error(badarg, [Which, Timeout]).
 
@@ -252,29 +233,21 @@ flush(Which, Timeout) ->
 %% counters are added to `forgotten'.
 -spec info() -> info().
 info() ->
-    case persistent_term:get(?RUNTIME_KEY, undefined) of
-        undefined ->
+    case convoy_control:status() of
+        not_running ->
             #{running => false, settings => #{}, nodes => #{}, lanes => [],
               forgotten => convoy_peers:forgotten(), rejected => #{}, lost => 0,
               channels => convoy_channel:stats()};
-        RT ->
+        #{settings := Settings, lanes := Lanes} ->
             #{running => true,
-              settings => RT#runtime.config,
+              settings => Settings,
               nodes => maps:from_list([{N, convoy_metrics:node_report(Route, C, H)}
                                        || {N, {Route, C, H}} <- convoy_peers:all()]),
-              lanes => [#{index => I, pid => P, queue => queue_len(P)}
-                        || {I, P} <- lists:zip(lists:seq(1, RT#runtime.n),
-                                               tuple_to_list(RT#runtime.lanes))],
+              lanes => Lanes,
               forgotten => convoy_peers:forgotten(),
               rejected => convoy_metrics:rejected(),
               lost => convoy_metrics:lost(),
               channels => convoy_channel:stats()}
-    end.
-
-queue_len(Pid) ->
-    case erlang:process_info(Pid, message_queue_len) of
-        {message_queue_len, N} -> N;
-        undefined -> 0
     end.
 
 %% @doc Change settings at run time; keys as in `options()'. Nothing is lost or

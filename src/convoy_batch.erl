@@ -1,7 +1,7 @@
 %% @private
-%% The pure core of an outbound lane: one FIFO queue per destination node, and the
-%% decision of which queues to ship now. The lane process (`convoy_lane') carries
-%% the decisions out; this module never sends anything.
+%% The queues of an outbound lane, pure: one FIFO queue per destination node, and
+%% which of them may ship now. Part of the lane's core (`convoy_lane_core', which
+%% the lane process carries out): this module never sends anything.
 %%
 %% A queue holds entries in the order the lane received them:
 %% <ul>
@@ -27,6 +27,8 @@
 
 -export_type([core/0, status/0, reason/0]).
 
+-include("convoy_tags.hrl").
+
 %% Large messages in one chunk at most: enough to spread a chunk's cost (the
 %% lane's round, a courier when the connection is busy) over messages that each
 %% take tens of microseconds on the wire, few enough that a courier holding a
@@ -34,13 +36,9 @@
 -define(LARGE_RUN, 16).
 %% Large messages of a run of at most SHARE_BYTES each share one distribution
 %% message while their encoded sizes add up to at most RUN_BYTES: a stream of
-%% 64 KiB messages then costs one send per 7 of them rather than one each
-%% (one-way 64 KiB: 0.89x plain before, 1.08x after, medians of five alternated
-%% `--scenario sizes' runs; see CHANGELOG). Larger groups lost: 1.125 MiB ones
-%% measured 0.60x-0.75x in that scenario, after its 1 MiB point (likely cause:
-%% buffers past the allocators' 512 KiB single-block threshold are mapped one by
-%% one), and 16 MiB ones of 1 MiB messages 0.15x. Larger messages gain nothing:
-%% 256 KiB ones in groups of 4 were slower than alone.
+%% 64 KiB messages then costs one send per 7 of them rather than one each. Groups
+%% stay under the allocators' 512 KiB single-block threshold, and larger messages
+%% go alone (doc/decisions.md, "Large messages share distribution messages").
 -define(RUN_BYTES, 491520).
 -define(SHARE_BYTES, 131072).
 
@@ -134,9 +132,9 @@ split_large(N, Q, Acc, Kind) ->
     case queue:out(Q) of
         {empty, Q} ->
             {lists:reverse(Acc), Q};
-        {{value, {'$convoy_large', _, _} = E}, Q1} when Kind =/= small ->
+        {{value, {?TAG_LARGE, _, _} = E}, Q1} when Kind =/= small ->
             split_large(min(N, ?LARGE_RUN) - 1, Q1, [E | Acc], large);
-        {{value, {'$convoy_large', _, _}}, _Q1} ->
+        {{value, {?TAG_LARGE, _, _}}, _Q1} ->
             {lists:reverse(Acc), Q};
         {{value, E}, Q1} ->
             case is_message(E) of
@@ -164,7 +162,7 @@ run_groups([], _Limits, _Bytes, [], Groups) ->
     lists:reverse(Groups);
 run_groups([], _Limits, _Bytes, Group, Groups) ->
     lists:reverse(Groups, [lists:reverse(Group)]);
-run_groups([{'$convoy_large', _, Msg} = E | Rest], Limits = {GroupBytes, ShareBytes}, Bytes,
+run_groups([{?TAG_LARGE, _, Msg} = E | Rest], Limits = {GroupBytes, ShareBytes}, Bytes,
            Group, Groups) ->
     B = convoy_size:bytes(Msg),
     if
@@ -185,7 +183,7 @@ close(Group, Groups) -> [lists:reverse(Group) | Groups].
 
 count_large(Entries) -> count_large(Entries, 0).
 
-count_large([{'$convoy_large', _, _} | Rest], N) -> count_large(Rest, N + 1);
+count_large([{?TAG_LARGE, _, _} | Rest], N) -> count_large(Rest, N + 1);
 count_large([_ | Rest], N) -> count_large(Rest, N);
 count_large([], N) -> N.
 
@@ -296,7 +294,7 @@ buffered(Node, Core) ->
 nodes(Core) -> maps:keys(Core).
 
 -spec is_message(term()) -> boolean().
-is_message({'$convoy_mark', _, _}) -> false;
+is_message({?TAG_MARK, _, _}) -> false;
 is_message(_) -> true.
 
 -spec count_messages([term()]) -> non_neg_integer().
@@ -321,11 +319,11 @@ order_and_limit_test() ->
     ?assertEqual(0, buffered(C2)).
 
 control_entries_ride_along_test() ->
-    C0 = push(n, {p, 1}, 0, push(n, {'$convoy_mark', self(), t}, 0, new())),
+    C0 = push(n, {p, 1}, 0, push(n, {?TAG_MARK, self(), t}, 0, new())),
     ?assertEqual(1, buffered(C0)),
     ?assertEqual([{n, drained}], due(0, 10, 0, C0)),
     {Chunk, _} = take(n, 1, C0),
-    ?assertEqual([{'$convoy_mark', self(), t}, {p, 1}], Chunk).
+    ?assertEqual([{?TAG_MARK, self(), t}, {p, 1}], Chunk).
 
 busy_queue_not_due_test() ->
     C0 = set_status(n, busy, push(n, {p, 1}, 0, new())),
@@ -339,9 +337,9 @@ max_delay_test() ->
     ?assertEqual([{n, max_batch}], due(1500, 1, 1000, C0)).
 
 large_ships_alone_test() ->
-    L = {'$convoy_large', p, big},
+    L = {?TAG_LARGE, p, big},
     C0 = lists:foldl(fun(E, C) -> push(n, E, 0, C) end, new(),
-                     [{p, 1}, {p, 2}, L, {p, 3}, L, {'$convoy_mark', 1, n}, L, {p, 4}]),
+                     [{p, 1}, {p, 2}, L, {p, 3}, L, {?TAG_MARK, 1, n}, L, {p, 4}]),
     {A, C1} = take(n, 10, C0),
     ?assertEqual([{p, 1}, {p, 2}], A),
     {B, C2} = take(n, 10, C1),
@@ -350,7 +348,7 @@ large_ships_alone_test() ->
     ?assertEqual([{p, 3}], D),
     %% Large messages in a row (a mark between them) leave together.
     {E, C4} = take(n, 10, C3),
-    ?assertEqual([L, {'$convoy_mark', 1, n}, L], E),
+    ?assertEqual([L, {?TAG_MARK, 1, n}, L], E),
     ?assertEqual(1, buffered(n, C4)),
     {F, C5} = take(n, 10, requeue(n, E, C4)),
     ?assertEqual(E, F),
@@ -359,7 +357,7 @@ large_ships_alone_test() ->
     ?assertEqual([{p, 4}], G).
 
 large_runs_are_bounded_test() ->
-    L = {'$convoy_large', p, big},
+    L = {?TAG_LARGE, p, big},
     C0 = lists:foldl(fun(E, C) -> push(n, E, 0, C) end, new(), lists:duplicate(40, L)),
     {A, C1} = take(n, 1000, C0),
     ?assertEqual(?LARGE_RUN, length(A)),
@@ -368,8 +366,8 @@ large_runs_are_bounded_test() ->
     ?assertEqual(40 - ?LARGE_RUN - 5, buffered(n, C2)).
 
 run_groups_test() ->
-    L = fun(N) -> {'$convoy_large', p, binary:copy(<<0>>, N)} end,
-    Mark = {'$convoy_mark', 1, n},
+    L = fun(N) -> {?TAG_LARGE, p, binary:copy(<<0>>, N)} end,
+    Mark = {?TAG_MARK, 1, n},
     Size = convoy_size:bytes(binary:copy(<<0>>, 100)),
     Two = {2 * Size, 1000},
     ?assertEqual([], run_groups([], Two)),
@@ -396,7 +394,7 @@ requeue_after_mark_keeps_age_test() ->
     T0 = -576460752303423488,
     C0 = push(n, {p, 1}, T0, new()),
     {Chunk, C1} = take(n, 10, C0),
-    C2 = push(n, {'$convoy_mark', 1, n}, T0 + 5, C1),
+    C2 = push(n, {?TAG_MARK, 1, n}, T0 + 5, C1),
     C3 = requeue(n, Chunk, C2),
     ?assertEqual([{n, max_delay}], due(T0 + 1000, 10, 1000, C3)),
     ?assertEqual(0, next_timeout(T0 + 1000, 1000, C3)).

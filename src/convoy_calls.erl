@@ -13,10 +13,11 @@
 %% buffer drains (a stalled node: until it is declared down), which would hold
 %% back the `DOWN' of servers on every other node. Each watched server has a
 %% watcher instead, a small process linked to this one (which traps exits) that
-%% takes the monitor, reports `{?WATCHING, Watcher}' once it has it, and exits
-%% `{?WATCH_DOWN, Reason}' with the server's `DOWN'. The monitor is dropped by
-%% killing the watcher, a local signal: the runtime removes a dead process's
-%% monitors without suspending anyone. A watcher ends with this process.
+%% takes the monitor, reports `{?TAG_CALLS_WATCHING, Watcher}' once it has it,
+%% and exits `{?TAG_CALLS_WATCH_DOWN, Reason}' with the server's `DOWN'. The
+%% monitor is dropped by killing the watcher, a local signal: the runtime
+%% removes a dead process's monitors without suspending anyone. A watcher ends
+%% with this process.
 %%
 %% Tables (this process owns both; they go with it):
 %% <ul>
@@ -68,7 +69,7 @@
 -module(convoy_calls).
 -behaviour(gen_server).
 
--include("convoy_runtime.hrl").
+-include("convoy_tags.hrl").
 
 -export([start_link/0, watch/2, unwatch/2]).
 -export([init/1, handle_call/3, handle_cast/2, handle_info/2]).
@@ -77,10 +78,6 @@
 -define(WATCHED, convoy_call_watched).
 -define(WAITERS, convoy_call_waiters).
 -define(SWEEP_MS, 5000).
-%% A watcher's report that it holds its server's monitor, and the tag of the
-%% exit reason that carries the server's `DOWN' reason.
--define(WATCHING, '$convoy_calls_watching').
--define(WATCH_DOWN, '$convoy_calls_watch_down').
 
 -record(s, {%% each watched server's watcher
             watchers = #{} :: #{pid() => pid()},
@@ -181,7 +178,7 @@ handle_cast(_Other, S) ->
 
 %% @private
 -spec handle_info(term(), #s{}) -> {noreply, #s{}}.
-handle_info({?WATCHING, Watcher}, S = #s{servers = Ss}) when is_map_key(Watcher, Ss) ->
+handle_info({?TAG_CALLS_WATCHING, Watcher}, S = #s{servers = Ss}) when is_map_key(Watcher, Ss) ->
     ok = watching(maps:get(Watcher, Ss)),
     {noreply, S};
 handle_info({'EXIT', Watcher, Reason}, S = #s{servers = Ss}) when is_map_key(Watcher, Ss) ->
@@ -199,9 +196,9 @@ handle_info(_Other, S) ->
 -spec watcher(pid(), pid()) -> no_return().
 watcher(Process, Owner) ->
     Mon = erlang:monitor(process, Process),
-    Owner ! {?WATCHING, self()},
+    Owner ! {?TAG_CALLS_WATCHING, self()},
     receive
-        {'DOWN', Mon, process, _, Reason} -> exit({?WATCH_DOWN, Reason})
+        {'DOWN', Mon, process, _, Reason} -> exit({?TAG_CALLS_WATCH_DOWN, Reason})
     end.
 
 sweep_timer() ->
@@ -219,9 +216,9 @@ watching(Process) ->
 %% anyone else is replaced, and its server stays watched.
 watcher_exit(ended, Watcher, _Reason, S = #s{servers = Ss}) ->
     S#s{servers = maps:remove(Watcher, Ss)};
-watcher_exit(Process, Watcher, {?WATCH_DOWN, Reason}, S) ->
+watcher_exit(Process, Watcher, {?TAG_CALLS_WATCH_DOWN, Reason}, S) ->
     true = ets:delete(?WATCHED, Process),
-    _ = [Alias ! {'$convoy_call_down', Alias, Reason} || Alias <- waiters(Process)],
+    _ = [Alias ! {?TAG_CALL_DOWN, Alias, Reason} || Alias <- waiters(Process)],
     forget(Process, Watcher, S);
 watcher_exit(Process, Watcher, _Killed, S) ->
     start_watcher(Process, forget(Process, Watcher, S)).

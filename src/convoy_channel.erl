@@ -3,10 +3,10 @@
 %% acknowledged as processed.
 %%
 %% A fast producer flooding a slow consumer builds a mailbox that grows without
-%% bound and makes the consumer slower still (seed 004). A channel gives the
-%% producer `window' credits; each `send/2' spends one, and when none is left
-%% `send/2' waits until the consumer gives some back, or until the consumer dies,
-%% its node goes away, or the channel's `timeout' passes. The consumer calls
+%% bound and makes the consumer slower still. A channel gives the producer
+%% `window' credits; each `send/2' spends one, and when none is left `send/2'
+%% waits until the consumer gives some back, or until the consumer dies, its
+%% node goes away, or the channel's `timeout' passes. The consumer calls
 %% `ack/1' after it has processed a message; every `ack_every' acks one credit
 %% message returns `ack_every' credits (as RabbitMQ's `credit_flow' does), so the
 %% return traffic is one message per `ack_every' messages, not one per message.
@@ -75,22 +75,23 @@
 %%   cannot tell when a channel is gone, so counts left over are swept (see
 %%   <em>Partial ack counts</em> below): a consumer fed by short-lived channels
 %%   keeps at most 2048, however many come and go.</li>
-%% <li>Waiting is measured: per channel in `info/1', node-wide in `stats/0', and by
+%% <li>Waiting is counted: per channel in `info/1', node-wide in `stats/0', and by
 %%   the telemetry event `[convoy, channel, waited]' (once per wait, never per
-%%   message) when the `telemetry' module is loaded: measurements `#{duration}'
+%%   message), under the rule of convoy's other events: when the `telemetry'
+%%   module is loaded and the `telemetry' setting is true (the setting in force,
+%%   or its default, true, while convoy is not running): measurements `#{duration}'
 %%   (native time units), metadata `#{consumer, result}' with `result' one of
 %%   `credit', `timeout', `{consumer_down, Reason}'.</li>
 %% </ul>
 %%
 %% <h3>Partial ack counts</h3>
 %% A channel closed, or whose producer died, with fewer than `ack_every' of its
-%% messages acked since its last credit leaves a count that no ack will complete;
-%% a consumer fed by short-lived channels used to keep one per channel (20,200
-%% channels: 20,002 counts, 9 MB of heap). Nothing tells the consumer that a
-%% channel is gone: a close message or a monitor of the producer would put
-%% messages it never asked for in its mailbox (a gen_server would get them in
-%% `handle_info/2'), a producer that dies sends nothing, and the token names an
-%% alias, not a pid. So the counts are swept, as a clock (second chance) page
+%% messages acked since its last credit leaves a count that no ack will complete:
+%% kept, a consumer fed by short-lived channels would hold one per channel.
+%% Nothing tells the consumer that a channel is gone: a close message or a
+%% monitor of the producer would put messages it never asked for in its mailbox
+%% (a gen_server would get them in `handle_info/2'), a producer that dies sends
+%% nothing, and the token names an alias, not a pid. So the counts are swept, as a clock (second chance) page
 %% replacement does:
 %% <ul>
 %% <li>`'$convoy_ack_room'' in the consumer's dictionary holds how many more
@@ -123,6 +124,8 @@
 -export_type([channel/0, token/0, open_opts/0, consumer/0, channel_info/0, open_error/0,
               send_error/0]).
 
+-include("convoy_tags.hrl").
+
 -record(convoy_channel, {ref :: reference(),                 % the producer's alias
                          mon :: reference(),
                          consumer :: pid() | {atom(), node()},
@@ -151,9 +154,10 @@
                        timeout => timeout()}.
 %% `window': most messages sent but not yet acknowledged (default 1000);
 %% `ack_every': acks per credit message, at most `window' (default
-%% `max(1, window div 2)'); `timeout': milliseconds `send/2' may wait for credit
-%% (default `infinity').
--type open_error() :: {bad_option, term()} | {bad_value, atom(), term()} | noproc.
+%% `max(1, window div 2)'); `timeout': milliseconds `send/2' may wait for credit,
+%% at most 4294967295 (default `infinity'). Checked by `convoy_config', as the
+%% settings are.
+-type open_error() :: convoy_config:error() | noproc.
 -type send_error() :: timeout | {consumer_down, term()} | closed.
 -type channel_info() :: #{credit := non_neg_integer(),
                           in_flight := non_neg_integer(),
@@ -167,7 +171,6 @@
 -define(ACK_ROOM_KEY, '$convoy_ack_room').
 -define(ACK_ROOM, 1024).                        % new partial counts between sweeps
 -define(STATS_KEY, {?MODULE, stats}).
--define(DEFAULT_WINDOW, 1000).
 
 %%--------------------------------------------------------------------
 %% Producer
@@ -183,14 +186,14 @@
 %% pid, an atom or `{Name, Node}', or `Opts' is not a map.
 -spec open(consumer(), open_opts()) -> {ok, channel()} | {error, open_error()}.
 open(Consumer, Opts) when is_map(Opts) ->
-    case {dest(Consumer), validate(Opts)} of
+    case {dest(Consumer), convoy_config:channel_options(Opts)} of
         {error, _} ->
             erlang:error(badarg, [Consumer, Opts]);
         {_, {error, _} = E} ->
             E;
         {noproc, _} ->
             {error, noproc};
-        {Dest, {ok, W, A, T}} ->
+        {Dest, {ok, #{window := W, ack_every := A, timeout := T}}} ->
             %% Credits go to an alias, not to the pid: once the channel is closed
             %% or down the alias is inactive and late credits are dropped.
             Ref = alias([explicit_unalias]),
@@ -216,25 +219,6 @@ dest(Name) when is_atom(Name) ->
 dest({Name, Node}) when is_atom(Name), Node =:= node() -> dest(Name);
 dest({Name, Node}) when is_atom(Name), is_atom(Node) -> {Name, Node};
 dest(_) -> error.
-
-%% One validator for every option; defaults that depend on others come after.
-validate(Opts) ->
-    try
-        maps:foreach(fun check/2, Opts),
-        W = maps:get(window, Opts, ?DEFAULT_WINDOW),
-        A = maps:get(ack_every, Opts, max(1, W div 2)),
-        A =< W orelse throw({bad_value, ack_every, A}),
-        {ok, W, A, maps:get(timeout, Opts, infinity)}
-    catch
-        throw:Reason -> {error, Reason}
-    end.
-
-check(window, V) when is_integer(V), V > 0 -> ok;
-check(ack_every, V) when is_integer(V), V > 0 -> ok;
-check(timeout, infinity) -> ok;
-check(timeout, V) when is_integer(V), V >= 0 -> ok;
-check(K, V) when K =:= window; K =:= ack_every; K =:= timeout -> throw({bad_value, K, V});
-check(K, _) -> throw({bad_option, K}).
 
 %% @doc Send `Msg' to the channel's consumer as `{convoy_channel, Token, Msg}'.
 %%
@@ -287,7 +271,7 @@ refill(Ch = #convoy_channel{ref = Ref, mon = Mon, window = W}, S0) ->
 %% credits come before its DOWN, so all of them are counted first.
 collect(Ref, Mon, S) ->
     receive
-        {'$convoy_credit', Ref, N} -> collect(Ref, Mon, credit(S, N));
+        {?TAG_CREDIT, Ref, N} -> collect(Ref, Mon, credit(S, N));
         {'DOWN', Mon, process, _, Reason} -> down(Ref, Reason, S)
     after 0 ->
             S
@@ -317,7 +301,7 @@ wait(#convoy_channel{ref = Ref, mon = Mon, consumer = C, timeout = Timeout, wind
 
 wait_loop(Ref, Mon, W, Deadline, Timeout, S) ->
     receive
-        {'$convoy_credit', Ref, N} ->
+        {?TAG_CREDIT, Ref, N} ->
             S1 = #chs{sent = Sent, credited = Cr} = credit(S, N),
             case Sent - Cr < W of
                 true -> {credit, S1};
@@ -346,15 +330,8 @@ record_wait(Consumer, Dur, Result) ->
     Stats = stats_ref(),
     counters:add(Stats, 1, 1),
     counters:add(Stats, 2, Dur),
-    case erlang:function_exported(telemetry, execute, 3) of
-        true ->
-            Mod = telemetry,
-            _ = Mod:execute([convoy, channel, waited], #{duration => Dur},
-                            #{consumer => Consumer, result => Result}),
-            ok;
-        false ->
-            ok
-    end.
+    convoy_metrics:event([convoy, channel, waited], #{duration => Dur},
+                         #{consumer => Consumer, result => Result}).
 
 %% @doc Close the channel: demonitor the consumer, drop the producer's state and
 %% any credit waiting in the mailbox. Credits the consumer returns later are
@@ -371,7 +348,7 @@ close(Ch) ->
 
 flush_credits(Ref) ->
     receive
-        {'$convoy_credit', Ref, _} -> flush_credits(Ref)
+        {?TAG_CREDIT, Ref, _} -> flush_credits(Ref)
     after 0 ->
             ok
     end.
@@ -499,7 +476,7 @@ ack(Token) ->
     erlang:error(badarg, [Token]).
 
 return_credit(Ref, N) ->
-    convoy_route:send(Ref, {'$convoy_credit', Ref, N}).
+    convoy_route:send(Ref, {?TAG_CREDIT, Ref, N}).
 
 %% A new partial count takes a unit of room; the last unit pays for a sweep.
 count_started() ->

@@ -19,8 +19,8 @@
 %% more). Both are built-in functions that yield, so they do not hold a scheduler.
 %%
 %% A binary carried in tuples (kind `path', protocol version 3): most large
-%% messages are a small envelope around one large binary (the seed's
-%% `{Pid, Binary}', a cast's `{'$gen_cast', {put, Key, Binary}}'). When the
+%% messages are a small envelope around one large binary (`{Pid, Binary}', a
+%% cast's `{'$gen_cast', {put, Key, Binary}}'). When the
 %% largest binary of a message sits at most `?PATH_DEPTH' tuples deep, in tuples
 %% of at most `?PATH_WIDTH' elements, and has at least `?PATH_BYTES' bytes, the
 %% bytes cut are the rest of the message encoded (its skeleton, with `<<>>' in the
@@ -58,14 +58,16 @@
 
 -export_type([rx/0, kind/0, start/0, result/0]).
 
+-include("convoy_limits.hrl").
+
 %% Completed messages remembered against replays.
 -define(DONE_KEEP, 4096).
 
 %% Where a message's large binary is looked for (kind `path'): tuples at most
-%% this deep, of at most this many elements (so the search visits at most 16^3
-%% elements), and a binary at least this large (under it, decoding's copy is
-%% cheap and the message is encoded whole).
--define(PATH_DEPTH, 3).
+%% `?PATH_DEPTH' deep (convoy_limits.hrl: the depth a receiver accepts), of at
+%% most this many elements (so the search visits at most 16^3 elements), and a
+%% binary at least this large (under it, decoding's copy is cheap and the
+%% message is encoded whole).
 -define(PATH_WIDTH, 16).
 -define(PATH_BYTES, 65536).
 

@@ -9,15 +9,18 @@
 %% fails until all of them agree).
 %%
 %% Every entry point (application environment at start-up, `convoy:child_spec/1',
-%% `convoy:start_link/1', `convoy:set_config/1', and `convoy:send/3' for its
-%% per-call options) goes through this module, so a bad key or value is reported
-%% the same way wherever it comes from.
+%% `convoy:start_link/1', `convoy:set_config/1', `convoy:send/3' for its per-call
+%% options, and `convoy_channel:open/2' for a channel's options) goes through
+%% this module, so a bad key or value is reported the same way wherever it comes
+%% from.
 -module(convoy_config).
 
 -export([settings/0, defaults/0, keys/0, validate/1, merge/2, from_env/1,
-         send_options/1]).
+         send_options/1, channel_options/1]).
 
--export_type([config/0, error/0, overload/0, accepts/0]).
+-export_type([config/0, error/0, overload/0, accepts/0, channel_config/0]).
+
+-include("convoy_limits.hrl").
 
 -type config() :: #{lanes := pos_integer(),
                     max_batch := pos_integer(),
@@ -40,6 +43,10 @@
 -type accepts() :: [atom() | {integer, Min :: integer(), Max :: integer() | unbounded}].
 %% A value is accepted when it is one of the atoms, or an integer within one of
 %% the (inclusive) ranges.
+-type channel_config() :: #{window := pos_integer(),
+                            ack_every := pos_integer(),
+                            timeout := timeout()}.
+%% A channel's options, every one set (`channel_options/1').
 
 %% The settings `convoy:send/3' takes for one call.
 -define(SEND_OPTIONS, [overload, block_timeout]).
@@ -49,7 +56,8 @@
 %% `lanes' defaults to 1: on the 2-core machine this project is measured on, a
 %% second lane splits a single sender's traffic nowhere (lanes are chosen per
 %% sender) and adds a process competing for the same two schedulers; see
-%% doc/decisions.md. Its upper bound keeps the lane and inbox tables small.
+%% doc/decisions.md. Its upper bound is the most inboxes a peer accepts
+%% (`convoy_wire'), which keeps the lane and inbox tables small.
 %%
 %% `chunk_bytes' defaults to 63 KiB so that a piece with its headers (at most
 %% about 700 bytes, with node and name atoms of 255 characters sent uncached)
@@ -62,13 +70,13 @@
 %% those beside plain sends (doc/decisions.md).
 -spec settings() -> [{atom(), term(), accepts()}].
 settings() ->
-    [{lanes, 1, [{integer, 1, 1024}]},
+    [{lanes, 1, [{integer, 1, ?MAX_LANES}]},
      {max_batch, 1000, [{integer, 1, 1000000}]},
      {max_delay, 0, [{integer, 0, 10000000}]},
      {large_threshold, 65536, [infinity, {integer, 0, unbounded}]},
      {chunk_threshold, 4 * 1024 * 1024, [infinity, {integer, 0, unbounded}]},
      {chunk_bytes, 63 * 1024, [{integer, 1024, 64 * 1024 * 1024}]},
-     {chunk_window, 16, [{integer, 1, 1024}]},
+     {chunk_window, 16, [{integer, 1, ?MAX_CHUNK_WINDOW}]},
      {chunk_guard, 1000, [always, {integer, 0, 3600000}]},
      {max_reassembly_bytes, 256 * 1024 * 1024, [infinity, {integer, 1, unbounded}]},
      {barrier_timeout, 100, [{integer, 0, 60000}]},
@@ -76,7 +84,7 @@ settings() ->
      {max_buffered, 1000000, [infinity, {integer, 1, unbounded}]},
      {max_buffered_bytes, 64 * 1024 * 1024, [infinity, {integer, 1, unbounded}]},
      {overload, block, [block, drop, error]},
-     {block_timeout, 5000, [{integer, 0, 3600000}]},
+     {block_timeout, 5000, [{integer, 0, ?MAX_BLOCK_MS}]},
      {telemetry, true, [true, false]}].
 
 %% @doc The settings used where nothing else is given.
@@ -95,7 +103,7 @@ validate(Opts) -> merge(defaults(), Opts).
 %% @doc Apply the changes in `Opts' on top of an already valid `Base'.
 -spec merge(config(), map() | term()) -> {ok, config()} | {error, error()}.
 merge(Base, Opts) when is_map(Opts) ->
-    case check(Opts, keys()) of
+    case check(Opts, settings()) of
         ok -> {ok, maps:merge(Base, Opts)};
         {error, _} = E -> E
     end;
@@ -114,29 +122,61 @@ from_env(Env) ->
 send_options(Opts) when map_size(Opts) =:= 0 ->
     {ok, Opts};
 send_options(Opts) when is_map(Opts) ->
-    case check(Opts, ?SEND_OPTIONS) of
+    case check(Opts, settings(), ?SEND_OPTIONS) of
         ok -> {ok, Opts};
         {error, _} = E -> E
     end;
 send_options(Opts) ->
     {error, {bad_option, Opts}}.
 
-%% The first key of `Opts' not in `Allowed', or the first bad value.
-check(Opts, Allowed) ->
-    check_each(maps:to_list(Opts), Allowed).
+%% A channel's options (`convoy_channel:open/2'), as `settings/0' lists the
+%% settings: key, default, accepted values. `ack_every''s default, `derived', is
+%% `max(1, window div 2)'; it may not exceed `window' (`channel_options/1').
+channel_settings() ->
+    [{window, 1000, [{integer, 1, unbounded}]},
+     {ack_every, derived, [{integer, 1, unbounded}]},
+     {timeout, infinity, [infinity, {integer, 0, ?MAX_RECEIVE_MS}]}].
 
-check_each([], _Allowed) ->
+%% @doc A channel's options with the defaults filled in, checked as the settings
+%% are, with the same errors: an unknown key is `{bad_option, Key}', a bad value
+%% `{bad_value, Key, Value}', and `ack_every' above `window' is a bad value of
+%% `ack_every'.
+-spec channel_options(map() | term()) -> {ok, channel_config()} | {error, error()}.
+channel_options(Opts) when is_map(Opts) ->
+    case check(Opts, channel_settings()) of
+        ok ->
+            Defaults = maps:from_list([{K, D} || {K, D, _} <- channel_settings(),
+                                                 D =/= derived]),
+            C = #{window := W} = maps:merge(Defaults, Opts),
+            case maps:get(ack_every, C, max(1, W div 2)) of
+                A when A =< W -> {ok, C#{ack_every => A}};
+                A -> {error, {bad_value, ack_every, A}}
+            end;
+        {error, _} = E ->
+            E
+    end;
+channel_options(Opts) ->
+    {error, {bad_option, Opts}}.
+
+%% The first key of `Opts' not among `Rows' (`{Key, Default, Accepts}') or not
+%% `Allowed', or the first bad value.
+check(Opts, Rows) ->
+    check(Opts, Rows, all).
+
+check(Opts, Rows, Allowed) ->
+    check_each(maps:to_list(Opts), Rows, Allowed).
+
+check_each([], _Rows, _Allowed) ->
     ok;
-check_each([{K, V} | Rest], Allowed) ->
-    case lists:member(K, Allowed) of
-        false ->
-            {error, {bad_option, K}};
-        true ->
-            {K, _, Accepts} = lists:keyfind(K, 1, settings()),
+check_each([{K, V} | Rest], Rows, Allowed) ->
+    case (Allowed =:= all orelse lists:member(K, Allowed)) andalso lists:keyfind(K, 1, Rows) of
+        {K, _, Accepts} ->
             case lists:any(fun(A) -> accepts(A, V) end, Accepts) of
-                true -> check_each(Rest, Allowed);
+                true -> check_each(Rest, Rows, Allowed);
                 false -> {error, {bad_value, K, V}}
-            end
+            end;
+        false ->
+            {error, {bad_option, K}}
     end.
 
 accepts({integer, Min, unbounded}, V) -> is_integer(V) andalso V >= Min;
@@ -203,6 +243,22 @@ send_options_test() ->
     ?assertEqual({error, {bad_option, [overload]}}, send_options([overload])),
     ?assertEqual({error, {bad_value, overload, later}}, send_options(#{overload => later})),
     ?assertEqual({error, {bad_value, block_timeout, -1}}, send_options(#{block_timeout => -1})).
+
+channel_options_test() ->
+    ?assertEqual({ok, #{window => 1000, ack_every => 500, timeout => infinity}},
+                 channel_options(#{})),
+    ?assertEqual({ok, #{window => 1, ack_every => 1, timeout => 0}},
+                 channel_options(#{window => 1, timeout => 0})),
+    ?assertEqual({ok, #{window => 7, ack_every => 7, timeout => ?MAX_RECEIVE_MS}},
+                 channel_options(#{window => 7, ack_every => 7, timeout => ?MAX_RECEIVE_MS})),
+    ?assertEqual({error, {bad_option, lanes}}, channel_options(#{lanes => 1})),
+    ?assertEqual({error, {bad_option, [window]}}, channel_options([window])),
+    ?assertEqual({error, {bad_value, window, 0}}, channel_options(#{window => 0})),
+    ?assertEqual({error, {bad_value, ack_every, 3}},
+                 channel_options(#{window => 2, ack_every => 3})),
+    ?assertEqual({error, {bad_value, ack_every, 1001}}, channel_options(#{ack_every => 1001})),
+    ?assertEqual({error, {bad_value, timeout, ?MAX_RECEIVE_MS + 1}},
+                 channel_options(#{timeout => ?MAX_RECEIVE_MS + 1})).
 
 %% The per-call options take exactly the settings' bounds.
 send_options_bounds_as_settings_test() ->

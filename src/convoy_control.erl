@@ -38,10 +38,11 @@
 -module(convoy_control).
 -behaviour(gen_server).
 
--export([start_link/1, set_config/1]).
+-export([start_link/1, set_config/1, flush/2, status/0]).
 -export([init/1, handle_call/3, handle_cast/2, handle_info/2, terminate/2]).
 
 -include("convoy_runtime.hrl").
+-include("convoy_tags.hrl").
 -include_lib("kernel/include/logger.hrl").
 
 %% The longest a stop waits for the lanes to drain; the child spec's shutdown in
@@ -72,6 +73,51 @@ set_config(Opts) ->
         gen_server:call(?MODULE, {set_config, Opts}, infinity)
     catch
         exit:_ -> {error, not_started} % not running, or stopping meanwhile
+    end.
+
+%% @doc `convoy:flush/2', in the caller: wait until the caller's lane has shipped
+%% or counted as dropped everything the caller handed it for `Which' (a node, or
+%% `all'). With convoy stopping, wait for the lane to finish instead (bounded by
+%% the stop); with convoy not running, or for this node, nothing waits.
+-spec flush(node() | all, timeout()) -> ok | {error, timeout}.
+flush(Which, Timeout) ->
+    case persistent_term:get(?RUNTIME_KEY, undefined) of
+        undefined ->
+            ok;
+        _ when Which =:= node() ->
+            ok;
+        RT = #runtime{stopping = true} ->
+            %% The lane ships everything and goes (terminate/2 bounds the wait).
+            convoy_route:await_gone(element(convoy_route:lane_of(RT), RT#runtime.lanes));
+        RT ->
+            case convoy_lane:flush(element(convoy_route:lane_of(RT), RT#runtime.lanes), Which,
+                                   Timeout) of
+                ok -> ok;
+                %% The lane was replaced (lanes changed) or convoy restarted.
+                down -> flush(Which, Timeout);
+                timeout -> {error, timeout}
+            end
+    end.
+
+%% @doc The settings in force and the lanes (`convoy:info/0'), or `not_running'.
+-spec status() -> not_running
+                | #{settings := convoy_config:config(),
+                    lanes := [#{index := pos_integer(), pid := pid(),
+                                queue := non_neg_integer()}]}.
+status() ->
+    case persistent_term:get(?RUNTIME_KEY, undefined) of
+        undefined ->
+            not_running;
+        #runtime{config = Config, n = N, lanes = Lanes} ->
+            #{settings => Config,
+              lanes => [#{index => I, pid => P, queue => queue_len(P)}
+                        || {I, P} <- lists:zip(lists:seq(1, N), tuple_to_list(Lanes))]}
+    end.
+
+queue_len(Pid) ->
+    case erlang:process_info(Pid, message_queue_len) of
+        {message_queue_len, N} -> N;
+        undefined -> 0
     end.
 
 %% @private
@@ -145,18 +191,18 @@ switch_lanes(New = #{lanes := M}, S = #s{runtime = OldRT}) ->
 retire_all(#runtime{lanes = Lanes, slots = Slots}, #s{secret = Secret}) ->
     [begin
          K = convoy_slots:close(element(I, Slots)),
-         Pid ! {'$convoy_retire', Secret, K},
+         Pid ! {?TAG_RETIRE, Secret, K},
          Pid
      end || {I, Pid} <- lists:zip(lists:seq(1, tuple_size(Lanes)), tuple_to_list(Lanes))].
 
 %% @private
 -spec handle_info(term(), #s{}) -> {noreply, #s{}}.
-handle_info({'$convoy_retiring', Secret, Pid, Nodes}, S = #s{secret = Secret, switch = #switch{}})
+handle_info({?TAG_RETIRING, Secret, Pid, Nodes}, S = #s{secret = Secret, switch = #switch{}})
   when is_list(Nodes) ->
     {noreply, retiring(Pid, Nodes, S)};
-handle_info({'$convoy_node_done', Secret, Pid, Node}, S = #s{secret = Secret, switch = #switch{}}) ->
+handle_info({?TAG_NODE_DONE, Secret, Pid, Node}, S = #s{secret = Secret, switch = #switch{}}) ->
     {noreply, node_done(Pid, Node, S)};
-handle_info({'$convoy_retired', Secret, Pid}, S = #s{secret = Secret, switch = #switch{}}) ->
+handle_info({?TAG_RETIRED, Secret, Pid}, S = #s{secret = Secret, switch = #switch{}}) ->
     {noreply, retired(Pid, S)};
 handle_info({'DOWN', Ref, process, Pid, Reason}, S = #s{monitors = M}) when is_map_key(Ref, M) ->
     S1 = S#s{monitors = maps:remove(Ref, M)},
@@ -192,7 +238,7 @@ retiring(Pid, Nodes, S = #s{switch = Sw}) ->
 maybe_hold(S = #s{switch = Sw = #switch{hold_sent = false}}) ->
     case length(Sw#switch.reported) =:= length(Sw#switch.retiring) of
         true ->
-            to_new_lanes(S, {'$convoy_hold', S#s.secret, maps:keys(Sw#switch.pending)}),
+            to_new_lanes(S, {?TAG_HOLD, S#s.secret, maps:keys(Sw#switch.pending)}),
             S#s{switch = Sw#switch{hold_sent = true}};
         false ->
             S
@@ -212,7 +258,7 @@ node_done(Pid, Node, S = #s{switch = Sw = #switch{pending = P}}) ->
     end.
 
 release(Node, S = #s{switch = #switch{hold_sent = true}}) ->
-    to_new_lanes(S, {'$convoy_release', S#s.secret, Node}),
+    to_new_lanes(S, {?TAG_RELEASE, S#s.secret, Node}),
     S;
 release(_Node, S) ->
     S. % not held yet: the hold message will not name it
@@ -318,13 +364,13 @@ await_lanes([], _S, _Deadline) ->
     ok;
 await_lanes(Lanes, S = #s{secret = Secret, monitors = M}, Deadline) ->
     receive
-        {'$convoy_retired', Secret, Pid} ->
+        {?TAG_RETIRED, Secret, Pid} ->
             await_lanes(lists:delete(Pid, Lanes), S, Deadline);
         {'DOWN', Ref, process, Pid, _} when is_map_key(Ref, M) ->
             await_lanes(lists:delete(Pid, Lanes), S, Deadline);
-        {'$convoy_retiring', Secret, _, _} ->
+        {?TAG_RETIRING, Secret, _, _} ->
             await_lanes(Lanes, S, Deadline);
-        {'$convoy_node_done', Secret, _, _} ->
+        {?TAG_NODE_DONE, Secret, _, _} ->
             await_lanes(Lanes, S, Deadline)
     after max(0, Deadline - erlang:monotonic_time(millisecond)) ->
         ?LOG_WARNING(#{what => convoy_stop_timeout, lanes_still_draining => length(Lanes),

@@ -65,14 +65,11 @@
 -export([watcher/3]).
 
 -include("convoy_runtime.hrl").
+-include("convoy_tags.hrl").
+-include("convoy_limits.hrl").
 
 %% gen_server:call/2's timeout (gen's ?default_timeout).
 -define(DEFAULT_TIMEOUT, 5000).
-%% The largest receive timeout (a larger integer is gen_server's error to give).
--define(MAX_TIMEOUT, 16#FFFFFFFF).
-%% The longest wait for room in one send (convoy_config's block_timeout bound);
-%% a call that may wait longer tries again.
--define(MAX_BLOCK_MS, 3600000).
 
 -dialyzer({no_improper_lists, [do_call/3, await_own/3, late_reply/1]}).
 
@@ -130,7 +127,7 @@ result({exit, Reason}, Args) -> exit({Reason, {gen_server, call, Args}}).
 %% lost node is then `noproc', as in gen's do_for_proc); `gen' when
 %% gen_server:call does it all (see the module header).
 target(Ref, Timeout) when Timeout =:= infinity;
-                          is_integer(Timeout), Timeout >= 0, Timeout =< ?MAX_TIMEOUT ->
+                          is_integer(Timeout), Timeout >= 0, Timeout =< ?MAX_RECEIVE_MS ->
     case persistent_term:get(?RUNTIME_KEY, undefined) of
         undefined -> gen;
         _ -> target(Ref)
@@ -179,7 +176,7 @@ do_call({Process, How}, Request, Timeout) ->
                 receive
                     {[alias | Alias], Reply} ->
                         {{ok, Reply}, Watch0};
-                    {'$convoy_call_down', Alias, Reason} ->
+                    {?TAG_CALL_DOWN, Alias, Reason} ->
                         {{exit, down(Reason, Process)}, Watch0};
                     {{?CALLS_GONE, Alias}, _, process, _, _} ->
                         %% convoy_calls is gone (and with it the shared monitor):
@@ -227,7 +224,7 @@ own_watch(Process, Alias) ->
 %% time is up).
 watching({own, _Watcher}, Alias, Deadline) ->
     receive
-        {'$convoy_call_watching', Alias} -> ok
+        {?TAG_CALL_WATCHING, Alias} -> ok
     after left(Deadline) ->
         ok
     end;
@@ -241,10 +238,10 @@ watching({shared, _Helper}, _Alias, _Deadline) ->
 watcher(Process, Alias, Caller) ->
     CallerMon = erlang:monitor(process, Caller),
     Mon = erlang:monitor(process, Process),
-    Alias ! {'$convoy_call_watching', Alias},
+    Alias ! {?TAG_CALL_WATCHING, Alias},
     receive
         {'DOWN', Mon, process, _, Reason} ->
-            Alias ! {'$convoy_call_down', Alias, Reason},
+            Alias ! {?TAG_CALL_DOWN, Alias, Reason},
             ok;
         {'DOWN', CallerMon, process, _, _} ->
             ok
@@ -263,8 +260,8 @@ unwatch(Pid, Alias, {shared, Helper}) ->
 %% After the alias is deactivated: what a watcher sent it before is taken out.
 flush_watch(Alias) ->
     receive
-        {'$convoy_call_watching', Alias} -> flush_watch(Alias);
-        {'$convoy_call_down', Alias, _} -> flush_watch(Alias)
+        {?TAG_CALL_WATCHING, Alias} -> flush_watch(Alias);
+        {?TAG_CALL_DOWN, Alias, _} -> flush_watch(Alias)
     after 0 ->
         ok
     end.
@@ -291,7 +288,7 @@ request(Process, Msg, Alias, Deadline) ->
 
 gone(Alias, Process) ->
     receive
-        {'$convoy_call_down', Alias, Reason} -> {exit, down(Reason, Process)}
+        {?TAG_CALL_DOWN, Alias, Reason} -> {exit, down(Reason, Process)}
     after 0 -> no
     end.
 
@@ -301,7 +298,7 @@ await_own(Alias, Process, Deadline) ->
     receive
         {[alias | Alias], Reply} ->
             {ok, Reply};
-        {'$convoy_call_down', Alias, Reason} ->
+        {?TAG_CALL_DOWN, Alias, Reason} ->
             {exit, down(Reason, Process)}
     after left(Deadline) ->
         late_reply(Alias)

@@ -7,17 +7,21 @@
 %% (`convoy_peers:refs/1') and forgets it once the node is gone and idle (see
 %% `convoy_peers'). Node-independent rejections (bad input) live in one `atomics'
 %% array so the first of each kind can be logged.
-%% Telemetry events are emitted per batch or per episode, never per message, and only
-%% when the `telemetry' module is loaded: there is no build dependency on it.
+%% Every telemetry event goes through `emit/4' or `event/3', so the `telemetry'
+%% setting holds for all of them. Events are emitted per batch or per episode,
+%% never per message, and only when the `telemetry' module is loaded: there is no
+%% build dependency on it.
 -module(convoy_metrics).
 
 -export([init/0, lost/1, lost/0, new_refs/0, add/3, add_direct/1, close/1,
          unanswered/2, escalate/1, is_unanswered/1, may_wait_for_room/1, answered/1,
-         node_info/1, node_counts/1, node_report/3, held/1, rejected/1, rejected/0, emit/3, emit/4]).
+         node_info/1, node_counts/1, node_report/3, held/1, rejected/1, rejected/0, emit/4,
+         event/3]).
 
 -export_type([counter/0, rejection/0]).
 
 -include_lib("kernel/include/logger.hrl").
+-include("convoy_runtime.hrl").
 
 -define(REJECTED, {convoy, rejected}).
 -define(LOST, {convoy, lost}).
@@ -129,7 +133,7 @@ answered(Ref) ->
 %% was forgotten (`closed': fetch the node's again). The mark is read in the
 %% counters themselves, not in the node's held array (convoy_held's closed bit):
 %% a direct send of a node idle between messages then touches one array
-%% fewer, which saved it 0.2-0.3 us (`bin/convoy-bench cost', one pair).
+%% fewer (doc/decisions.md, "A direct send counts with one array").
 -spec add_direct(counters:counters_ref()) -> ok | closed.
 add_direct(Ref) ->
     case counters:get(Ref, ?CLOSED_IX) of
@@ -207,14 +211,25 @@ rejected() ->
     maps:from_list(lists:zip(?REJECTIONS,
                              [atomics:get(Ref, I) || I <- lists:seq(1, length(?REJECTIONS))])).
 
-%% @doc `emit/3' when the `telemetry' setting (`On') is true.
+%% @doc Emit a telemetry event when the `telemetry' setting (`On', from a runtime
+%% the caller holds) is true and the `telemetry' module is loaded.
 -spec emit(boolean(), [atom()], map(), map()) -> ok.
-emit(true, Event, Measurements, Meta) -> emit(Event, Measurements, Meta);
+emit(true, Event, Measurements, Meta) -> execute(Event, Measurements, Meta);
 emit(false, _Event, _Measurements, _Meta) -> ok.
 
-%% @doc Emit a telemetry event if `telemetry' is loaded.
--spec emit([atom()], map(), map()) -> ok.
-emit(Event, Measurements, Meta) ->
+%% @doc `emit/4' with the `telemetry' setting in force, for a caller that holds
+%% no runtime (`convoy_channel'). While convoy is not running no setting is in
+%% force and the setting's default applies: a channel works without convoy, and
+%% its events with it.
+-spec event([atom()], map(), map()) -> ok.
+event(Event, Measurements, Meta) ->
+    On = case persistent_term:get(?RUNTIME_KEY, undefined) of
+             #runtime{telemetry = T} -> T;
+             undefined -> maps:get(telemetry, convoy_config:defaults())
+         end,
+    emit(On, Event, Measurements, Meta).
+
+execute(Event, Measurements, Meta) ->
     Mod = telemetry,
     case erlang:function_exported(Mod, execute, 3) of
         true -> Mod:execute(Event, Measurements, Meta), ok;

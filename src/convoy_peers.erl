@@ -7,9 +7,9 @@
 %% (see `convoy_metrics'), where `Route' is `{convoy, Version, InboxNames}' for a
 %% peer that answered our hello with a version we share, and `plain' for every other
 %% node (no convoy, an incompatible one, not yet answered, or gone). Nobody else
-%% pattern-matches rows: readers use `route/1', `lookup/1', `convoy_nodes/0' and
-%% `all/0' (straight from ETS, no call), and `refs/1', which creates a missing row
-%% with a call here.
+%% pattern-matches rows: readers use `route/1', `known_route/1', `lookup/1',
+%% `convoy_nodes/0' and `all/0' (straight from ETS, no call), and `refs/1', which
+%% creates a missing row with a call here.
 %%
 %% == The exchange ==
 %% What we learn about node X comes only from X's answer to our own request:
@@ -65,14 +65,13 @@
 -module(convoy_peers).
 -behaviour(gen_server).
 
--export([start_link/1, route/1, lookup/1, convoy_nodes/0, all/0, refs/1, forgotten/0,
-         set_sweep/1, sweep/0]).
+-export([start_link/1, route/1, known_route/1, lookup/1, convoy_nodes/0, all/0, refs/1,
+         forgotten/0, set_sweep/1, sweep/0]).
 -export([init/1, handle_call/3, handle_cast/2, handle_info/2]).
 
 -export_type([route/0, history/0]).
 
 -include_lib("kernel/include/logger.hrl").
--include("convoy_runtime.hrl").
 
 -define(TABLE, convoy_nodes).
 
@@ -130,6 +129,18 @@ route(Node) ->
     case lookup(Node) of
         {Route, _C, _H} -> Route;
         none -> plain
+    end.
+
+%% @doc The current route to `Node', or `unknown' when the table is gone (convoy
+%% is not running, or its tree is being torn down): a caller that knew a route
+%% may keep it (`convoy_lane' while it drains). Read from ETS.
+-spec known_route(node()) -> route() | unknown.
+known_route(Node) ->
+    try ets:lookup(?TABLE, Node) of
+        [{_, Route, _C, _H}] -> Route;
+        [] -> plain
+    catch
+        error:badarg -> unknown
     end.
 
 %% @doc `Node''s row: route, counters and held atomics; `none' if it has no row

@@ -19,6 +19,7 @@
 -export([publish/3]).
 
 -include("convoy_runtime.hrl").
+-include("convoy_tags.hrl").
 
 %% @doc See `convoy:publish/3'.
 -spec publish(atom(), term(), term()) -> ok.
@@ -39,7 +40,7 @@ publish(Scope, Group, Msg) ->
 remote(Node, Scope, Group, Msg) ->
     case reads_publish(convoy_peers:route(Node)) of
         true ->
-            convoy_route:multicast_entry(Node, {'$convoy_publish', Scope, Group}, Msg);
+            convoy_route:multicast_entry(Node, {?TAG_PUBLISH, Scope, Group}, Msg);
         false ->
             Pids = convoy_pg:members_on(Scope, Group, Node),
             lists:foreach(fun({Tos, _}) -> convoy_route:multicast_entry(Node, Tos, Msg) end,

@@ -8,10 +8,6 @@
 %% other fields are set there by name.
 -define(RUNTIME_KEY, '$convoy_runtime').
 
-%% The tag of the `DOWN' a caller of `convoy:call/2,3' gets when convoy_calls goes
-%% mid-call, `{?CALLS_GONE, Alias}' (`convoy_calls:watch/2', `convoy_gen').
--define(CALLS_GONE, '$convoy_calls_gone').
-
 -record(runtime, {
     lanes :: tuple(),                 % lane pids, index 1..n
     %% this start of convoy (tells stale caches): an integer, compared on every

@@ -68,8 +68,8 @@
 %%   are ignored, so a later release can add some before anyone relies on them.
 %%   Required: `versions' (protocol versions the sender accepts), `node' (the
 %%   sender's node), `peers' (its `convoy_peers' pid, a pid of `node') and `inboxes'
-%%   (how many inboxes it runs, 1..`max_inboxes()'). Optional, added in this release:
-%%   `request', a reference. In a `hello' it is a fresh alias of the sender's
+%%   (how many inboxes it runs, 1..`max_inboxes()'). Optional: `request', a
+%%   reference. In a `hello' it is a fresh alias of the sender's
 %%   `convoy_peers' (a reference of `node'): the `welcome' goes to that alias and
 %%   carries it back as its own `request'. Only a `welcome' whose `request' is one
 %%   the receiver is waiting on, from the node it asked, is learnt from; a `hello'
@@ -83,15 +83,12 @@
 %% negotiated version is 2 or more (`supports/2'); version 3 adds a kind of start
 %% piece in the same way.
 %%
-%% The limits on a multicast entry, measured on the 2-core machine convoy is
-%% developed on: a local send copies a large term at about 25 ns a word (a 4 MB
-%% list: 13 ms), the check walks one at about 11 ns a word, and a send of a small
-%% message that wakes a waiting process takes about 700 ns (hence 32 words per
-%% send). An entry at `max_entry_words/0' costs its receiver about 5-15 ms. The
-%% destination limit is what the budget allows with nothing to copy; it also
-%% bounds the check's walk of the list. An entry with a million destinations and
-%% a 100,000-deep term once held an inbox for 19 minutes; it is now rejected after
-%% reading 8193 destinations.
+%% The limits on a multicast entry bound the work one entry costs its receiver
+%% (a few milliseconds at `max_entry_words/0'): a send that wakes a waiting
+%% process costs about as much as copying 32 words. The destination limit is what
+%% the budget allows with nothing to copy; it also bounds the check's walk of the
+%% list, so an entry with a million destinations is rejected after reading 8193
+%% (doc/decisions.md, "A multicast entry's work is bounded").
 -module(convoy_wire).
 
 -export([version/0, versions/0, max_inboxes/0, max_dests/0, max_entry_words/0,
@@ -103,13 +100,16 @@
 
 -export_type([entry_kind/0, entry/0, dest/0, decoded/0, hello_info/0, checked/0]).
 
+-include("convoy_tags.hrl").
+-include("convoy_limits.hrl").
+
 %% The newest version this release speaks, and the one a batch's envelope carries
 %% (unchanged since version 1).
 -define(VSN, 3).
 -define(BATCH_VSN, 1).
--define(MAX_INBOXES, 1024).
+-define(MAX_INBOXES, ?MAX_LANES).
 %% A start piece's acknowledgement interval: at most the largest `chunk_window'.
--define(MAX_ACK_EVERY, 1024).
+-define(MAX_ACK_EVERY, ?MAX_CHUNK_WINDOW).
 -define(MAX_ENTRY_WORDS, (1 bsl 18)).
 %% What one local send costs beyond the words it copies, in word copies (a send
 %% that wakes a waiting process takes about as long as copying 32 words).
@@ -119,12 +119,12 @@
 -type dest() :: pid() | atom() | reference().
 -type entry_kind() :: publish | piece | piece_path | piece_acks.
 %% An entry kind added after version 1 (see `supports/2').
--type entry() :: {dest() | [dest()], term()} | {'$convoy_barrier', pid() | reference(), term()}
-               | {'$convoy_publish', atom(), term(), term()}
-               | {'$convoy_piece', reference(), pos_integer(), binary()}
-               | {'$convoy_piece', reference(), 0, binary(),
+-type entry() :: {dest() | [dest()], term()} | {?TAG_BARRIER, pid() | reference(), term()}
+               | {?TAG_PUBLISH, atom(), term(), term()}
+               | {?TAG_PIECE, reference(), pos_integer(), binary()}
+               | {?TAG_PIECE, reference(), 0, binary(),
                   {pid(), dest(), convoy_chunk:kind(), pos_integer()}}
-               | {'$convoy_piece', reference(), 0, binary(),
+               | {?TAG_PIECE, reference(), 0, binary(),
                   {pid(), dest(), convoy_chunk:kind(), pos_integer(), pos_integer()}}.
 -type hello_info() :: #{versions := [pos_integer()], node := node(), peers := pid(),
                         inboxes := pos_integer(), request => reference()}.
@@ -176,53 +176,53 @@ address(Name, Node) when is_atom(Name) -> {Name, Node};
 address(PidOrRef, _Node) -> PidOrRef.
 
 -spec batch(node(), [entry()]) -> tuple().
-batch(FromNode, Entries) -> {'$convoy', ?BATCH_VSN, batch, FromNode, Entries}.
+batch(FromNode, Entries) -> {?TAG_WIRE, ?BATCH_VSN, batch, FromNode, Entries}.
 
 %% @doc A publish entry (version 2): `Msg' to the receiving node's members of
 %% `Group' in the `pg' scope `Scope'.
 -spec publish(atom(), term(), term()) -> entry().
-publish(Scope, Group, Msg) -> {'$convoy_publish', Scope, Group, Msg}.
+publish(Scope, Group, Msg) -> {?TAG_PUBLISH, Scope, Group, Msg}.
 
 -spec barrier(pid() | reference(), term()) -> entry().
-barrier(ReplyTo, Tag) -> {'$convoy_barrier', ReplyTo, Tag}.
+barrier(ReplyTo, Tag) -> {?TAG_BARRIER, ReplyTo, Tag}.
 
 %% @doc The first piece of a message sent in pieces (version 2, see `convoy_chunk').
 -spec piece_start(reference(), pid(), dest(), convoy_chunk:kind(), pos_integer(), binary()) ->
           entry().
 piece_start(Ref, Sender, To, Kind, Size, Data) ->
-    {'$convoy_piece', Ref, 0, Data, {Sender, To, Kind, Size}}.
+    {?TAG_PIECE, Ref, 0, Data, {Sender, To, Kind, Size}}.
 
 %% @doc The first piece, asking for an acknowledgement every `AckEvery' pieces
 %% (version 3, kind `piece_acks').
 -spec piece_start(reference(), pid(), dest(), convoy_chunk:kind(), pos_integer(),
                   pos_integer(), binary()) -> entry().
 piece_start(Ref, Sender, To, Kind, Size, AckEvery, Data) ->
-    {'$convoy_piece', Ref, 0, Data, {Sender, To, Kind, Size, AckEvery}}.
+    {?TAG_PIECE, Ref, 0, Data, {Sender, To, Kind, Size, AckEvery}}.
 
 %% @doc Piece `Seq' (1, 2, ...) of a message sent in pieces (version 2).
 -spec piece(reference(), pos_integer(), binary()) -> entry().
-piece(Ref, Seq, Data) -> {'$convoy_piece', Ref, Seq, Data}.
+piece(Ref, Seq, Data) -> {?TAG_PIECE, Ref, Seq, Data}.
 
 -spec hello(hello | welcome, hello_info()) -> tuple().
-hello(Kind, Info) -> {'$convoy', ?BATCH_VSN, Kind, Info}.
+hello(Kind, Info) -> {?TAG_WIRE, ?BATCH_VSN, Kind, Info}.
 
 %% @doc Classify anything that arrived at a convoy process from outside.
 -spec decode(term()) -> decoded().
-decode({'$convoy', Vsn, batch, From, Entries}) when is_integer(Vsn) ->
+decode({?TAG_WIRE, Vsn, batch, From, Entries}) when is_integer(Vsn) ->
     %% Every version so far writes the batch envelope of version 1.
     case Vsn =:= ?BATCH_VSN of
         false -> {error, bad_version};
         true when is_atom(From), is_list(Entries) -> {batch, Vsn, From, Entries};
         true -> {error, malformed_batch}
     end;
-decode({'$convoy', Vsn, Kind, Info}) when Kind =:= hello; Kind =:= welcome ->
+decode({?TAG_WIRE, Vsn, Kind, Info}) when Kind =:= hello; Kind =:= welcome ->
     case is_integer(Vsn) andalso valid_hello(Info) andalso valid_request(Kind, Info) of
         true -> {Kind, Info};
         false -> {error, bad_hello}
     end;
-decode({'$convoy', _, _, _, _}) ->
+decode({?TAG_WIRE, _, _, _, _}) ->
     {error, malformed_batch};
-decode({'$convoy', _, _, _}) ->
+decode({?TAG_WIRE, _, _, _}) ->
     {error, bad_hello};
 decode(_) ->
     {error, unknown_message}.
@@ -255,22 +255,22 @@ negotiate(Theirs) ->
 %% multicast's check visits at most its first 8193 destinations and about
 %% `max_entry_words/0' / destinations words of its message.
 -spec entry(term(), node(), node()) -> checked().
-entry({_To, {'$convoy', _, batch, _, _}}, _From, _Local) ->
+entry({_To, {?TAG_WIRE, _, batch, _, _}}, _From, _Local) ->
     %% A batch inside a batch would make an inbox feed itself: multicasts of
     %% batches of multicasts multiply the work of one input with every level.
     {error, bad_entry};
-entry({'$convoy_publish', _Scope, _Group, {'$convoy', _, batch, _, _}}, _From, _Local) ->
+entry({?TAG_PUBLISH, _Scope, _Group, {?TAG_WIRE, _, batch, _, _}}, _From, _Local) ->
     {error, bad_entry}; % as above
-entry({'$convoy_publish', Scope, Group, Msg}, _From, _Local) when is_atom(Scope) ->
+entry({?TAG_PUBLISH, Scope, Group, Msg}, _From, _Local) when is_atom(Scope) ->
     {publish, Scope, Group, Msg};
-entry({'$convoy_barrier', ReplyTo, Tag}, From, _Local) when is_pid(ReplyTo); is_reference(ReplyTo) ->
+entry({?TAG_BARRIER, ReplyTo, Tag}, From, _Local) when is_pid(ReplyTo); is_reference(ReplyTo) ->
     case node(ReplyTo) =:= From of
         true -> {barrier, ReplyTo, Tag};
         false -> {error, bad_entry}
     end;
-entry({'$convoy_piece', Ref, 0, Data, {Sender, To, Kind, Size}}, From, Local) ->
-    entry({'$convoy_piece', Ref, 0, Data, {Sender, To, Kind, Size, 1}}, From, Local);
-entry({'$convoy_piece', Ref, 0, Data, {Sender, To, Kind, Size, AckEvery}}, From, Local)
+entry({?TAG_PIECE, Ref, 0, Data, {Sender, To, Kind, Size}}, From, Local) ->
+    entry({?TAG_PIECE, Ref, 0, Data, {Sender, To, Kind, Size, 1}}, From, Local);
+entry({?TAG_PIECE, Ref, 0, Data, {Sender, To, Kind, Size, AckEvery}}, From, Local)
   when is_reference(Ref), is_binary(Data), is_pid(Sender), is_integer(Size), Size > 0,
        is_integer(AckEvery), AckEvery >= 1, AckEvery =< ?MAX_ACK_EVERY, not is_list(To) ->
     case node(Ref) =:= From andalso node(Sender) =:= From andalso piece_kind(Kind, Size)
@@ -279,7 +279,7 @@ entry({'$convoy_piece', Ref, 0, Data, {Sender, To, Kind, Size, AckEvery}}, From,
                                 size => Size, ack_every => AckEvery, data => Data}};
         false -> {error, bad_entry}
     end;
-entry({'$convoy_piece', Ref, Seq, Data}, From, _Local)
+entry({?TAG_PIECE, Ref, Seq, Data}, From, _Local)
   when is_reference(Ref), is_integer(Seq), Seq > 0, is_binary(Data) ->
     case node(Ref) =:= From of
         true -> {piece, Ref, Seq, Data};
@@ -311,7 +311,7 @@ entry(_, _From, _Local) ->
 %% bad entry, a costly one too costly), `other' if it is anything else (then
 %% `entry/3' checks it). Compares up to the whole of `Tos'.
 -spec entry_to(term(), [dest()], pos_integer()) -> checked() | other.
-entry_to({Tos, {'$convoy', _, batch, _, _}}, Tos, _N) ->
+entry_to({Tos, {?TAG_WIRE, _, batch, _, _}}, Tos, _N) ->
     {error, bad_entry};
 entry_to({Tos, Msg}, Tos, N) when N >= 2 ->
     case convoy_size:copy_words(Msg, ?MAX_ENTRY_WORDS div N - ?SEND_WORDS) of
@@ -332,13 +332,13 @@ dests([D | Rest], Local, N) ->
     end;
 dests(_, _Local, _N) -> bad_entry.
 
-%% A start piece's kind (`convoy_chunk:kind()'): a path of 1 to 3 tuple indices
-%% and a skeleton within the message's size.
+%% A start piece's kind (`convoy_chunk:kind()'): a path of 1 to `?PATH_DEPTH'
+%% tuple indices and a skeleton within the message's size.
 piece_kind(binary, _Size) -> true;
 piece_kind(term, _Size) -> true;
 piece_kind({path, [_ | _] = Path, SkeletonBytes}, Size)
   when is_integer(SkeletonBytes), SkeletonBytes >= 0, SkeletonBytes =< Size,
-       length(Path) =< 3 ->
+       length(Path) =< ?PATH_DEPTH ->
     lists:all(fun(I) -> is_integer(I) andalso I > 0 end, Path);
 piece_kind(_Kind, _Size) -> false.
 

@@ -10,7 +10,7 @@
          consumer_death/0, consumer_death_seen_by_info/0, close/0,
          other_process_sees_closed/0, bad_options/0, noproc/0, recv_and_ack/0,
          ack_dictionary/0, ack_sweep/0, ack_keys_bounded/0, producer_clean_after_close/0,
-         telemetry_and_stats/0]).
+         telemetry_and_stats/0, telemetry_setting/0]).
 
 %%--------------------------------------------------------------------
 %% Helpers
@@ -131,7 +131,8 @@ channel_test_() ->
                  ack_sweep,
                  ack_keys_bounded,
                  producer_clean_after_close,
-                 telemetry_and_stats]].
+                 telemetry_and_stats,
+                 telemetry_setting]].
 
 window_respected() ->
     [begin
@@ -329,7 +330,9 @@ bad_options() ->
                       {#{window => 10, ack_every => 11}, {bad_value, ack_every, 11}},
                       {#{ack_every => 1001}, {bad_value, ack_every, 1001}},
                       {#{timeout => -1}, {bad_value, timeout, -1}},
-                      {#{timeout => soon}, {bad_value, timeout, soon}}]],
+                      {#{timeout => soon}, {bad_value, timeout, soon}},
+                      %% what `receive ... after' takes at most
+                      {#{timeout => 16#100000000}, {bad_value, timeout, 16#100000000}}]],
     ?assertEqual([], [K || {{'$convoy_channel', _} = K, _} <- get()]),
     ?assertError(badarg, convoy_channel:open(P, [{window, 3}])),
     ?assertError(badarg, convoy_channel:open("consumer", #{})),
@@ -523,6 +526,38 @@ telemetry_and_stats() ->
         ok = convoy_channel:close(Ch2)
     after
         unregister(telemetry_sink),
+        flush_all()
+    end.
+
+%% The `telemetry' setting holds for the channel's event as for convoy's others:
+%% with convoy running and `telemetry' false, a wait is counted but not emitted;
+%% set to true, it is.
+telemetry_setting() ->
+    {module, telemetry} = code:ensure_loaded(telemetry),
+    {ok, Sup} = convoy:start_link(#{telemetry => false}),
+    unlink(Sup),
+    true = register(telemetry_sink, self()),
+    try
+        #{waits := W0} = convoy_channel:stats(),
+        H = holder(1),
+        {ok, Ch} = convoy_channel:open(H, #{window => 1, timeout => 0}),
+        ok = convoy_channel:send(Ch, x),
+        {error, timeout} = convoy_channel:send(Ch, y),
+        #{waits := W1} = convoy_channel:stats(),
+        ?assertEqual(1, W1 - W0),
+        ?assertEqual([], [E || {telemetry, _, _, _} = E <- mailbox()]),
+        ok = convoy:set_config(#{telemetry => true}),
+        {error, timeout} = convoy_channel:send(Ch, z),
+        receive
+            {telemetry, [convoy, channel, waited], _, #{consumer := H, result := timeout}} -> ok
+        after 1000 ->
+            error(no_event)
+        end,
+        H ! stop,
+        ok = convoy_channel:close(Ch)
+    after
+        unregister(telemetry_sink),
+        ok = proc_lib:stop(Sup, shutdown, infinity),
         flush_all()
     end.
 
