@@ -5,6 +5,12 @@
 %% never sends, monitors, reads a table or the clock, so every rule below is
 %% tested without processes (`test/prop_convoy_inbox_core_tests.erl').
 %%
+%% What it holds: the unfinished batches per node and the order in which nodes
+%% take turns; the partial messages in pieces (`convoy_chunk:rx()'), the bytes
+%% this inbox reserves for them per node in the bound it shares with the other
+%% inboxes, and the tick's timer; and, while it waits for an answer, where the
+%% slice goes on.
+%%
 %% Requests. Some facts are known only part way through a batch: a publish
 %% entry's members, a monitor of a piece's sender, the room the node's other
 %% inboxes leave for its partial messages, whether a reservation held, a timer.
@@ -44,7 +50,9 @@
 %% held a tick comes every `?TICK_MS' ms, and a start waits for its turn at most
 %% half of `barrier_timeout', so its sender, which gives up after it, gets the
 %% turn first. At a tick, partials of senders that no longer monitor the inbox
-%% are swept (`convoy_chunk:sweep/3'), with the nodes of unfinished batches busy.
+%% are swept (`convoy_chunk:sweep/3'), with the nodes of unfinished batches busy;
+%% the next tick's timer is asked for after the sweep, so its message comes after
+%% everything the inbox had received at the sweep.
 -module(convoy_inbox_core).
 
 -export([new/1, handle/2, busy/1, summary/1]).
@@ -68,7 +76,8 @@
                rx = convoy_chunk:new() :: convoy_chunk:rx(),
                %% bytes this inbox reserves per node in the shared bound
                reserved = #{} :: #{node() => pos_integer()},
-               timer = none :: none | requested | reference(),
+               %% the tick's timer, while one is coming
+               timer = none :: none | reference(),
                %% waiting for the answer to a request: where to go on
                paused = none :: none | timer | {cont(), walk()}}).
 
@@ -229,7 +238,7 @@ requeue(turn, Node, Left, C = #core{work = Work}) ->
 %% The end of an input: while partial messages are held, a tick must be coming.
 settle(C = #core{timer = none, rx = Rx}, A) ->
     case convoy_chunk:partials(Rx) > 0 of
-        true -> {C#core{timer = requested, paused = timer}, lists:reverse(A, [{start_timer, ?TICK_MS}])};
+        true -> {C#core{paused = timer}, lists:reverse(A, [{start_timer, ?TICK_MS}])};
         false -> {C, lists:reverse(A)}
     end;
 settle(C, A) ->
