@@ -53,7 +53,7 @@
 %% (see "Senders that moved on" below), so its reservation does not outlive it.
 -module(convoy_chunk).
 
--export([payload/2, pieces/2, new/0, start/4, piece/5, down/3, nodedown/2, held/2,
+-export([payload/2, pieces/2, new/0, start/4, piece/5, down/3, nodedown/2, held/2, held/1,
          partials/1, assemble/2, take_granted/1, waiting/1, tick/2, sweep/3]).
 
 -export_type([rx/0, kind/0, start/0, result/0]).
@@ -414,7 +414,7 @@ tick(Node, Patience, Rx = #rx{active = Active}) ->
 %% still incomplete, unless their node's batches are not all handled yet. The
 %% caller must call it with the processes monitoring the inbox now and the
 %% nodes with batches not yet handled in full, and call it again only after
-%% handling what had been received at the previous call (`convoy_chunk_rx'
+%% handling what had been received at the previous call (`convoy_inbox_core'
 %% does so at its ticks). A sender still monitoring the inbox for another
 %% reason only keeps its partial longer.
 
@@ -479,6 +479,10 @@ nodedown(Node, Rx) ->
 %% @doc Bytes reserved by partial messages of `Node'.
 -spec held(node(), rx()) -> non_neg_integer().
 held(Node, Rx) -> maps:get(Node, Rx#rx.held, 0).
+
+%% @doc Bytes reserved by partial messages, per node that has any.
+-spec held(rx()) -> #{node() => pos_integer()}.
+held(Rx) -> Rx#rx.held.
 
 %% @doc How many partial messages are held.
 -spec partials(rx()) -> non_neg_integer().

@@ -11,13 +11,13 @@
 %% forgotten.
 %%
 %% Taking room (a start): the inbox decides against the room the other inboxes
-%% leave (`room/2'), writes its new total to its slot, then reads the slots and
-%% the mark (`reserve/3'): it keeps the start only if the sum is within the bound
+%% leave (`room/3'), writes its new total to its slot, then reads the slots and
+%% the mark (`reserve/5'): it keeps the start only if the sum is within the bound
 %% and the row is not being forgotten, else it writes its old total back and
 %% refuses. Atomic operations are mutually ordered, so of two inboxes claiming
 %% at once the one that reads last sees both claims: both may refuse, never
 %% both keep, and a node's reserved bytes never exceed the bound. Giving room
-%% back is one write (`release/2').
+%% back is one write (`release/3').
 %%
 %% A restarted inbox holds nothing: it zeroes its slot in every row
 %% (`join/2'), so what its previous run reserved goes with it.
@@ -26,20 +26,22 @@
 %% nodedown): the row is deleted if every slot is 0. The forgetter raises the
 %% mark before it reads the slots (counted, so that two forgetters do not clear
 %% each other's) and lowers it if it keeps the row; a claimer reads the mark
-%% after its claim, so a row is never deleted under a reservation. The inbox
-%% keeps the rows it reserves bytes in (in its process dictionary): a row is
-%% never deleted while one of its slots is not 0.
+%% after its claim, so a row is never deleted under a reservation, and an inbox
+%% that reserves bytes in a row always finds it.
+%%
+%% What an inbox reserves per node is its core's to know (`convoy_inbox_core'):
+%% the inbox names its slot (`slot()') and the bytes in every call.
 -module(convoy_chunk_bound).
 
--export([new_table/0, join/2, room/2, reserve/3, release/2, nodes/0, forget/1, reserved/1]).
+-export([new_table/0, join/2, room/3, reserve/5, release/3, forget/1, reserved/1]).
+
+-export_type([slot/0, bound/0]).
 
 -define(TABLE, convoy_reassembly).
-%% In the inbox's process dictionary: its index and the number of inboxes, and
-%% the rows it reserves bytes in with what it reserves there.
--define(INBOX_KEY, '$convoy_chunk_inbox').
--define(ROWS_KEY, '$convoy_chunk_rows').
 
 -type bound() :: pos_integer() | infinity.
+%% An inbox's slot: its index and the number of inboxes.
+-opaque slot() :: {pos_integer(), pos_integer()}.
 
 %% @doc Create the table (by its owner, `convoy_inbox_sup').
 -spec new_table() -> ok.
@@ -47,36 +49,33 @@ new_table() ->
     _ = ets:new(?TABLE, [named_table, public, set, {read_concurrency, true}]),
     ok.
 
-%% @doc The calling process is inbox `Index' of `Inboxes', (re)started: it
-%% reserves nothing.
--spec join(pos_integer(), pos_integer()) -> ok.
+%% @doc Inbox `Index' of `Inboxes', (re)started: its slot, reserving nothing.
+-spec join(pos_integer(), pos_integer()) -> slot().
 join(Index, Inboxes) ->
-    put(?INBOX_KEY, {Index, Inboxes}),
-    erase(?ROWS_KEY),
-    ets:foldl(fun({_Node, Slots}, ok) -> atomics:put(Slots, Index, 0) end, ok, ?TABLE).
+    ok = ets:foldl(fun({_Node, Slots}, ok) -> atomics:put(Slots, Index, 0) end, ok, ?TABLE),
+    {Index, Inboxes}.
 
 %% @doc The bytes this inbox may reserve for `Node''s partials, its own included:
 %% `Bound' less what the other inboxes reserve.
--spec room(node(), bound()) -> non_neg_integer() | infinity.
-room(_Node, infinity) ->
+-spec room(slot(), node(), bound()) -> non_neg_integer() | infinity.
+room(_Slot, _Node, infinity) ->
     infinity;
-room(Node, Bound) ->
-    Slots = row(Node),
-    max(0, Bound - (sum(Slots) - atomics:get(Slots, index()))).
+room({Index, _} = Slot, Node, Bound) ->
+    Slots = row(Slot, Node),
+    max(0, Bound - (sum(Slots) - atomics:get(Slots, Index))).
 
 %% @doc This inbox's reservation for `Node' becomes `Held' bytes (more than
-%% before) if the node's reservations in all inboxes stay within `Bound': true;
-%% otherwise false, and nothing changed.
--spec reserve(node(), non_neg_integer(), bound()) -> boolean().
-reserve(Node, Held, Bound) ->
-    Slots = row(Node),
-    Old = mine(Node),
-    set(Node, Slots, Held),
+%% `Old', what it reserves now) if the node's reservations in all inboxes stay
+%% within `Bound': true; otherwise false, and nothing changed.
+-spec reserve(slot(), node(), non_neg_integer(), non_neg_integer(), bound()) -> boolean().
+reserve({Index, _} = Slot, Node, Old, Held, Bound) ->
+    Slots = row(Slot, Node),
+    atomics:put(Slots, Index, Held),
     case atomics:get(Slots, mark(Slots)) =:= 0 andalso fits(sum(Slots), Bound) of
         true ->
             true;
         false ->
-            set(Node, Slots, Old),
+            atomics:put(Slots, Index, Old),
             false
     end.
 
@@ -85,18 +84,12 @@ fits(Bytes, Bound) -> Bytes =< Bound.
 
 %% @doc This inbox's reservation for `Node' becomes `Held' bytes, no more than
 %% before.
--spec release(node(), non_neg_integer()) -> ok.
-release(Node, Held) ->
-    case rows() of
-        #{Node := {_Slots, Held}} -> ok;
-        #{Node := {Slots, _}} -> set(Node, Slots, Held);
-        _ -> ok % it reserves nothing there
+-spec release(slot(), node(), non_neg_integer()) -> ok.
+release({Index, _}, Node, Held) ->
+    case ets:lookup(?TABLE, Node) of
+        [{_, Slots}] -> atomics:put(Slots, Index, Held);
+        [] -> ok % it reserves nothing there
     end.
-
-%% @doc The nodes this inbox reserves bytes for.
--spec nodes() -> [node()].
-nodes() ->
-    maps:keys(rows()).
 
 %% @doc `Node' is gone: its row is deleted if no inbox reserves anything in it.
 -spec forget(node()) -> ok.
@@ -125,49 +118,17 @@ reserved(Node) ->
         [] -> 0
     end.
 
-row(Node) ->
-    case rows() of
-        #{Node := {Slots, _}} -> Slots;
-        _ -> lookup(Node)
-    end.
-
-lookup(Node) ->
+row({_, Inboxes} = Slot, Node) ->
     case ets:lookup(?TABLE, Node) of
         [{_, Slots}] ->
             Slots;
         [] ->
-            {_, Inboxes} = get(?INBOX_KEY),
             Slots = atomics:new(Inboxes + 1, [{signed, false}]),
             case ets:insert_new(?TABLE, {Node, Slots}) of
                 true -> Slots;
-                false -> lookup(Node) % another inbox made it first
+                false -> row(Slot, Node) % another inbox made it first
             end
     end.
-
-set(Node, Slots, Held) ->
-    atomics:put(Slots, index(), Held),
-    Rows = rows(),
-    put(?ROWS_KEY, case Held of
-                       0 -> maps:remove(Node, Rows);
-                       _ -> Rows#{Node => {Slots, Held}}
-                   end),
-    ok.
-
-mine(Node) ->
-    case rows() of
-        #{Node := {_, Held}} -> Held;
-        _ -> 0
-    end.
-
-rows() ->
-    case get(?ROWS_KEY) of
-        undefined -> #{};
-        Rows -> Rows
-    end.
-
-index() ->
-    {Index, _} = get(?INBOX_KEY),
-    Index.
 
 %% The slots of the inboxes come first; the mark is the last one.
 mark(Slots) ->

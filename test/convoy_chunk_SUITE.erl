@@ -80,7 +80,7 @@ order_many_senders(_Config) ->
     %% Every large message went in pieces (a quarter of them are small).
     ?assertMatch(#{chunked := 720, stalled := 0}, peer_node_info(Peer)),
     ?assertEqual(0, maps:get(bad_piece, rejected())),
-    ?assertEqual(0, convoy_chunk_rx:partials(whereis(?INBOX))).
+    ?assertEqual(0, partials(whereis(?INBOX))).
 
 %% On the peer: Senders processes, each sending its 40 messages to each receiver.
 run_plan(Recs, Senders) ->
@@ -123,11 +123,11 @@ sender_killed_mid_message(_Config) ->
     Before = rejected(),
     Sender = peer:call(Peer, ?MODULE, spawn_sender, [Rec, {make, big, 20000000}]),
     Inbox = whereis(?INBOX),
-    await(fun() -> convoy_chunk_rx:held(Inbox, node(Sender)) end, fun(H) -> H > 0 end, 20000),
-    await(fun() -> convoy_chunk_rx:partials(Inbox) end, fun(P) -> P =:= 1 end, 20000),
+    await(fun() -> held(Inbox, node(Sender)) end, fun(H) -> H > 0 end, 20000),
+    await(fun() -> partials(Inbox) end, fun(P) -> P =:= 1 end, 20000),
     true = peer:call(Peer, erlang, exit, [Sender, kill]),
-    await(fun() -> convoy_chunk_rx:partials(Inbox) end, fun(P) -> P =:= 0 end, 20000),
-    ?assertEqual(0, convoy_chunk_rx:held(Inbox, node(Sender))),
+    await(fun() -> partials(Inbox) end, fun(P) -> P =:= 0 end, 20000),
+    ?assertEqual(0, held(Inbox, node(Sender))),
     ?assertEqual(1, maps:get(partial_discarded, rejected()) - maps:get(partial_discarded, Before)),
     ?assertEqual([], ask(Rec, received)),
     ?assertEqual(0, maps:get(bad_piece, rejected()) - maps:get(bad_piece, Before)).
@@ -163,10 +163,10 @@ node_killed_mid_message(_Config) ->
     Before = rejected(),
     _ = peer:call(Peer, ?MODULE, spawn_sender, [Rec, {make, big, 20000000}]),
     Inbox = whereis(?INBOX),
-    await(fun() -> convoy_chunk_rx:held(Inbox, A) end, fun(H) -> H > 0 end, 20000),
+    await(fun() -> held(Inbox, A) end, fun(H) -> H > 0 end, 20000),
     peer:stop(Peer),
-    await(fun() -> convoy_chunk_rx:partials(Inbox) end, fun(P) -> P =:= 0 end, 20000),
-    ?assertEqual(0, convoy_chunk_rx:held(Inbox, A)),
+    await(fun() -> partials(Inbox) end, fun(P) -> P =:= 0 end, 20000),
+    ?assertEqual(0, held(Inbox, A)),
     ?assertEqual(1, maps:get(partial_discarded, rejected()) - maps:get(partial_discarded, Before)),
     ?assertEqual([], ask(Rec, received)),
     ?assertEqual(Inbox, whereis(?INBOX)),
@@ -199,8 +199,8 @@ forged_pieces(_Config) ->
           fun(N) -> N >= Replaced end, 60000),
     ?assertEqual(Replaced, maps:get(partial_discarded, rejected())
                  - maps:get(partial_discarded, Before)),
-    ?assert(convoy_chunk_rx:partials(Inbox) =< 1),
-    ?assert(convoy_chunk_rx:held(Inbox, A) =< 1000000),
+    ?assert(partials(Inbox) =< 1),
+    ?assert(held(Inbox, A) =< 1000000),
     erlang:garbage_collect(Inbox),
     {memory, Mem1} = process_info(Inbox, memory),
     ct:pal("inbox memory ~b -> ~b", [Mem0, Mem1]),
@@ -218,7 +218,7 @@ reassembly_bound(_Config) ->
     {Peer, A, Rec, Inbox, Before, Holder} = silent_holder(),
     ok = peer:call(Peer, ?MODULE, run_senders, [[[{Rec, {make, tagged, one, 1000000}}]]], 60000),
     ?assertEqual([make({make, tagged, one, 1000000})], await_count(Rec, 1)),
-    ?assertEqual(2500000, convoy_chunk_rx:held(Inbox, A)),
+    ?assertEqual(2500000, held(Inbox, A)),
     ?assertEqual(1, maps:get(reassembly_full, rejected()) - maps:get(reassembly_full, Before)),
     ?assertMatch(#{chunked := 0, stalled := 0}, peer_node_info(Peer)),
     holder_killed(Peer, A, Inbox, Before, Holder).
@@ -231,14 +231,14 @@ silent_holder() ->
     Inbox = whereis(?INBOX),
     Before = rejected(),
     Holder = peer:call(Peer, ?MODULE, hold, [{?INBOX, node()}, Rec, 2500000]),
-    await(fun() -> convoy_chunk_rx:held(Inbox, A) end, fun(H) -> H =:= 2500000 end, 20000),
+    await(fun() -> held(Inbox, A) end, fun(H) -> H =:= 2500000 end, 20000),
     {Peer, A, Rec, Inbox, Before, Holder}.
 
 %% The holder's death discards its message (counted) and frees its reservation.
 holder_killed(Peer, A, Inbox, Before, Holder) ->
     true = peer:call(Peer, erlang, exit, [Holder, kill]),
-    await(fun() -> convoy_chunk_rx:held(Inbox, A) end, fun(H) -> H =:= 0 end, 20000),
-    ?assertEqual(0, convoy_chunk_rx:partials(Inbox)),
+    await(fun() -> held(Inbox, A) end, fun(H) -> H =:= 0 end, 20000),
+    ?assertEqual(0, partials(Inbox)),
     ?assertEqual(1, maps:get(partial_discarded, rejected()) - maps:get(partial_discarded, Before)).
 
 %% A node's messages in pieces take turns: a message in progress whose sender
@@ -255,8 +255,8 @@ turn_passes_from_silent_sender(_Config) ->
     ?assertEqual([make({make, tagged, one, 1000000})], await_count(Rec, 1)),
     ?assert(Us < 5000000),
     ?assertMatch(#{chunked := 1, stalled := 0}, peer_node_info(Peer)),
-    ?assertEqual(2500000, convoy_chunk_rx:held(Inbox, A)),
-    ?assertEqual(1, convoy_chunk_rx:partials(Inbox)),
+    ?assertEqual(2500000, held(Inbox, A)),
+    ?assertEqual(1, partials(Inbox)),
     ?assertEqual(0, maps:get(bad_piece, rejected()) - maps:get(bad_piece, Before)),
     holder_killed(Peer, A, Inbox, Before, Holder).
 
@@ -292,10 +292,10 @@ stray_during_stream(Stray) ->
     Before = rejected(),
     Specs = [{first, 1}, {make, big, 20000000}, {third, 3}],
     Sender = peer:call(Peer, erlang, spawn, [?MODULE, sender, [[{Rec, S} || S <- Specs], self()]]),
-    await(fun() -> convoy_chunk_rx:partials(Inbox) end, fun(P) -> P =:= 1 end, 20000),
+    await(fun() -> partials(Inbox) end, fun(P) -> P =:= 1 end, 20000),
     %% The inbox held still mid-message: the stray comes between two pieces.
     ok = sys:suspend(Inbox),
-    ?assertEqual(1, convoy_chunk_rx:partials(Inbox)),
+    ?assertEqual(1, partials(Inbox)),
     Inbox ! Stray(Sender, A),
     ok = sys:resume(Inbox),
     receive {sent, Sender} -> ok after 60000 -> ct:fail(sender_not_done) end,
@@ -318,7 +318,7 @@ gave_up_turns_release_reservations(_Config) ->
     Inbox = whereis(?INBOX),
     Before = rejected(),
     Holder = peer:call(Peer, ?MODULE, hold, [{?INBOX, node()}, Rec, 10000]),
-    await(fun() -> convoy_chunk_rx:held(Inbox, A) end, fun(H) -> H =:= 10000 end, 20000),
+    await(fun() -> held(Inbox, A) end, fun(H) -> H =:= 10000 end, 20000),
     Specs = [{make, tagged, T, 500000} || T <- [g1, g2, g3]],          % 1 MB each
     Senders = peer:call(Peer, ?MODULE, send_and_stay, [[[{Rec, S}] || S <- Specs]], 60000),
     ?assertEqual(lists:sort([make(S) || S <- Specs]), lists:sort(await_count(Rec, 3))),
@@ -326,8 +326,8 @@ gave_up_turns_release_reservations(_Config) ->
     ct:pal("senders that gave up: ~b of 3", [GaveUp]),
     ?assert(GaveUp >= 1),
     true = peer:call(Peer, erlang, exit, [Holder, kill]),
-    await(fun() -> convoy_chunk_rx:held(Inbox, A) end, fun(H) -> H =:= 0 end, 20000),
-    ?assertEqual(0, convoy_chunk_rx:partials(Inbox)),
+    await(fun() -> held(Inbox, A) end, fun(H) -> H =:= 0 end, 20000),
+    ?assertEqual(0, partials(Inbox)),
     ?assertEqual([true, true, true], [peer:call(Peer, erlang, is_process_alive, [P]) || P <- Senders]),
     ?assertEqual(GaveUp + 1, maps:get(partial_discarded, rejected())
                  - maps:get(partial_discarded, Before)),
@@ -396,7 +396,7 @@ shared_bound() ->
 
 %% Bytes reserved for Node's partial messages in all inboxes.
 reserved(Node) ->
-    lists:sum([convoy_chunk_rx:held(whereis(I), Node) || I <- [convoy_inbox_1, convoy_inbox_2]]).
+    lists:sum([held(whereis(I), Node) || I <- [convoy_inbox_1, convoy_inbox_2]]).
 
 %% A holder (hold/4) on the peer and the inbox's first answer to its start.
 hold_answer(Peer, Inbox, To, Size) ->
@@ -668,7 +668,7 @@ resumed_in_order(Peer, Sender, Rec, Before) ->
     lists:foreach(fun(M) -> order(Sender, Rec, M) end, After),
     ?assertEqual(Before ++ After, await_count(Rec, length(Before ++ After))),
     Inbox = peer:call(Peer, erlang, whereis, [?INBOX]),
-    ?assertEqual(0, peer:call(Peer, convoy_chunk_rx, partials, [Inbox])),
+    ?assertEqual(0, maps:get(partials, peer:call(Peer, sys, get_state, [Inbox]))),
     Sender ! {mailbox, self()},
     receive {mailbox, Sender, Msgs} -> ?assertEqual([], Msgs) end.
 
@@ -732,6 +732,14 @@ peer_node_info(Peer) ->
 
 rejected() ->
     maps:get(rejected, convoy:info()).
+
+%% What an inbox holds of messages in pieces (`convoy_inbox_core:summary/1'):
+%% partial messages, and the bytes they reserve for Node.
+partials(Inbox) ->
+    maps:get(partials, sys:get_state(Inbox)).
+
+held(Inbox, Node) ->
+    maps:get(Node, maps:get(held, sys:get_state(Inbox)), 0).
 
 await(Get, Ok, Timeout) ->
     convoy_ct_peers:await(Get, Ok, Timeout).

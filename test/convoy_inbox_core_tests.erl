@@ -1,0 +1,195 @@
+%% The inbox core's rules on concrete cases (convoy_inbox_core): where slices
+%% end, turns between nodes, runs, the order of requests for a message in
+%% pieces, and what is stray. The properties are in prop_convoy_inbox_core_tests.
+-module(convoy_inbox_core_tests).
+
+-include_lib("eunit/include/eunit.hrl").
+
+-define(HERE, 'here@h').
+-define(C, 7).
+
+pid(Node, Id, Creation) ->
+    N = atom_to_binary(Node, utf8),
+    binary_to_term(<<131, 88, 119, (byte_size(N)), N/binary, Id:32, 0:32, Creation:32>>).
+
+ref(Node, Id, Creation) ->
+    N = atom_to_binary(Node, utf8),
+    binary_to_term(<<131, 90, 3:16, 119, (byte_size(N)), N/binary, Creation:32, Id:32, 0:32, 0:32>>).
+
+p(I) -> pid(?HERE, I, ?C).
+
+new() -> convoy_inbox_core:new(?HERE).
+
+batch(Node, Entries, C) ->
+    convoy_inbox_core:handle({batch, Node, {tag, Node}, Entries, ?C}, C).
+
+slice(C) ->
+    convoy_inbox_core:handle({slice, ?C}, C).
+
+%% A message whose copy costs about 60,000 words: four to one destination
+%% overrun a slice's 2^18.
+big(I) -> {I, lists:seq(1, 30000)}.
+
+%% Multicasts of big messages to two destinations, two to a slice (the lists
+%% differ from one entry to the next, so they make no run).
+two_by_two(Tag, K) ->
+    [{case I rem 2 of 0 -> [p(1), p(2)]; 1 -> [p(2), p(1)] end, {Tag, big(I)}}
+     || I <- lists:seq(1, K)].
+
+delivered(Actions) -> [M || {deliver, _, M} <- Actions].
+
+%% 8192 plain sends (32 word copies each) fill a slice: the rest of a batch of
+%% 10,000 waits for the next one, and the node's next batch behind it.
+long_batch_in_slices_test() ->
+    To = p(1),
+    {C1, A1} = batch(a@h, [{To, I} || I <- lists:seq(1, 10000)], new()),
+    ?assertEqual(lists:seq(1, 8192), delivered(A1)),
+    ?assertEqual({received, {tag, a@h}, 8192}, lists:last(A1)),
+    ?assert(convoy_inbox_core:busy(C1)),
+    {C2, []} = batch(a@h, [{To, later}], C1),
+    {C3, A3} = slice(C2),
+    ?assertEqual(lists:seq(8193, 10000), delivered(A3)),
+    ?assert(convoy_inbox_core:busy(C3)),
+    {C4, A4} = slice(C3),
+    ?assertEqual([later], delivered(A4)),
+    ?assertNot(convoy_inbox_core:busy(C4)),
+    ?assertEqual({C4, []}, slice(C4)).
+
+%% Unfinished batches of two nodes take turns; a third node's batch is
+%% delivered as it comes.
+turns_test() ->
+    {C1, A1} = batch(a@h, two_by_two(a, 6), new()),
+    {C2, A2} = batch(b@h, two_by_two(b, 4), C1),
+    {C3, A3} = batch(c@h, [{p(3), c}], C2),
+    ?assertEqual([c], delivered(A3)),
+    {C4, A4} = slice(C3),
+    {C5, A5} = slice(C4),
+    {C6, A6} = slice(C5),
+    ?assertNot(convoy_inbox_core:busy(C6)),
+    Sent = fun(As) -> [{Tag, I} || {Tag, {I, _}} <- delivered(As)] end,
+    ?assertEqual([[{a, 1}, {a, 1}, {a, 2}, {a, 2}], [{b, 1}, {b, 1}, {b, 2}, {b, 2}],
+                  [{a, 3}, {a, 3}, {a, 4}, {a, 4}], [{b, 3}, {b, 3}, {b, 4}, {b, 4}],
+                  [{a, 5}, {a, 5}, {a, 6}, {a, 6}]],
+                 [Sent(A) || A <- [A1, A2, A4, A5, A6]]).
+
+%% A publish entry asks for its members when the slice reaches it; its sends
+%% go in slices of members, and the entry after it waits for the last one.
+publish_in_slices_test() ->
+    Members = [p(I) || I <- lists:seq(1, 10)],
+    Msg = big(1),
+    {C1, A1} = batch(a@h, [{p(20), first}, convoy_wire:publish(s, g, Msg), {p(20), after_publish}],
+                     new()),
+    ?assertEqual([{deliver, p(20), first}, {members, s, g}], A1),
+    {C2, A2} = convoy_inbox_core:handle({members, {ok, Members}}, C1),
+    [{publish, Now1, [Msg]}, {received, _, 2}] = A2,
+    ?assertEqual(4, length(Now1)),                 % 4 x 60,000 words fit in 2^18
+    {C3, [{publish, Now2, [Msg]}]} = slice(C2),
+    {C4, A4} = slice(C3),
+    [{publish, Now3, [Msg]}, {deliver, _, after_publish}, {received, _, 1}] = A4,
+    ?assertEqual(Members, Now1 ++ Now2 ++ Now3),
+    ?assertNot(convoy_inbox_core:busy(C4)).
+
+%% Runs: publish entries to one group and multicast entries to one list go
+%% destination by destination; a list naming a process twice does not run.
+runs_test() ->
+    Pub = fun(M) -> convoy_wire:publish(s, g, M) end,
+    {C1, [{members, s, g}]} = batch(a@h, [Pub(1), Pub(2), Pub(3), {p(9), x}], new()),
+    {_, A1} = convoy_inbox_core:handle({members, {ok, [p(1), p(2)]}}, C1),
+    ?assertEqual([{publish, [p(1), p(2)], [1, 2, 3]}, {deliver, p(9), x}, {received, {tag, a@h}, 4}],
+                 A1),
+    {_, A2} = batch(a@h, [{[p(1), p(2)], 1}, {[p(1), p(2)], 2}, {[p(2), p(1)], 3}], new()),
+    ?assertEqual([{deliver_all, p(1), [1, 2]}, {deliver_all, p(2), [1, 2]},
+                  {deliver, p(2), 3}, {deliver, p(1), 3}, {received, {tag, a@h}, 3}], A2),
+    {_, A3} = batch(a@h, [{[p(1), p(1)], 1}, {[p(1), p(1)], 2}], new()),
+    ?assertEqual([1, 1, 2, 2], delivered(A3)).
+
+%% A pid or alias of an old incarnation is counted, not sent to, in every kind
+%% of entry; a barrier is answered in its place; bad entries are counted.
+old_incarnation_and_barrier_test() ->
+    Old = pid(?HERE, 1, ?C - 1),
+    OldAlias = ref(?HERE, 1, ?C - 1),
+    {_, A} = batch(a@h, [{Old, 1}, {[p(1), OldAlias], 2}, convoy_wire:barrier(pid(a@h, 1, 1), t),
+                         convoy_wire:barrier(pid(b@h, 1, 1), t), {pid(b@h, 2, 1), 3}, {name, 4}],
+                   new()),
+    ?assertEqual([{rejected, undeliverable}, {deliver, p(1), 2}, {rejected, undeliverable},
+                  {barrier, pid(a@h, 1, 1), t}, {rejected, bad_entry}, {rejected, bad_entry},
+                  {deliver, name, 4}, {received, {tag, a@h}, 3}], A).
+
+%% A message in pieces: its start asks for a monitor, then the room, then a
+%% reservation of its size; its last piece delivers it in its place and gives
+%% the room back. A start that does not fit, or whose reservation fails, is
+%% refused (counted) and its monitor dropped.
+pieces_test() ->
+    Sender = pid(a@h, 5, 1),
+    Ref = ref(a@h, 1, 1),
+    Data = term_to_binary(whole),
+    {First, Rest} = split_binary(Data, 3),
+    Start = fun(R) -> convoy_wire:piece_start(R, Sender, p(1), term, byte_size(Data), First) end,
+    {C1, [{deliver, _, before}, {monitor, Sender}]} = batch(a@h, [{p(1), before}, Start(Ref)], new()),
+    Mon = make_ref(),
+    {C2, [{room, a@h}]} = convoy_inbox_core:handle({monitored, Mon}, C1),
+    {C3, [{reserve, a@h, 0, Size, 100}]} = convoy_inbox_core:handle({room, 100, 100}, C2),
+    ?assertEqual(byte_size(Data), Size),
+    {C4, A4} = convoy_inbox_core:handle({reserved, true}, C3),
+    ?assertEqual([{piece_reply, Ref, 0}, {received, {tag, a@h}, 1}, {start_timer, 10}], A4),
+    {C5, []} = convoy_inbox_core:handle({timer, make_ref()}, C4),
+    ?assertMatch(#{partials := 1, held := #{a@h := Size}}, convoy_inbox_core:summary(C5)),
+    {C6, A6} = batch(a@h, [convoy_wire:piece(Ref, 1, Rest), {p(1), 'after'}], C5),
+    ?assertEqual([{release, a@h, 0}, {demonitor, Mon}, {deliver, p(1), whole},
+                  {piece_reply, Ref, delivered}, {deliver, p(1), 'after'},
+                  {received, {tag, a@h}, 2}], A6),
+    ?assertMatch(#{partials := 0, held := #{}}, convoy_inbox_core:summary(C6)),
+    %% no room
+    Ref2 = ref(a@h, 2, 1),
+    {C7, [{monitor, _}]} = batch(a@h, [Start(Ref2)], C6),
+    {C8, [{room, a@h}]} = convoy_inbox_core:handle({monitored, Mon}, C7),
+    {C9, A9} = convoy_inbox_core:handle({room, 3, 100}, C8),
+    ?assertEqual([{demonitor, Mon}, {rejected, reassembly_full}, {piece_reply, Ref2, refused}], A9),
+    %% room, but another inbox took it before the reservation
+    Ref3 = ref(a@h, 3, 1),
+    {C10, [{monitor, _}]} = batch(a@h, [Start(Ref3)], C9),
+    {C11, [{room, a@h}]} = convoy_inbox_core:handle({monitored, Mon}, C10),
+    {C12, [{reserve, a@h, 0, _, 100}]} = convoy_inbox_core:handle({room, 100, 100}, C11),
+    {C13, A13} = convoy_inbox_core:handle({reserved, false}, C12),
+    ?assertEqual([{demonitor, Mon}, {rejected, reassembly_full}, {piece_reply, Ref3, refused}], A13),
+    ?assertMatch(#{partials := 0}, convoy_inbox_core:summary(C13)).
+
+%% The partial of a sender whose monitor fires, or of a node that goes down, is
+%% discarded, its room given back and its monitor dropped; a DOWN of another
+%% monitor, or a tick of another timer, is counted and changes nothing.
+discards_and_strays_test() ->
+    Sender = pid(a@h, 5, 1),
+    Ref = ref(a@h, 1, 1),
+    Start = convoy_wire:piece_start(Ref, Sender, p(1), binary, 10, <<"abc">>),
+    Mon = make_ref(),
+    TRef = make_ref(),
+    Held = fun(C) ->
+                   {C1, [{monitor, Sender}]} = batch(a@h, [Start], C),
+                   {C2, [{room, a@h}]} = convoy_inbox_core:handle({monitored, Mon}, C1),
+                   {C3, [{reserve, a@h, 0, 10, infinity}]} =
+                       convoy_inbox_core:handle({room, infinity, infinity}, C2),
+                   {C4, _} = convoy_inbox_core:handle({reserved, true}, C3),
+                   {C5, []} = convoy_inbox_core:handle({timer, TRef}, C4),
+                   C5
+           end,
+    C0 = Held(new()),
+    ?assertEqual({C0, [{rejected, unknown_message}]},
+                 convoy_inbox_core:handle({down, make_ref(), Sender}, C0)),
+    ?assertEqual({C0, [{rejected, unknown_message}]},
+                 convoy_inbox_core:handle({tick, make_ref(), [], 1000}, C0)),
+    Freed = [{release, a@h, 0}, {demonitor, Mon}, {rejected, partial_discarded}],
+    {_, A1} = convoy_inbox_core:handle({down, Mon, Sender}, C0),
+    ?assertEqual(Freed, A1),
+    {_, A2} = convoy_inbox_core:handle({nodedown, a@h}, C0),
+    ?assertEqual(Freed ++ [{forget, a@h}], A2),
+    %% a sender no longer watching: marked at one tick, discarded at the next
+    {C3, [{start_timer, 10}]} = convoy_inbox_core:handle({tick, TRef, [], 1000}, C0),
+    {C4, []} = convoy_inbox_core:handle({timer, TRef}, C3),
+    {_, A4} = convoy_inbox_core:handle({tick, TRef, [], 1000}, C4),
+    ?assertEqual([{demonitor, Mon}, {rejected, partial_discarded}, {release, a@h, 0}], A4).
+
+%% What sys:get_state/1 shows: unfinished batches with what is left of them.
+summary_test() ->
+    {C1, _} = batch(a@h, two_by_two(a, 4), new()),
+    #{unfinished := #{a@h := [{{tag, a@h}, {multicast, _, {a, {3, _}}, _}, [_]}]}, partials := 0,
+      held := #{}} = convoy_inbox_core:summary(C1).
