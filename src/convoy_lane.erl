@@ -45,6 +45,7 @@
          system_code_change/4]).
 
 -include("convoy_runtime.hrl").
+-include("convoy_tags.hrl").
 -include_lib("kernel/include/logger.hrl").
 
 -define(DRAIN_BUDGET, 10000).
@@ -108,7 +109,7 @@ start_link(Index, Held, RT, Control) ->
 -spec flush(pid(), node() | all, timeout()) -> ok | down | timeout.
 flush(Lane, Which, Timeout) ->
     Mon = erlang:monitor(process, Lane, [{alias, demonitor}]),
-    Lane ! {'$convoy_flush', Which, Mon, Mon},
+    Lane ! {?TAG_FLUSH, Which, Mon, Mon},
     Result = receive
                  {Mon, ok} -> ok;
                  {'DOWN', Mon, process, _, _} -> down
@@ -165,7 +166,7 @@ drain(S = #s{rt = #runtime{max_batch = MB}}, Now, N, Sends, K) when K >= MB ->
     drain(pend(Sends, K, Now, S), Now, N, [], 0);
 drain(S, Now, N, Sends, K) ->
     receive
-        {'$convoy_send', Node, To, _Msg, Bytes} = M when ?IS_HANDED(Node, To, Bytes) ->
+        {?TAG_SEND, Node, To, _Msg, Bytes} = M when ?IS_HANDED(Node, To, Bytes) ->
             drain(S, Now, N - 1, [M | Sends], K + 1);
         Msg ->
             drain(handle(Msg, Now, pend(Sends, K, Now, S)), Now, N - 1, [], 0)
@@ -199,7 +200,7 @@ cycle(S0) ->
          end,
     case S2 of
         #s{retired = true, control = {Control, Secret}} ->
-            Control ! {'$convoy_retired', Secret, self()},
+            Control ! {?TAG_RETIRED, Secret, self()},
             exit(normal);
         _ ->
             S2
@@ -227,54 +228,54 @@ acts([A | Rest], Now, S) -> acts(Rest, Now, act(A, Now, S)).
 
 %% Sends come from convoy_route in this node's processes; the guards keep a
 %% malformed one (anything may reach a registered process) from crashing the lane.
-handle({'$convoy_send', Node, To, _Msg, Bytes} = M, Now, S) when ?IS_HANDED(Node, To, Bytes) ->
+handle({?TAG_SEND, Node, To, _Msg, Bytes} = M, Now, S) when ?IS_HANDED(Node, To, Bytes) ->
     core({send, M}, Now, small_reached(S));
-handle({'$convoy_sends', Sends, K}, Now, S) when is_list(Sends), is_integer(K), K > 0 ->
+handle({?TAG_SENDS, Sends, K}, Now, S) when is_list(Sends), is_integer(K), K > 0 ->
     %% convoy:send_many/1: sends newest first, as a drain collects them
     case counted_sends(Sends, 0) of
         K -> core({sends, Sends, K}, Now, small_reached(S));
         _ -> stray(S)
     end;
-handle({'$convoy_large', Node, To, _Msg, Bytes} = M, Now, S) when ?IS_HANDED(Node, To, Bytes) ->
+handle({?TAG_LARGE, Node, To, _Msg, Bytes} = M, Now, S) when ?IS_HANDED(Node, To, Bytes) ->
     core({send, M}, Now, S);
 handle({Kind, Node, Tos, _Msg, Bytes} = M, Now, S)
-  when Kind =:= '$convoy_multicast' orelse Kind =:= '$convoy_large',
+  when Kind =:= ?TAG_MULTICAST orelse Kind =:= ?TAG_LARGE,
        is_atom(Node), is_integer(Bytes), Bytes >= 0, is_list(Tos) ->
     case valid_tos(Tos) of
-        true when Kind =:= '$convoy_multicast' -> core({send, M}, Now, small_reached(S));
+        true when Kind =:= ?TAG_MULTICAST -> core({send, M}, Now, small_reached(S));
         true -> core({send, M}, Now, S);
         false -> stray(S)
     end;
-handle({Kind, Node, {'$convoy_publish', Scope, _Group}, _Msg, Bytes} = M, Now, S)
-  when Kind =:= '$convoy_multicast' orelse Kind =:= '$convoy_large',
+handle({Kind, Node, {?TAG_PUBLISH, Scope, _Group}, _Msg, Bytes} = M, Now, S)
+  when Kind =:= ?TAG_MULTICAST orelse Kind =:= ?TAG_LARGE,
        is_atom(Node), is_integer(Bytes), Bytes >= 0, is_atom(Scope) ->
     core({send, M}, Now, case Kind of
-                             '$convoy_multicast' -> small_reached(S);
+                             ?TAG_MULTICAST -> small_reached(S);
                              _ -> S
                          end);
-handle({'$convoy_wait', Node, Alias, Bytes}, Now, S = #s{rt = RT})
+handle({?TAG_WAIT, Node, Alias, Bytes}, Now, S = #s{rt = RT})
   when is_atom(Node), is_reference(Alias), is_integer(Bytes), Bytes >= 0 ->
     {_, H} = refs(Node, S),
     Room = convoy_held:has_room(H, Bytes, RT#runtime.max_buffered,
                                 RT#runtime.max_buffered_bytes),
     core({wait, Node, Alias, Room}, Now, S);
-handle({'$convoy_flush', Which, ReplyTo, Tag}, Now, S)
+handle({?TAG_FLUSH, Which, ReplyTo, Tag}, Now, S)
   when is_atom(Which), is_pid(ReplyTo) orelse is_reference(ReplyTo) ->
     core({flush, Which, ReplyTo, Tag}, Now, S);
 handle({'EXIT', Parent, Reason}, _Now, S = #s{parent = Parent}) ->
     terminate(Reason, S);
 handle({'EXIT', Pid, Reason}, Now, S = #s{workers = W}) when is_map_key(Pid, W) ->
     worker_done(maps:get(Pid, W), Reason, Now, S#s{workers = maps:remove(Pid, W)});
-handle({'$convoy_hold', Secret, Nodes}, Now, S = #s{control = {_, Secret}}) when is_list(Nodes) ->
+handle({?TAG_HOLD, Secret, Nodes}, Now, S = #s{control = {_, Secret}}) when is_list(Nodes) ->
     core({hold, [N || N <- Nodes, is_atom(N)]}, Now, S);
-handle({'$convoy_release', Secret, Node}, Now, S = #s{control = {_, Secret}}) when is_atom(Node) ->
+handle({?TAG_RELEASE, Secret, Node}, Now, S = #s{control = {_, Secret}}) when is_atom(Node) ->
     core({release, Node}, Now, S);
-handle({'$convoy_retire', Secret, K}, Now, S = #s{control = {_, Secret}})
+handle({?TAG_RETIRE, Secret, K}, Now, S = #s{control = {_, Secret}})
   when is_integer(K), K >= 0 ->
     core({retire, K}, Now, S);
 handle({{Secret, Node}, convoy_barrier}, _Now, S = #s{probe_secret = Secret}) when is_atom(Node) ->
     answered(Node, S);
-handle({'$convoy_probe', Node}, _Now, S = #s{probes = Probes}) when is_atom(Node) ->
+handle({?TAG_PROBE, Node}, _Now, S = #s{probes = Probes}) when is_atom(Node) ->
     case is_map_key(Node, Probes) of
         true -> S; % probed already: again when due (`reprobe/1')
         false -> probe_alone(Node, erlang:monotonic_time(millisecond), first, S)
@@ -291,7 +292,7 @@ stray(S) ->
 
 %% How many well-formed sends, or `bad'.
 counted_sends([], N) -> N;
-counted_sends([{'$convoy_send', Node, To, _Msg, Bytes} | Rest], N) when ?IS_HANDED(Node, To, Bytes) ->
+counted_sends([{?TAG_SEND, Node, To, _Msg, Bytes} | Rest], N) when ?IS_HANDED(Node, To, Bytes) ->
     counted_sends(Rest, N + 1);
 counted_sends(_, _N) -> bad.
 
@@ -351,7 +352,7 @@ act({dispose, K}, _Now, S = #s{slots = Slots}) ->
     S;
 act(start_barriers, Now, S = #s{control = {Control, Secret}}) ->
     Nodes = convoy_peers:convoy_nodes(),
-    Control ! {'$convoy_retiring', Secret, self(), Nodes},
+    Control ! {?TAG_RETIRING, Secret, self(), Nodes},
     S1 = lists:foldl(fun retire_barrier/2, S, Nodes),
     core({barriers, Nodes}, Now, S1);
 act(retired, _Now, S) ->
@@ -385,35 +386,22 @@ event(#runtime{telemetry = On}, Name, Measurements, Meta) ->
 %% The route last seen is kept: while convoy's tree is torn down (node table gone)
 %% the lane still ships what it holds, and confirms it (shutdown barriers).
 route(Node, S = #s{routes = Routes}) ->
-    case route(Node) of
+    case convoy_peers:known_route(Node) of
         unknown -> {maps:get(Node, Routes, unknown), S};
         Route -> {Route, S#s{routes = Routes#{Node => Route}}}
-    end.
-
-route(Node) ->
-    case convoy_peers:lookup(Node) of
-        {Route, _C, _H} -> Route;
-        none -> table_route()
-    end.
-
-%% No row: plain, unless the table is gone (convoy's tree is torn down).
-table_route() ->
-    case ets:whereis(convoy_nodes) of
-        undefined -> unknown;
-        _ -> plain
     end.
 
 %% Large messages never share a batch with small ones (a chunk is a run of them);
 %% their copies in the lane's heap are collected once the lane is idle (see
 %% GC_IDLE_MS).
-ship(Node, Route, [{'$convoy_large', _, _} | _] = Wire, S) ->
+ship(Node, Route, [{?TAG_LARGE, _, _} | _] = Wire, S) ->
     ship_route(Node, Route, Wire, S#s{gc = true});
 ship(Node, Route, Wire, S) ->
     ship_route(Node, Route, Wire, S).
 
 ship_route(_Node, unknown, _Wire, S) ->
     {unroutable, S};
-ship_route(Node, {convoy, Vsn, Inboxes}, [{'$convoy_large', _, _} | _] = Wire, S0 = #s{index = I}) ->
+ship_route(Node, {convoy, Vsn, Inboxes}, [{?TAG_LARGE, _, _} | _] = Wire, S0 = #s{index = I}) ->
     Target = {convoy_wire:lane_inbox(I, Inboxes), Node},
     {Probe, S} = probe(Node, S0),
     ship_run(Node, Target, Vsn, Probe, convoy_batch:run_groups(Wire), 0, 0, S);
@@ -530,8 +518,8 @@ answered(Node, S = #s{probes = Probes}) ->
 
 %% Entries the lane keeps in its own form (a large message, a publish) become
 %% wire entries; a chunk without any is shipped as it is.
-wire_entry({'$convoy_large', To, Msg}) -> wire_entry({To, Msg});
-wire_entry({{'$convoy_publish', Scope, Group}, Msg}) -> convoy_wire:publish(Scope, Group, Msg);
+wire_entry({?TAG_LARGE, To, Msg}) -> wire_entry({To, Msg});
+wire_entry({{?TAG_PUBLISH, Scope, Group}, Msg}) -> convoy_wire:publish(Scope, Group, Msg);
 wire_entry(E) -> E.
 
 %% A peer at a version without publish entries gets each as multicast entries to
@@ -547,8 +535,8 @@ wire_entries(Wire, Vsn, Node) ->
             lists:flatmap(fun(E) -> v1_entries(plain_entry(E, Node)) end, Wire)
     end.
 
-has_lane_form([{'$convoy_large', _, _} | _]) -> true;
-has_lane_form([{{'$convoy_publish', _, _}, _} | _]) -> true;
+has_lane_form([{?TAG_LARGE, _, _} | _]) -> true;
+has_lane_form([{{?TAG_PUBLISH, _, _}, _} | _]) -> true;
 has_lane_form([_ | Rest]) -> has_lane_form(Rest);
 has_lane_form([]) -> false.
 
@@ -559,7 +547,7 @@ v1_entries(E) -> [E].
 %% group's members on Node as this node sees them now.
 plain_entry(E, Node) ->
     case wire_entry(E) of
-        {'$convoy_publish', Scope, Group, Msg} -> {convoy_pg:members_on(Scope, Group, Node), Msg};
+        {?TAG_PUBLISH, Scope, Group, Msg} -> {convoy_pg:members_on(Scope, Group, Node), Msg};
         Plain -> Plain
     end.
 
@@ -598,9 +586,9 @@ plain_multi(Node, [To | Rest] = Tos, Msg, K) ->
 plain_courier(Node, Wire, S) ->
     courier(Node, lists:append([plain_ops(Node, E) || E <- Wire]), S).
 
-plain_ops(Node, {'$convoy_large', To, Msg}) ->
+plain_ops(Node, {?TAG_LARGE, To, Msg}) ->
     plain_ops(Node, {To, Msg});
-plain_ops(Node, {{'$convoy_publish', _, _}, _} = E) ->
+plain_ops(Node, {{?TAG_PUBLISH, _, _}, _} = E) ->
     plain_ops(Node, plain_entry(E, Node));
 plain_ops(_Node, {[], _Msg}) ->
     [{skip, none, 1}]; % a publish to nobody on Node: one message, no send
@@ -650,14 +638,14 @@ worker_done({courier, Node, Started}, Reason, Now, S = #s{index = I, rt = RT}) -
 worker_done({connector, Node}, Reason, Now, S) ->
     core({connected, Node, Reason =:= {connected, true}}, Now, S);
 worker_done({barrier, Node}, _Reason, Now, S = #s{control = {Control, Secret}}) ->
-    Control ! {'$convoy_node_done', Secret, self(), Node},
+    Control ! {?TAG_NODE_DONE, Secret, self(), Node},
     core({barrier_done, Node}, Now, S).
 
 %% A helper process sends the barrier (blocking: it may wait out a busy buffer) and
 %% ends when the inbox answers or cannot (node or inbox gone, or no longer a convoy
 %% peer).
 retire_barrier(Node, S = #s{index = I}) ->
-    Pid = spawn_link(fun() -> barrier(I, Node, route(Node)) end),
+    Pid = spawn_link(fun() -> barrier(I, Node, convoy_peers:known_route(Node)) end),
     S#s{workers = (S#s.workers)#{Pid => {barrier, Node}}}.
 
 %% Returns once lane I's inbox on Node has delivered everything before it.

@@ -24,6 +24,7 @@
 %% back to the node's held counts and to its admission counters.
 -module(convoy_lane_core).
 
+-include("convoy_tags.hrl").
 -export([new/3, handle/3, timeout/2, draining/1, holding/1, buffered/1, nodes/1, summary/1]).
 
 -export_type([core/0, event/0, action/0, send/0, outcome/0]).
@@ -50,13 +51,13 @@
                                  | {barriers, #{node() => true}}}).
 
 -opaque core() :: #core{}.
--type kind() :: '$convoy_send' | '$convoy_large' | '$convoy_multicast'.
+-type kind() :: ?TAG_SEND | ?TAG_LARGE | ?TAG_MULTICAST.
 -type dest() :: pid() | atom() | reference().
 %% A send a sender handed to the lane: kind, node, destination(s) or a `pg' group
 %% (`convoy:publish/3'), message, bytes.
--type send() :: {kind(), node(), dest() | [dest()] | {'$convoy_publish', atom(), term()},
+-type send() :: {kind(), node(), dest() | [dest()] | {?TAG_PUBLISH, atom(), term()},
                  term(), non_neg_integer()}.
--type mark() :: {'$convoy_mark', non_neg_integer(), node()}.
+-type mark() :: {?TAG_MARK, non_neg_integer(), node()}.
 -type route() :: convoy | plain.
 %% What a `ship' action did: everything left (`sent'); the first messages left and
 %% the rest went to a courier waiting out a busy buffer (`courier'); the first left
@@ -241,8 +242,8 @@ runs([{_, Node, _, _, _} | _] = Pending, Now, C, A) ->
                 segments = (C#core.segments)#{Node => Segs}},
          [{accepted, Node, K} | A]).
 
-run(Node, [{'$convoy_large', Node, To, Msg, B} | Rest], Acc, K, L, Bytes) ->
-    run(Node, Rest, [{'$convoy_large', To, Msg} | Acc], K + 1, L + 1, Bytes + B);
+run(Node, [{?TAG_LARGE, Node, To, Msg, B} | Rest], Acc, K, L, Bytes) ->
+    run(Node, Rest, [{?TAG_LARGE, To, Msg} | Acc], K + 1, L + 1, Bytes + B);
 run(Node, [{_, Node, To, Msg, B} | Rest], Acc, K, L, Bytes) ->
     run(Node, Rest, [{To, Msg} | Acc], K + 1, L, Bytes + B);
 run(_Node, Rest, Acc, K, L, Bytes) -> {lists:reverse(Acc), K, L, Bytes, Rest}.
@@ -277,12 +278,12 @@ ship(Node, Reason, {C = #core{queues = Q, max_batch = MB}, A}) ->
             end
     end.
 
-is_mark(E) -> element(1, E) =:= '$convoy_mark'.
+is_mark(E) -> element(1, E) =:= ?TAG_MARK.
 
 %% A chunk's marks and its messages (wire entries). Marks are rare: one scan in C
 %% tells whether the chunk has any before it is split.
 marks(Chunk) ->
-    case lists:keymember('$convoy_mark', 1, Chunk) of
+    case lists:keymember(?TAG_MARK, 1, Chunk) of
         false -> {[], Chunk};
         true -> lists:partition(fun is_mark/1, Chunk)
     end.
@@ -387,7 +388,7 @@ flush(Which, ReplyTo, Tag, Now, {C = #core{queues = Q, next_mark = Id}, A}) ->
         [] ->
             {C, [{reply, ReplyTo, Tag} | A]};
         _ ->
-            Q1 = lists:foldl(fun(N, Acc) -> convoy_batch:push(N, {'$convoy_mark', Id, N}, Now, Acc)
+            Q1 = lists:foldl(fun(N, Acc) -> convoy_batch:push(N, {?TAG_MARK, Id, N}, Now, Acc)
                              end, Q, Nodes),
             C1 = C#core{queues = Q1, next_mark = Id + 1,
                         flushes = (C#core.flushes)#{Id => {ReplyTo, Tag, length(Nodes)}}},
@@ -401,7 +402,7 @@ flush(Which, ReplyTo, Tag, Now, {C = #core{queues = Q, next_mark = Id}, A}) ->
 
 answer_marks([], CA) ->
     CA;
-answer_marks([{'$convoy_mark', Id, _Node} | Rest], {C = #core{flushes = F}, A}) ->
+answer_marks([{?TAG_MARK, Id, _Node} | Rest], {C = #core{flushes = F}, A}) ->
     case F of
         #{Id := {ReplyTo, Tag, 1}} ->
             answer_marks(Rest, {C#core{flushes = maps:remove(Id, F)}, [{reply, ReplyTo, Tag} | A]});

@@ -46,16 +46,9 @@
 %% it ships batches of at least this many messages on average (in sixteenths: one
 %% and an eighth). Among enough senders (`BATCH_SENDERS') that is low enough not
 %% to leave batching at every window of small batches, which is self-fulfilling:
-%% each sender that leaves makes the lane's batches smaller. With two lanes, 64
-%% request/response pairs shipped batches of 1.2-2.8 messages under a threshold
-%% of one and a half and sent 10-49% of their messages directly, at 0.75x-1.14x
-%% the round trips of plain `!'; with this one, 1.30x-1.39x (batching forced:
-%% 1.40x-1.83x): `bin/convoy-bench --scenario pairs --convoy lanes=2', runs
-%% alternated. One lane's 64 pairs moved within the runs' spread (1.99x-2.19x and
-%% 1.63x-1.97x, req and event, both thresholds). Two (before one and a half)
-%% measured 16 to 1024 pairs at 1.01x-1.63x plain against 1.18x-2.21x. Batches of
-%% about one message (senders that meet on the lane only by chance) still send
-%% them direct.
+%% each sender that leaves makes the lane's batches smaller. Batches of about one
+%% message (senders that meet on the lane only by chance) still send them direct.
+%% Evidence: doc/decisions.md.
 -define(PAYS_X16, 18).
 %% A lane whose batches did not pay is tried again after this long (so a flood
 %% that starts while senders go direct is batched again within this time).
@@ -63,11 +56,8 @@
 %% A busy lane is taken by senders that do not stream only while about this many
 %% senders or more take turns on it (the ratio of the recent gaps between a small
 %% send and its sender's previous one to those between small sends on the lane).
-%% Fewer fill batches too small to pay for the extra hops: with batching forced,
-%% 4 request/response pairs ship batches of 4 at 0.39x the round trips of plain
-%% `!', 16 pairs batches of 16 at 1.49x (`bin/convoy-bench --scenario pairs
-%% --convoy bypass_after=never'). The rate of small sends cannot tell them apart:
-%% by plain `!' both keep a 2-core machine as busy (about 80 k round trips/s).
+%% Fewer fill batches too small to pay for the extra hops, and the rate of small
+%% sends cannot tell them apart (doc/decisions.md).
 -define(BATCH_SENDERS, 8).
 -define(ENOUGH_SENDERS(Gaps), (element(2, Gaps) >= ?BATCH_SENDERS * element(1, Gaps))).
 

@@ -57,6 +57,7 @@
          is_marked/1]).
 
 -include("convoy_runtime.hrl").
+-include("convoy_tags.hrl").
 
 %% How long a sender waits for its lane when convoy stops (the stop itself is
 %% bounded well below this; see convoy_control).
@@ -173,7 +174,7 @@ entries(_Node, [], _T, Entries, Bytes) ->
     {Entries, Bytes};
 entries(Node, [{To, Msg} | Rest], T, Entries, Bytes) ->
     case convoy_size:measure(Msg, T) of
-        {small, B} -> entries(Node, Rest, T, [{'$convoy_send', Node, To, Msg, B} | Entries],
+        {small, B} -> entries(Node, Rest, T, [{?TAG_SEND, Node, To, Msg, B} | Entries],
                               Bytes + B);
         {large, _} -> large
     end.
@@ -200,7 +201,7 @@ together(RT = #runtime{lanes = Lanes}, Nodes) ->
         false ->
             {Sends, N, Left} = held_sends(RT, Nodes, [], 0, []),
             ok = convoy_slots:dispose(Slots, K - N),
-            _ = N =:= 0 orelse erlang:send(element(L, Lanes), {'$convoy_sends', Sends, N}),
+            _ = N =:= 0 orelse erlang:send(element(L, Lanes), {?TAG_SENDS, Sends, N}),
             Left
     end.
 
@@ -241,7 +242,7 @@ multicast(Dests, Msg) ->
 %% (`{'$convoy_publish', Scope, Group}', for a peer that reads publish entries).
 %% It takes the path of `multicast/2''s entries, so it keeps its place among the
 %% caller's other messages to `Node'.
--spec multicast_entry(node(), [convoy:dest()] | {'$convoy_publish', atom(), term()}, term()) ->
+-spec multicast_entry(node(), [convoy:dest()] | {?TAG_PUBLISH, atom(), term()}, term()) ->
           ok.
 multicast_entry(Node, Tos, Msg) ->
     remote_multi(persistent_term:get(?RUNTIME_KEY, undefined), Node, Tos, Msg).
@@ -481,8 +482,7 @@ bypass_by_route(RT, L, Node, To, Msg, Size, Calm) ->
 %% message is on its way all the same; the sender stays marked. The admission is
 %% disposed of only after the wait, as when the barrier goes first: meanwhile the
 %% lane is not idle, so its other senders go through it and their messages form
-%% batches (disposed of at once, 64 to 1024 request/response pairs measured
-%% 0.71x-0.99x plain, against 1.00x-1.38x).
+%% batches (disposed of at once, many request/response pairs lost to `!').
 inbox_then_barrier(RT, L, Node, Inboxes, C, To, Msg, Size) ->
     mark(Node),
     case barrier(RT, L, Node, Inboxes, C, [{To, Msg}]) of
@@ -635,7 +635,7 @@ node_row(Node) ->
 
 %% A publish entry goes to the inbox only of a peer that reads it; for any other
 %% the lane turns it into what the peer reads when it ships.
-multi_row(Node, {'$convoy_publish', _Scope, _Group}) ->
+multi_row(Node, {?TAG_PUBLISH, _Scope, _Group}) ->
     case convoy_peers:lookup(Node) of
         {{convoy, Vsn, Inboxes}, C, _H} ->
             case convoy_wire:supports(Vsn, publish) of
@@ -671,7 +671,7 @@ via_inbox(RT, L, Node, Inboxes, C, Entry, To, Msg, Size) ->
         _ -> to_lane(RT, L, Node, To, Msg, Size)
     end.
 
-wire_entry({{'$convoy_publish', Scope, Group}, Msg}) -> convoy_wire:publish(Scope, Group, Msg);
+wire_entry({{?TAG_PUBLISH, Scope, Group}, Msg}) -> convoy_wire:publish(Scope, Group, Msg);
 wire_entry(Entry) -> Entry.
 
 disposed(RT, L, C) ->
@@ -702,9 +702,9 @@ reheld(RT = #runtime{generation = Gen}, L, Node, To, Msg, Size) ->
     _ = fetch_refs(Gen, Node),
     to_lane(RT, L, Node, To, Msg, Size).
 
-kind(_Msg, {small, B}) -> {'$convoy_send', B};
-kind(_Msg, {multicast, B}) -> {'$convoy_multicast', B};
-kind(_Msg, {large, B}) -> {'$convoy_large', B}.
+kind(_Msg, {small, B}) -> {?TAG_SEND, B};
+kind(_Msg, {multicast, B}) -> {?TAG_MULTICAST, B};
+kind(_Msg, {large, B}) -> {?TAG_LARGE, B}.
 
 hand_over(#runtime{lanes = Lanes}, L, Node, To, Msg, Kind, Bytes) ->
     mark(Node),
@@ -716,7 +716,7 @@ marked_to_lane(RT = #runtime{lanes = Lanes}, L, Node, To, Msg, {small, Bytes} = 
     {C, H} = refs(RT, Node),
     case hold(RT, H, Bytes) of
         ok ->
-            erlang:send(element(L, Lanes), {'$convoy_send', Node, To, Msg, Bytes}),
+            erlang:send(element(L, Lanes), {?TAG_SEND, Node, To, Msg, Bytes}),
             ok;
         full ->
             overloaded(RT, L, Node, To, Msg, Size, C, H);
@@ -766,7 +766,7 @@ wait_room(RT = #runtime{lanes = Lanes}, L, Node, H, Bytes, Deadline) ->
         full ->
             Lane = element(L, Lanes),
             Mon = erlang:monitor(process, Lane, [{alias, demonitor}]),
-            Lane ! {'$convoy_wait', Node, Mon, Bytes},
+            Lane ! {?TAG_WAIT, Node, Mon, Bytes},
             Result = wait_loop(RT, Lane, Mon, Node, H, Bytes, Deadline),
             erlang:demonitor(Mon, [flush]),
             Result;
@@ -781,7 +781,7 @@ wait_loop(RT, Lane, Mon, Node, H, Bytes, Deadline) ->
         {Mon, room} ->
             case hold(RT, H, Bytes) of
                 full ->
-                    Lane ! {'$convoy_wait', Node, Mon, Bytes},
+                    Lane ! {?TAG_WAIT, Node, Mon, Bytes},
                     wait_loop(RT, Lane, Mon, Node, H, Bytes, Deadline);
                 OkOrClosed ->
                     OkOrClosed
@@ -870,7 +870,7 @@ waited(RT, C, Node, Wait, T0, Result) ->
 %% to it meanwhile (a lane probing it already ignores the request).
 unanswered(#runtime{lanes = Lanes}, L, Node, C, Why) ->
     ok = convoy_metrics:unanswered(C, Why),
-    element(L, Lanes) ! {'$convoy_probe', Node},
+    element(L, Lanes) ! {?TAG_PROBE, Node},
     ok.
 
 %% The lane has disposed of every admission before ours (V). With max_delay set
@@ -969,6 +969,8 @@ recorded_sends() ->
 %% the lane is in use, stays at most SKIP_MAX + 1 of its sends old.
 -define(SKIP_MAX, 15).
 -define(SKIPPED_KEY, '$convoy_skipped').
+%% The sender's own last small send recorded (the lanes' clock).
+-define(LAST_SEND_KEY, '$convoy_last_send').
 
 marked_calm(RT = #runtime{bypass_after = W, max_delay = 0}, L) when is_integer(W) ->
     Now = now_us(RT),
@@ -1010,12 +1012,12 @@ skipped() ->
 
 %% A marked sender's record at Now: its skipped sends are accounted for.
 record_own(Now, Skipped) ->
-    put('$convoy_last_send', Now),
+    put(?LAST_SEND_KEY, Now),
     _ = Skipped =:= 0 orelse erase(?SKIPPED_KEY),
     ok.
 
 own_last_record(Now) ->
-    case get('$convoy_last_send') of
+    case get(?LAST_SEND_KEY) of
         undefined -> convoy_slots:long_ago(Now);
         Last -> Last
     end.
@@ -1025,7 +1027,7 @@ now_us(#runtime{clock = Clock}) -> convoy_slots:now_us(Clock).
 %% This process's previous small remote send (the lanes' clock), replaced
 %% by Now: whether the sender itself streams.
 own_last_send(Now) ->
-    case put('$convoy_last_send', Now) of
+    case put(?LAST_SEND_KEY, Now) of
         undefined -> convoy_slots:long_ago(Now);
         Last -> Last
     end.
@@ -1191,7 +1193,7 @@ node_counters(Node) ->
 %% convoy not running, or stopping
 
 %% Plain sends, as when convoy is not running.
-plain_send(Node, {'$convoy_publish', Scope, Group}, Msg) ->
+plain_send(Node, {?TAG_PUBLISH, Scope, Group}, Msg) ->
     plain_send(Node, convoy_pg:members_on(Scope, Group, Node), Msg);
 plain_send(Node, Tos, Msg) ->
     lists:foreach(fun(To) -> erlang:send(convoy_wire:address(To, Node), Msg) end, Tos),

@@ -66,10 +66,8 @@
 %% (one long pause is forgotten after about a hundred sends), and each sender's gap
 %% since its own previous small send at most OWN_GAP_CAP_US (a sender's first send
 %% counts so). Their ratio estimates how many senders take turns, and it must hold
-%% through the pause after each burst of a closed loop under batching: with a
-%% weight of 1/8, 16 request/response pairs estimated fewer than 8 senders in 5-7%
-%% of samples, and the senders who then left the lane made the pairs' p99 1.3x-1.9x
-%% plain's; with 1/32, never fewer than 13 (a scratch driver sampling every ms).
+%% through the pause after each burst of a closed loop under batching (a lighter
+%% weight let pairs leave the lane; doc/decisions.md).
 -define(GAP_UNIT, 256).
 -define(GAP_WEIGHT, 32).
 -define(GAP_CAP_US, 1000). % 256,000 GAP_UNITs: within LANE_GAP_BITS
@@ -116,9 +114,7 @@ new(Behind, Clock) ->
 %% @doc The lanes' clock on this node: every time in these slots, and every time
 %% compared with one, is `now_us/1' of it. Monotonic microseconds with an origin
 %% of their own, read from os:perf_counter/0 where it counts at least a tick per
-%% microsecond: every small send reads the clock, and on the machine convoy is
-%% measured on that costs a third of erlang:monotonic_time/1 (23 against 67 ns
-%% in a loop). Steering only: no order and no timer depends on it. The OS's
+%% microsecond: it costs a fraction of erlang:monotonic_time/1. Steering only: no order and no timer depends on it. The OS's
 %% performance counter (nanoseconds on Linux) is documented as possibly not
 %% monotonic: a step back would make lanes look busy for the step's length (their
 %% small messages then batched), never reorder anything.

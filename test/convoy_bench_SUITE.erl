@@ -368,10 +368,10 @@ check_scenario(Result = #{name := Name, spec := Spec, runs := Runs0, summary := 
              ?assertEqual(<<"local">>, V)
      end || #{variant := V, status := S, figures := FS, ratios := RS} <- Summary],
     %% The ceiling runs exactly where the scenario has one, and every convoy row
-    %% there is also given as a fraction of it.
+    %% (send_many's too) there is also given as a fraction of it.
     Ceiling = maps:get(ceiling, Spec),
     ?assertEqual(Ceiling, lists:member(<<"ceiling">>, Variants), Name),
-    [?assertEqual(case Ceiling andalso is_convoy(V) of
+    [?assertEqual(case Ceiling andalso has_limits(V) of
                       true -> lists:sort(maps:get(ratio, Spec));
                       false -> []
                   end, lists:sort(maps:keys(CR)), {Name, V})
@@ -380,6 +380,8 @@ check_scenario(Result = #{name := Name, spec := Spec, runs := Runs0, summary := 
     %% across nodes, for the best distribution flag.
     Handover = maps:get(handover, Spec),
     ?assertEqual(Handover, lists:member(<<"handover">>, Variants), Name),
+    %% send_many (convoy, lists handed over) where the scenario has it.
+    ?assertEqual(maps:get(send_many, Spec), lists:member(<<"send_many">>, Variants), Name),
     %% pubsub compares Phoenix.PubSub's adapters: pg2 and convoy's, nothing else.
     Pubsub = maps:get(pubsub, Spec),
     ?assertEqual(Pubsub, lists:member(<<"pg2">>, Variants), Name),
@@ -390,7 +392,7 @@ check_scenario(Result = #{name := Name, spec := Spec, runs := Runs0, summary := 
                   {lists:sort(maps:keys(HR)), lists:sort(maps:keys(FR))}, {Name, V})
      || #{variant := V, status := ok, handover_ratios := HR, flag_ratios := FR} <- Summary,
         Limit <- [fun(Ran) ->
-                          case Ran andalso is_convoy(V) of
+                          case Ran andalso has_limits(V) of
                               true -> lists:sort(maps:get(ratio, Spec));
                               false -> []
                           end
@@ -439,6 +441,9 @@ first_runs(Result = #{spec := Spec}, Runs) ->
 
 is_convoy(<<"convoy", _/binary>>) -> true;
 is_convoy(_) -> false.
+
+%% The rows given as fractions of the limits: convoy's, send_many's included.
+has_limits(V) -> is_convoy(V) orelse V =:= <<"send_many">>.
 
 check_files(Dir, R = #{scenarios := Scenarios, files := Files}) ->
     [?assert(filelib:is_regular(F), F) || F <- Files],
