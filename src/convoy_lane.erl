@@ -175,16 +175,7 @@ drain(S, Now, N, Sends, K) ->
     end.
 
 pend(_Sends, 0, _Now, S) -> S;
-pend(Sends, K, Now, S) -> core({sends, Sends, K}, Now, small_reached(S)).
-
-%% Where batching is forced its senders record no small sends: the lane notes
-%% that small messages reach it (`convoy_slots:note_small_send/2'), once per read.
-small_reached(S = #s{rt = #runtime{bypass_after = W, max_delay = D, clock = Clock}, slots = Slots})
-  when W =:= never; D > 0 ->
-    ok = convoy_slots:note_small_send(Slots, convoy_slots:now_us(Clock)),
-    S;
-small_reached(S) ->
-    S.
+pend(Sends, K, Now, S) -> core({sends, Sends, K}, Now, S).
 
 %% Always the real time: the monotonic clock can be negative, so no constant can
 %% stand for "no time".
@@ -229,11 +220,11 @@ acts([A | Rest], Now, S) -> acts(Rest, Now, act(A, Now, S)).
 %% Sends come from convoy_route in this node's processes; the guards keep a
 %% malformed one (anything may reach a registered process) from crashing the lane.
 handle({?TAG_SEND, Node, To, _Msg, Bytes} = M, Now, S) when ?IS_HANDED(Node, To, Bytes) ->
-    core({send, M}, Now, small_reached(S));
+    core({send, M}, Now, S);
 handle({?TAG_SENDS, Sends, K}, Now, S) when is_list(Sends), is_integer(K), K > 0 ->
     %% convoy:send_many/1: sends newest first, as a drain collects them
     case counted_sends(Sends, 0) of
-        K -> core({sends, Sends, K}, Now, small_reached(S));
+        K -> core({sends, Sends, K}, Now, S);
         _ -> stray(S)
     end;
 handle({?TAG_LARGE, Node, To, _Msg, Bytes} = M, Now, S) when ?IS_HANDED(Node, To, Bytes) ->
@@ -242,17 +233,13 @@ handle({Kind, Node, Tos, _Msg, Bytes} = M, Now, S)
   when Kind =:= ?TAG_MULTICAST orelse Kind =:= ?TAG_LARGE,
        is_atom(Node), is_integer(Bytes), Bytes >= 0, is_list(Tos) ->
     case valid_tos(Tos) of
-        true when Kind =:= ?TAG_MULTICAST -> core({send, M}, Now, small_reached(S));
         true -> core({send, M}, Now, S);
         false -> stray(S)
     end;
 handle({Kind, Node, {?TAG_PUBLISH, Scope, _Group}, _Msg, Bytes} = M, Now, S)
   when Kind =:= ?TAG_MULTICAST orelse Kind =:= ?TAG_LARGE,
        is_atom(Node), is_integer(Bytes), Bytes >= 0, is_atom(Scope) ->
-    core({send, M}, Now, case Kind of
-                             ?TAG_MULTICAST -> small_reached(S);
-                             _ -> S
-                         end);
+    core({send, M}, Now, S);
 handle({?TAG_WAIT, Node, Alias, Bytes}, Now, S = #s{rt = RT})
   when is_atom(Node), is_reference(Alias), is_integer(Bytes), Bytes >= 0 ->
     {_, H} = refs(Node, S),

@@ -881,13 +881,12 @@ idle(_RT, _L, _V) -> false.
 %% Records this small send's time on the lane, standing for `Sends' small sends
 %% of its sender (see `unmarked_calm/2'), and says how calm the lane was before
 %% it (convoy_path). Where batching is forced (`max_delay' set, or
-%% `bypass_after' `never') the lane is never calm and nothing is recorded: the
-%% lane itself notes when small messages reach it (`convoy_lane'), which large
-%% messages read (see convoy_path:pieces/3).
-calm(#runtime{bypass_after = never}, _L, _Sends) ->
-    busy;
-calm(#runtime{max_delay = D}, _L, _Sends) when D > 0 ->
-    busy;
+%% `bypass_after' `never') the lane is never calm and only the time is noted
+%% (`forced/2').
+calm(RT = #runtime{bypass_after = never}, L, _Sends) ->
+    forced(RT, L);
+calm(RT = #runtime{max_delay = D}, L, _Sends) when D > 0 ->
+    forced(RT, L);
 calm(RT, L, Sends) ->
     Now = now_us(RT),
     calm(RT, L, Now, (Now - own_last_send(Now)) div Sends, Sends, direct).
@@ -944,8 +943,8 @@ unmarked_calm(RT = #runtime{bypass_after = W, max_delay = 0}, L) when is_integer
                 Calm -> put(?CALM_KEY, {Calm, ?CALM_REUSE}), Calm
             end
     end;
-unmarked_calm(_RT, _L) ->
-    busy. % batching forced: never calm, nothing recorded
+unmarked_calm(RT, L) ->
+    forced(RT, L).
 
 %% How many small sends the recorded one of an unmarked sender stands for:
 %% itself and those that took a reused calm since the last recorded one. (A
@@ -984,8 +983,8 @@ marked_calm(RT = #runtime{bypass_after = W, max_delay = 0}, L) when is_integer(W
             record_own(Now, Skipped),
             calm(RT, L, Now, OwnGap, 1 + Skipped, lane)
     end;
-marked_calm(_RT, _L) ->
-    busy. % batching forced: never calm, nothing recorded
+marked_calm(RT, L) ->
+    forced(RT, L).
 
 %% A marked sender's small send to its busy lane (the path does not depend on
 %% the lane's calm): counted, and one in SKIP_MAX + 1 recorded.
@@ -1001,8 +1000,16 @@ skipped_record(RT = #runtime{bypass_after = W, max_delay = 0}, L) when is_intege
             _ = convoy_slots:since_last_send(slots(RT, L), Now, OwnGap, 1 + Skipped),
             ok
     end;
-skipped_record(_RT, _L) ->
+skipped_record(RT, L) ->
+    busy = forced(RT, L),
     ok.
+
+%% Batching forced: the lane is never calm, and no average is read. The small
+%% send's time is noted all the same: a large message that follows goes in
+%% pieces behind it (convoy_path:pieces/3).
+forced(RT, L) ->
+    ok = convoy_slots:note_small_send(slots(RT, L), now_us(RT)),
+    busy.
 
 skipped() ->
     case get(?SKIPPED_KEY) of

@@ -192,9 +192,9 @@ since_last_send(A, Now, OwnGap, Sends) ->
             {Now - Last, unread}
     end.
 
-%% @doc A small message reached the lane at `Now' (microseconds, the lanes'
-%% clock), noted by the lane itself where batching is forced and senders record
-%% nothing: the last small send moves forward only, the averages are not touched.
+%% @doc A small message took the lane at `Now' (microseconds, the lanes' clock),
+%% where batching is forced and no average is read: the last small send moves
+%% forward only, the averages are not touched.
 -spec note_small_send(slots(), integer()) -> ok.
 note_small_send(A, Now) ->
     case atomics:get(A, ?LAST_SEND) of

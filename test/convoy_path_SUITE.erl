@@ -62,7 +62,7 @@ idle_after_burst_goes_direct(_Config) ->
 %% An unmarked sender that found its lane calm sends its next 3 small messages
 %% directly without recording them on the lane: the lane's last small send moves
 %% at sends 1, 5 and 9 only, and all 9 go directly. With `max_delay' set (batches
-%% asked for) none reuses a calm: all go to the lane, which notes each.
+%% asked for) none reuses a calm: all go to the lane, each send's time noted.
 calm_reused_for_next_sends(_Config) ->
     {_Peer, Node} = convoy_ct_peers:convoy_peer(?MODULE, ?CT_PEER_NAME(), #{}),
     #runtime{slots = {Slots}} = persistent_term:get(?RUNTIME_KEY),
@@ -80,8 +80,8 @@ calm_reused_for_next_sends(_Config) ->
 %% lane's last small send stays put for up to 15 sends in a row, and moves at
 %% least once in 16 (it tells other senders and large messages the lane is in
 %% use). Every message is accepted and goes through the lane. With `max_delay'
-%% set the sender records nothing (it neither reads the clock nor counts skips):
-%% the lane notes that small messages reach it.
+%% set no average is kept: each send notes its time on the lane, and the sender
+%% neither counts skips nor keeps its own last send.
 streaming_sender_skips_records(_Config) ->
     {_Peer, Node} = convoy_ct_peers:convoy_peer(?MODULE, ?CT_PEER_NAME(), #{}),
     #runtime{slots = {Slots}} = persistent_term:get(?RUNTIME_KEY),
