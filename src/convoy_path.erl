@@ -35,30 +35,13 @@
 -module(convoy_path).
 
 -export([calm/2, streams/2, unpaid_until/2, pays/3, quiet/2, unadmitted/3, may_bypass/2, bypass/3,
-         multicast/4, pieces/3]).
+         multicast/4, pieces/3, constants/0]).
 
 -export_type([size/0, calm/0, route/0]).
 
-%% No small message on the lane for this long: a marked sender's barrier (one
-%% round trip, tens of microseconds on a LAN) costs little beside the idle gap.
--define(SETTLED_US, 1000).
-%% A busy lane is worth its two extra hops (the lane's and the peer inbox's) only if
-%% it ships batches of at least this many messages on average (in sixteenths: one
-%% and an eighth). Among enough senders (`BATCH_SENDERS') that is low enough not
-%% to leave batching at every window of small batches, which is self-fulfilling:
-%% each sender that leaves makes the lane's batches smaller. Batches of about one
-%% message (senders that meet on the lane only by chance) still send them direct.
-%% Evidence: doc/decisions.md.
--define(PAYS_X16, 18).
-%% A lane whose batches did not pay is tried again after this long (so a flood
-%% that starts while senders go direct is batched again within this time).
--define(PROBE_US, 10000).
-%% A busy lane is taken by senders that do not stream only while about this many
-%% senders or more take turns on it (the ratio of the recent gaps between a small
-%% send and its sender's previous one to those between small sends on the lane).
-%% Fewer fill batches too small to pay for the extra hops, and the rate of small
-%% sends cannot tell them apart (doc/decisions.md).
--define(BATCH_SENDERS, 8).
+%% The constants (SETTLED_US, PAYS_X16, PROBE_US, BATCH_SENDERS, ...) and why.
+-include("convoy_policy.hrl").
+
 -define(ENOUGH_SENDERS(Gaps), (element(2, Gaps) >= ?BATCH_SENDERS * element(1, Gaps))).
 
 -type size() :: small | large.
@@ -71,6 +54,16 @@
 %% drain, a piece) since one ran out: its senders go through their lanes, so a
 %% stall costs each of them at most that one wait (`convoy_metrics:unanswered/1').
 -type route() :: convoy | unanswered | plain | none.
+
+%% @doc The policy's constants by name (convoy_policy.hrl), as doc/design.md's
+%% table lists them.
+-spec constants() -> #{atom() => integer()}.
+constants() ->
+    #{'SETTLED_US' => ?SETTLED_US, 'PAYS_X16' => ?PAYS_X16, 'PROBE_US' => ?PROBE_US,
+      'BATCH_SENDERS' => ?BATCH_SENDERS, 'GAP_UNIT' => ?GAP_UNIT,
+      'GAP_WEIGHT' => ?GAP_WEIGHT, 'GAP_CAP_US' => ?GAP_CAP_US,
+      'OWN_GAP_CAP_US' => ?OWN_GAP_CAP_US, 'WINDOW_US' => ?WINDOW_US,
+      'CALM_REUSE' => ?CALM_REUSE, 'SKIP_MAX' => ?SKIP_MAX}.
 
 %% @doc How calm a lane is, from the microseconds since its previous small send
 %% and the `bypass_after' window (`never': batching is forced).

@@ -58,6 +58,7 @@
 
 -include("convoy_runtime.hrl").
 -include("convoy_tags.hrl").
+-include("convoy_policy.hrl").
 
 %% How long a sender waits for its lane when convoy stops (the stop itself is
 %% bounded well below this; see convoy_control).
@@ -929,7 +930,6 @@ gaps(_Slots, Gaps) -> Gaps.
 %% next recorded send stands for the sends taken since the last one
 %% (`recorded_sends/0'): its gaps count per send, so a sender that starts to
 %% stream, or many that take turns, are seen as before.
--define(CALM_REUSE, 3).
 -define(CALM_KEY, '$convoy_calm').
 
 unmarked_calm(RT = #runtime{bypass_after = W, max_delay = 0}, L) when is_integer(W) ->
@@ -966,7 +966,6 @@ recorded_sends() ->
 %% flood's sender reads the clock and writes the lane's shared line rarely, and
 %% the lane's last small send, which tells other senders and large messages that
 %% the lane is in use, stays at most SKIP_MAX + 1 of its sends old.
--define(SKIP_MAX, 15).
 -define(SKIPPED_KEY, '$convoy_skipped').
 %% The sender's own last small send recorded (the lanes' clock).
 -define(LAST_SEND_KEY, '$convoy_last_send').

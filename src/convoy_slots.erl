@@ -61,17 +61,9 @@
 -define(GAPS, 26).
 -define(LANE_GAP_BITS, 24).
 -define(LANE_GAP_MASK, ((1 bsl ?LANE_GAP_BITS) - 1)).
-%% Gaps are averaged in GAP_UNITths of a microsecond, each new one weighing
-%% 1/GAP_WEIGHT: the lane's gaps between small sends counted at most GAP_CAP_US
-%% (one long pause is forgotten after about a hundred sends), and each sender's gap
-%% since its own previous small send at most OWN_GAP_CAP_US (a sender's first send
-%% counts so). Their ratio estimates how many senders take turns, and it must hold
-%% through the pause after each burst of a closed loop under batching (a lighter
-%% weight let pairs leave the lane; doc/decisions.md).
--define(GAP_UNIT, 256).
--define(GAP_WEIGHT, 32).
--define(GAP_CAP_US, 1000). % 256,000 GAP_UNITs: within LANE_GAP_BITS
--define(OWN_GAP_CAP_US, 10000).
+%% The gaps' averaging constants (GAP_UNIT, GAP_WEIGHT, GAP_CAP_US, OWN_GAP_CAP_US)
+%% and the batching window (WINDOW_US) are the policy's (convoy_policy.hrl).
+-include("convoy_policy.hrl").
 %% Written by the lane alone, read by senders: one line of their own, written
 %% only when the lane judges a window (`judge/3'), so that while the verdict
 %% holds, every sender's read of it finds the line in its own cache.
@@ -91,7 +83,6 @@
 -define(MSGS, 43).
 -define(SENDS, 44).
 -define(WINDOW_END, 45).
--define(WINDOW_US, 2000).
 -define(SIZE, 52).
 %% Batch sizes are kept in sixteenths of a message.
 -define(BATCH_ONE, 16).

@@ -92,6 +92,17 @@ readme_settings_rows() ->
          nomatch -> error({unexpected_settings_row, Row})
      end || Row <- Body].
 
+%% doc/design.md's table of the adaptive policy's constants lists exactly
+%% convoy_policy.hrl's, with their values.
+design_policy_table_test() ->
+    {ok, Text} = file:read_file(filename:join([project_root(), "doc", "design.md"])),
+    {match, Rows} = re:run(Text, "^\\| `([A-Z_0-9]+)` \\| ([0-9]+) \\|",
+                           [global, multiline, {capture, all_but_first, binary}]),
+    Table = maps:from_list([{binary_to_atom(Name), binary_to_integer(Value)}
+                            || [Name, Value] <- Rows]),
+    ?assertEqual(length(Rows), map_size(Table)),
+    ?assertEqual(convoy_path:constants(), Table).
+
 %% README's telemetry table lists exactly the events the code emits: every
 %% `[convoy, _, _]' written in src/ outside comments.
 readme_events_table_test() ->
