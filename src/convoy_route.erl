@@ -986,17 +986,18 @@ marked_calm(RT, L) ->
     forced(RT, L).
 
 %% A marked sender's small send to its busy lane (the path does not depend on
-%% the lane's calm): counted, and one in SKIP_MAX + 1 recorded.
+%% the lane's calm). A sender that its last clock reading found streaming
+%% (`marked_calm/2' started counting skips) skips this one's clock and record
+%% too, up to SKIP_MAX in a row; any other sender records it as before: the
+%% lane's last small send and averages stay as fresh as its senders' traffic,
+%% which the calm of every other sender on the lane reads.
 skipped_record(RT = #runtime{bypass_after = W, max_delay = 0}, L) when is_integer(W) ->
-    case skipped() of
-        Skipped when Skipped < ?SKIP_MAX ->
+    case get(?SKIPPED_KEY) of
+        Skipped when is_integer(Skipped), Skipped < ?SKIP_MAX ->
             put(?SKIPPED_KEY, Skipped + 1),
             ok;
-        Skipped ->
-            Now = now_us(RT),
-            OwnGap = (Now - own_last_record(Now)) div (1 + Skipped),
-            record_own(Now, Skipped),
-            _ = convoy_slots:since_last_send(slots(RT, L), Now, OwnGap, 1 + Skipped),
+        _ ->
+            _ = marked_calm(RT, L),
             ok
     end;
 skipped_record(RT, L) ->
@@ -1071,12 +1072,9 @@ multi(RT = #runtime{large_threshold = T}, L, Node, Tos, Msg) ->
                                {small, B} -> {small, {multicast, B}}
                            end,
             Idle = idle(RT, L, V),
-            %% Only an idle lane may be bypassed: while it holds messages the
-            %% entry goes to it, its calm unread (`skipped_record/2').
             Calm = case Kind of
                        large -> busy;
-                       small when Idle -> calm(RT, L, 1);
-                       small -> skipped_record(RT, L), busy
+                       small -> calm(RT, L, 1)
                    end,
             {Route, C, Inboxes} = case Idle of
                                       true -> multi_row(Node, Tos);
