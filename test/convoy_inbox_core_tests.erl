@@ -8,13 +8,9 @@
 -define(HERE, 'here@h').
 -define(C, 7).
 
-pid(Node, Id, Creation) ->
-    N = atom_to_binary(Node, utf8),
-    binary_to_term(<<131, 88, 119, (byte_size(N)), N/binary, Id:32, 0:32, Creation:32>>).
+pid(Node, Id, Creation) -> convoy_test_ids:pid(Node, Id, Creation).
 
-ref(Node, Id, Creation) ->
-    N = atom_to_binary(Node, utf8),
-    binary_to_term(<<131, 90, 3:16, 119, (byte_size(N)), N/binary, Creation:32, Id:32, 0:32, 0:32>>).
+ref(Node, Id, Creation) -> convoy_test_ids:ref(Node, Id, Creation).
 
 p(I) -> pid(?HERE, I, ?C).
 

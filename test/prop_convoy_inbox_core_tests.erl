@@ -87,13 +87,9 @@ prop_inbox_core() ->
 
 %% A pid or reference of Node with the given creation (NEW_PID_EXT,
 %% NEWER_REFERENCE_EXT).
-pid(Node, Id, Creation) ->
-    N = atom_to_binary(Node, utf8),
-    binary_to_term(<<131, 88, 119, (byte_size(N)), N/binary, Id:32, 0:32, Creation:32>>).
+pid(Node, Id, Creation) -> convoy_test_ids:pid(Node, Id, Creation).
 
-ref(Node, Id, Creation) ->
-    N = atom_to_binary(Node, utf8),
-    binary_to_term(<<131, 90, 3:16, 119, (byte_size(N)), N/binary, Creation:32, Id:32, 0:32, 0:32>>).
+ref(Node, Id, Creation) -> convoy_test_ids:ref(Node, Id, Creation).
 
 dest(p1) -> pid(?HERE, 1, ?CREATION);
 dest(p2) -> pid(?HERE, 2, ?CREATION);
