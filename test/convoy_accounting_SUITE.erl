@@ -95,7 +95,6 @@ run(Bound, Ops, B, C) ->
     Self = self(),
     Sender = spawn_link(fun() -> Self ! {done, self(), sender(Ops, Receivers, #{})} end),
     {Sent, Refused} = receive {done, Sender, R} -> R after 120000 -> exit(sender_stuck) end,
-    ok = resume_lanes(),
     ok = convoy:flush(),
     After = counters([B, C]),
     check(Before, After, Receivers, [B, B, C], Sent, Refused).
@@ -103,6 +102,7 @@ run(Bound, Ops, B, C) ->
 %% The sender: every message numbered per receiver; returns how many each
 %% receiver was sent and how many of those send/3 refused.
 sender([], _Receivers, Next) ->
+    ok = resume_lanes(),
     {Next, maps:get(refused, get_refused(), #{})};
 sender([Op | Ops], Receivers, Next) ->
     sender(Ops, Receivers, op(Op, Receivers, Next)).
@@ -142,7 +142,9 @@ op({multicast, Ds0, Size}, Rs, Next) ->
 op({burst, D, K}, Rs, Next) ->
     lists:foldl(fun(_, N) -> op({send, D, small}, Rs, N) end, Next, lists:seq(1, K));
 op(suspend, _Rs, Next) ->
-    [true = erlang:suspend_process(L) || L <- lanes(), not is_suspended(L)],
+    Suspended = [L || L <- lanes(), not lists:member(L, suspended()),
+                      erlang:suspend_process(L)],
+    put(suspended, Suspended ++ suspended()),
     Next;
 op(resume, _Rs, Next) ->
     ok = resume_lanes(),
@@ -163,7 +165,7 @@ refused(D) ->
     put(refused, R#{D => maps:get(D, R, 0) + 1}).
 
 %% Settings as given, waiting out a lanes change in progress; a lanes change
-%% with a lane suspended would wait for it: lanes are resumed first.
+%% with a lane suspended would wait for it: the sender resumes its lanes first.
 set(#{lanes := _} = Change) ->
     ok = resume_lanes(),
     set_now(Change);
@@ -176,17 +178,23 @@ set_now(Change) ->
         {error, {busy, lanes}} -> timer:sleep(5), set_now(Change)
     end.
 
+%% Between sequences, in the test process (the sender that suspended lanes has
+%% resumed them before it ended).
 settle(Settings) ->
-    ok = resume_lanes(),
-    ok = set(Settings),
+    ok = set_now(Settings),
     ok = convoy:flush().
 
-resume_lanes() ->
-    [true = erlang:resume_process(L) || L <- lanes(), is_suspended(L)],
-    ok.
+%% The lanes this process suspended (only the suspender may resume a process).
+suspended() ->
+    case get(suspended) of
+        undefined -> [];
+        L -> L
+    end.
 
-is_suspended(Pid) ->
-    erlang:process_info(Pid, status) =:= {status, suspended}.
+resume_lanes() ->
+    [true = erlang:resume_process(L) || L <- suspended(), is_process_alive(L)],
+    erase(suspended),
+    ok.
 
 lanes() ->
     #runtime{lanes = Lanes} = persistent_term:get(?RUNTIME_KEY),
