@@ -37,31 +37,13 @@ batch_size() ->
 %% from an earlier measurement).
 -spec start([node()]) -> ok.
 start(Nodes) ->
-    stop(Nodes),
-    Self = self(),
-    [begin
-         _ = spawn(N, ?MODULE, init_deliverer, [Self]),
-         _ = spawn(N, ?MODULE, init_batcher, [Self]),
-         [receive {started, N, Role} -> ok after 10000 -> exit({timeout, {ceiling, N, Role}})
-          end || Role <- [?DELIVERER, ?BATCHER]]
-     end || N <- lists:usort(Nodes)],
-    ok.
+    convoy_bench_router:start(?MODULE, Nodes, [{?DELIVERER, init_deliverer},
+                                               {?BATCHER, init_batcher}]).
 
 %% @doc Stop what `start/1' started.
 -spec stop([node()]) -> ok.
 stop(Nodes) ->
-    [stop_one(N, Name) || N <- lists:usort(Nodes), Name <- [?DELIVERER, ?BATCHER]],
-    ok.
-
-stop_one(Node, Name) ->
-    case erpc:call(Node, erlang, whereis, [Name]) of
-        undefined ->
-            ok;
-        Pid ->
-            Mon = monitor(process, Pid),
-            exit(Pid, kill),
-            receive {'DOWN', Mon, process, Pid, _} -> ok end
-    end.
+    convoy_bench_router:stop(Nodes, [?DELIVERER, ?BATCHER]).
 
 %% @doc One message through this node's batcher (a local destination gets `!').
 -spec send(dest(), term()) -> ok.

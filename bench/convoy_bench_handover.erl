@@ -30,33 +30,13 @@
 %% from an earlier measurement).
 -spec start([node()]) -> ok.
 start(Nodes) ->
-    ok = stop(Nodes),
-    lists:foreach(fun start_on/1, lists:usort(Nodes)).
-
-start_on(Node) ->
-    _ = spawn(Node, ?MODULE, init_deliverer, [self()]),
-    _ = spawn(Node, ?MODULE, init_batcher, [self()]),
-    lists:foreach(fun(Role) ->
-                          receive {started, Node, Role} -> ok
-                          after 10000 -> exit({timeout, {handover, Node, Role}})
-                          end
-                  end, [?DELIVERER, ?BATCHER]).
+    convoy_bench_router:start(?MODULE, Nodes, [{?DELIVERER, init_deliverer},
+                                               {?BATCHER, init_batcher}]).
 
 %% @doc Stop what `start/1' started.
 -spec stop([node()]) -> ok.
 stop(Nodes) ->
-    lists:foreach(fun(Node) -> stop_one(Node, ?DELIVERER), stop_one(Node, ?BATCHER) end,
-                  lists:usort(Nodes)).
-
-stop_one(Node, Name) ->
-    case erpc:call(Node, erlang, whereis, [Name]) of
-        undefined ->
-            ok;
-        Pid ->
-            Mon = monitor(process, Pid),
-            exit(Pid, kill),
-            receive {'DOWN', Mon, process, Pid, _} -> ok end
-    end.
+    convoy_bench_router:stop(Nodes, [?DELIVERER, ?BATCHER]).
 
 %% @doc One message, handed to this node's batcher (a local destination gets `!').
 -spec send(dest(), term()) -> ok.
