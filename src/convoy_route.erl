@@ -68,8 +68,8 @@
 
 %% The small steps of every remote send (measured: `bin/convoy-bench cost').
 -compile({inline, [resolve/1, local_or_remote/2, with_opts/2, slots/2, is_marked/1,
-                   size_kind/1, idle/3, hold/3, mark/1, own_last_send/1, now_us/1, gaps/2,
-                   recorded_sends/0, kind/2, skipped/0, record_own/2, own_last_record/1,
+                   size_kind/1, idle/3, hold/3, mark/1, own_last_send/2, now_us/1, gaps/2,
+                   recorded_sends/0, kind/2, skipped/0, record_own/3, own_last_record/2,
                    hand_over/7]}).
 
 %% @doc See `convoy:send/2'.
@@ -311,11 +311,12 @@ slots(#runtime{slots = Slots}, L) -> element(L, Slots).
 
 %% The sender's own state is kept in its process dictionary under atom keys (an
 %% atom key hashes and compares at once, where a tuple key per node is walked on
-%% every lookup). Two are maps by node: MARKED_KEY, the nodes this sender's
+%% every lookup). Three are maps by node: MARKED_KEY, the nodes this sender's
 %% traffic went to through a lane or an inbox since its last barrier (each
 %% `true', or `{pieces, Inbox}', see `settle/5'); REFS_KEY, each node's counters
-%% and held array. The others are the sender's own clock readings and reuse
-%% counts (`unmarked_calm/2', `marked_calm/2', `own_last_send/1').
+%% and held array; LAST_SEND_KEY, its last recorded small send to each node
+%% (`own_last_send/2'). The others are its reuse and skip counts
+%% (`unmarked_calm/3', `marked_calm/3').
 -define(MARKED_KEY, '$convoy_marked').
 -define(REFS_KEY, '$convoy_refs').
 
@@ -396,10 +397,10 @@ marked(RT = #runtime{large_threshold = T}, L, Node, To, Msg) ->
                 false ->
                     case idle(RT, L, V) of
                         false ->
-                            skipped_record(RT, L),
+                            skipped_record(RT, L, Node),
                             marked_to_lane(RT, L, Node, To, Msg, Size);
                         true ->
-                            Calm = marked_calm(RT, L),
+                            Calm = marked_calm(RT, L, Node),
                             case convoy_path:may_bypass(small, Calm) of
                                 true -> bypass(RT, L, Node, To, Msg, Size, Calm);
                                 false -> marked_to_lane(RT, L, Node, To, Msg, Size)
@@ -414,8 +415,8 @@ route(RT = #runtime{large_threshold = T}, L, Node, To, Msg, Marked) ->
     Size = convoy_size:measure(Msg, T),
     Calm = case Size of
                {large, _} -> busy; % not a small send: the lane's calm is not touched
-               _ when Marked -> marked_calm(RT, L);
-               _ -> unmarked_calm(RT, L)
+               _ when Marked -> marked_calm(RT, L, Node);
+               _ -> unmarked_calm(RT, L, Node)
            end,
     case convoy_path:unadmitted(size_kind(Size), Calm, Marked) of
         direct -> direct(RT, L, Node, To, Msg, Size);
@@ -880,17 +881,17 @@ idle(RT = #runtime{max_delay = 0}, L, V) -> convoy_slots:idle(slots(RT, L), V);
 idle(_RT, _L, _V) -> false.
 
 %% Records this small send's time on the lane, standing for `Sends' small sends
-%% of its sender (see `unmarked_calm/2'), and says how calm the lane was before
+%% of its sender (see `unmarked_calm/3'), and says how calm the lane was before
 %% it (convoy_path). Where batching is forced (`max_delay' set, or
 %% `bypass_after' `never') the lane is never calm and only the time is noted
 %% (`forced/2').
-calm(RT = #runtime{bypass_after = never}, L, _Sends) ->
+calm(RT = #runtime{bypass_after = never}, L, _Node, _Sends) ->
     forced(RT, L);
-calm(RT = #runtime{max_delay = D}, L, _Sends) when D > 0 ->
+calm(RT = #runtime{max_delay = D}, L, _Node, _Sends) when D > 0 ->
     forced(RT, L);
-calm(RT, L, Sends) ->
+calm(RT, L, Node, Sends) ->
     Now = now_us(RT),
-    calm(RT, L, Now, (Now - own_last_send(Now)) div Sends, Sends, direct).
+    calm(RT, L, Now, (Now - own_last_send(Node, Now)) div Sends, Sends, direct).
 
 %% The same at `Now', with the sender's own gap per send already known. How long
 %% the lane has been without a small message depends on where the sender's
@@ -932,23 +933,23 @@ gaps(_Slots, Gaps) -> Gaps.
 %% stream, or many that take turns, are seen as before.
 -define(CALM_KEY, '$convoy_calm').
 
-unmarked_calm(RT = #runtime{bypass_after = W, max_delay = 0}, L) when is_integer(W) ->
+unmarked_calm(RT = #runtime{bypass_after = W, max_delay = 0}, L, Node) when is_integer(W) ->
     case get(?CALM_KEY) of
         {Calm, Left} when Left > 0 ->
             put(?CALM_KEY, {Calm, Left - 1}),
             Calm;
         _ ->
-            case calm(RT, L, recorded_sends()) of
+            case calm(RT, L, Node, recorded_sends()) of
                 busy -> busy;
                 Calm -> put(?CALM_KEY, {Calm, ?CALM_REUSE}), Calm
             end
     end;
-unmarked_calm(RT, L) ->
+unmarked_calm(RT, L, _Node) ->
     forced(RT, L).
 
 %% How many small sends the recorded one of an unmarked sender stands for:
 %% itself and those that took a reused calm since the last recorded one. (A
-%% marked sender counts its own skipped records, see `marked_calm/2'; a reuse
+%% marked sender counts its own skipped records, see `marked_calm/3'; a reuse
 %% cut short by its marking is counted at its next unmarked record, once, which
 %% only makes that sample look busier.)
 recorded_sends() ->
@@ -959,48 +960,48 @@ recorded_sends() ->
 
 %% A marked sender records at most one small send in SKIP_MAX + 1 on its lane,
 %% the recorded one standing for the skipped ones in the lane's averages (as
-%% `unmarked_calm/2''s do): a send while its lane holds messages skips without
+%% `unmarked_calm/3''s do): a send while its lane holds messages skips without
 %% reading the clock (`skipped_record/2'), and on an idle lane a sender that
 %% streams (its own sends, on average since its last record, within
-%% `bypass_after') keeps the lane without recording (`marked_calm/2'). So a
+%% `bypass_after') keeps the lane without recording (`marked_calm/3'). So a
 %% flood's sender reads the clock and writes the lane's shared line rarely, and
 %% the lane's last small send, which tells other senders and large messages that
 %% the lane is in use, stays at most SKIP_MAX + 1 of its sends old.
 -define(SKIPPED_KEY, '$convoy_skipped').
-%% The sender's own last small send recorded (the lanes' clock).
+%% The sender's own last small send recorded to each node (the lanes' clock).
 -define(LAST_SEND_KEY, '$convoy_last_send').
 
-marked_calm(RT = #runtime{bypass_after = W, max_delay = 0}, L) when is_integer(W) ->
+marked_calm(RT = #runtime{bypass_after = W, max_delay = 0}, L, Node) when is_integer(W) ->
     Now = now_us(RT),
     Skipped = skipped(),
-    OwnGap = (Now - own_last_record(Now)) div (1 + Skipped),
+    OwnGap = (Now - own_last_record(Node, Now)) div (1 + Skipped),
     case Skipped < ?SKIP_MAX andalso convoy_path:streams(OwnGap, W) of
         true ->
             put(?SKIPPED_KEY, Skipped + 1),
             busy;
         false ->
-            record_own(Now, Skipped),
+            record_own(Node, Now, Skipped),
             calm(RT, L, Now, OwnGap, 1 + Skipped, lane)
     end;
-marked_calm(RT, L) ->
+marked_calm(RT, L, _Node) ->
     forced(RT, L).
 
 %% A marked sender's small send to its busy lane (the path does not depend on
 %% the lane's calm). A sender that its last clock reading found streaming
-%% (`marked_calm/2' started counting skips) skips this one's clock and record
+%% (`marked_calm/3' started counting skips) skips this one's clock and record
 %% too, up to SKIP_MAX in a row; any other sender records it as before: the
 %% lane's last small send and averages stay as fresh as its senders' traffic,
 %% which the calm of every other sender on the lane reads.
-skipped_record(RT = #runtime{bypass_after = W, max_delay = 0}, L) when is_integer(W) ->
+skipped_record(RT = #runtime{bypass_after = W, max_delay = 0}, L, Node) when is_integer(W) ->
     case get(?SKIPPED_KEY) of
         Skipped when is_integer(Skipped), Skipped < ?SKIP_MAX ->
             put(?SKIPPED_KEY, Skipped + 1),
             ok;
         _ ->
-            _ = marked_calm(RT, L),
+            _ = marked_calm(RT, L, Node),
             ok
     end;
-skipped_record(RT, L) ->
+skipped_record(RT, L, _Node) ->
     busy = forced(RT, L),
     ok.
 
@@ -1018,25 +1019,34 @@ skipped() ->
     end.
 
 %% A marked sender's record at Now: its skipped sends are accounted for.
-record_own(Now, Skipped) ->
-    put(?LAST_SEND_KEY, Now),
+record_own(Node, Now, Skipped) ->
+    _ = own_last_send(Node, Now),
     _ = Skipped =:= 0 orelse erase(?SKIPPED_KEY),
     ok.
 
-own_last_record(Now) ->
+own_last_record(Node, Now) ->
     case get(?LAST_SEND_KEY) of
-        undefined -> convoy_slots:long_ago(Now);
-        Last -> Last
+        #{Node := Last} -> Last;
+        _ -> convoy_slots:long_ago(Now)
     end.
 
 now_us(#runtime{clock = Clock}) -> convoy_slots:now_us(Clock).
 
-%% This process's previous small remote send (the lanes' clock), replaced
-%% by Now: whether the sender itself streams.
-own_last_send(Now) ->
-    case put(?LAST_SEND_KEY, Now) of
-        undefined -> convoy_slots:long_ago(Now);
-        Last -> Last
+%% This process's previous small remote send to Node (the lanes' clock),
+%% replaced by Now: whether the sender itself streams to Node. By node, as a
+%% lane batches by node: a sender that sends one message to each of several
+%% nodes in a row (a broadcast) does not stream to any of them.
+own_last_send(Node, Now) ->
+    case get(?LAST_SEND_KEY) of
+        #{Node := Last} = Own ->
+            put(?LAST_SEND_KEY, Own#{Node := Now}),
+            Last;
+        undefined ->
+            put(?LAST_SEND_KEY, #{Node => Now}),
+            convoy_slots:long_ago(Now);
+        Own ->
+            put(?LAST_SEND_KEY, Own#{Node => Now}),
+            convoy_slots:long_ago(Now)
     end.
 
 %% One multicast entry to a remote node: one copy travels, the inbox fans it out.
@@ -1074,7 +1084,7 @@ multi(RT = #runtime{large_threshold = T}, L, Node, Tos, Msg) ->
             Idle = idle(RT, L, V),
             Calm = case Kind of
                        large -> busy;
-                       small -> calm(RT, L, 1)
+                       small -> calm(RT, L, Node, 1)
                    end,
             {Route, C, Inboxes} = case Idle of
                                       true -> multi_row(Node, Tos);
