@@ -121,6 +121,10 @@ from_env(Env) ->
 -spec send_options(map() | term()) -> {ok, convoy:send_options()} | {error, error()}.
 send_options(Opts) when map_size(Opts) =:= 0 ->
     {ok, Opts};
+send_options(Opts = #{overload := O}) when map_size(Opts) =:= 1,
+                                           O =:= drop orelse O =:= error orelse O =:= block ->
+    %% the common case, checked without walking the settings (a call's cost)
+    {ok, Opts};
 send_options(Opts) when is_map(Opts) ->
     case check(Opts, settings(), ?SEND_OPTIONS) of
         ok -> {ok, Opts};
