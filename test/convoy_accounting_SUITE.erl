@@ -103,6 +103,9 @@ run(Bound, Ops, B, C) ->
 %% receiver was sent and how many of those send/3 refused.
 sender([], _Receivers, Next) ->
     ok = resume_lanes(),
+    %% flush/0 waits for the caller's own messages: the sender's, whichever lanes
+    %% it used (the test process's lane may be another one)
+    ok = convoy:flush(),
     {Next, maps:get(refused, get_refused(), #{})};
 sender([Op | Ops], Receivers, Next) ->
     sender(Ops, Receivers, op(Op, Receivers, Next)).
