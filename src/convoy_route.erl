@@ -385,7 +385,7 @@ remote(RT, Node, To, Msg) ->
 %% messages a small one goes to the lane with nothing else decided (rule 2: only
 %% an idle lane may be bypassed, so the lane's calm cannot change the path).
 %% This is the path of every message of a flood: its sender reads the clock
-%% only for one send in SKIP_MAX + 1 (`skipped_record/2').
+%% only for one send in SKIP_MAX + 1 (`skipped_record/3').
 marked(RT = #runtime{large_threshold = T}, L, Node, To, Msg) ->
     case convoy_size:measure(Msg, T) of
         {small, _} = Size ->
@@ -961,7 +961,7 @@ recorded_sends() ->
 %% A marked sender records at most one small send in SKIP_MAX + 1 on its lane,
 %% the recorded one standing for the skipped ones in the lane's averages (as
 %% `unmarked_calm/3''s do): a send while its lane holds messages skips without
-%% reading the clock (`skipped_record/2'), and on an idle lane a sender that
+%% reading the clock (`skipped_record/3'), and on an idle lane a sender that
 %% streams (its own sends, on average since its last record, within
 %% `bypass_after') keeps the lane without recording (`marked_calm/3'). So a
 %% flood's sender reads the clock and writes the lane's shared line rarely, and
@@ -1035,7 +1035,10 @@ now_us(#runtime{clock = Clock}) -> convoy_slots:now_us(Clock).
 %% This process's previous small remote send to Node (the lanes' clock),
 %% replaced by Now: whether the sender itself streams to Node. By node, as a
 %% lane batches by node: a sender that sends one message to each of several
-%% nodes in a row (a broadcast) does not stream to any of them.
+%% nodes in a row (a broadcast) does not stream to any of them. The gap is
+%% divided by all the sends a record stands for, to any node (the reuse and skip
+%% counts are the sender's): one taking turns among nodes looks at most that many
+%% times busier to each, which only keeps it in a lane sooner.
 own_last_send(Node, Now) ->
     case get(?LAST_SEND_KEY) of
         #{Node := Last} = Own ->
