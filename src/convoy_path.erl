@@ -36,8 +36,11 @@
 
 -export([calm/2, streams/2, unpaid_until/2, pays/3, quiet/2, unadmitted/3, may_bypass/2, bypass/3,
          multicast/4, pieces/3, constants/0]).
+%% The sender's own part: one state per sending process.
+-export([own/0, reuse/1, unmarked_record/3, found/2, marked_record/5, skip/1, entry_record/3,
+         own_last/2]).
 
--export_type([size/0, calm/0, route/0]).
+-export_type([size/0, calm/0, route/0, own/0]).
 
 %% The constants (SETTLED_US, PAYS_X16, PROBE_US, BATCH_SENDERS, ...) and why.
 -include("convoy_policy.hrl").
@@ -54,6 +57,24 @@
 %% drain, a piece) since one ran out: its senders go through their lanes, so a
 %% stall costs each of them at most that one wait (`convoy_metrics:unanswered/1').
 -type route() :: convoy | unanswered | plain | none.
+
+%% A sending process's own state (convoy_route keeps it in the process's
+%% dictionary): a calm it found and may take as found for `left' more small sends
+%% (`CALM_REUSE'), and its last recorded small send to each node (the lanes'
+%% clock). Its third part, the small sends a marked sender made without recording
+%% them since its last record (`SKIP_MAX'), is a plain count kept beside it: it
+%% changes on nearly every send of a flood, and updating a record there would
+%% allocate on each (measured: `bin/convoy-bench cost', doc/decisions.md).
+%% Streaming is judged per node, as a lane batches per node: a sender that sends
+%% one message to each of several nodes in a row (a broadcast) streams to none of
+%% them. A record's gap is divided by all the sends it stands for, to any node
+%% (the reuse and skip counts are the sender's): one taking turns among nodes
+%% looks at most that many times busier to each, which only keeps it in a lane
+%% sooner.
+-record(own, {calm = none :: none | calm(),
+              left = 0 :: non_neg_integer(),
+              last = #{} :: #{node() => integer()}}).
+-opaque own() :: #own{}.
 
 %% @doc The policy's constants by name (convoy_policy.hrl), as doc/design.md's
 %% table lists them.
@@ -160,3 +181,78 @@ pieces(_Bytes, _Threshold, {GuardMs, SinceSmallUs}) -> SinceSmallUs =< GuardMs *
 multicast(large, _Calm, true, convoy) -> inbox;
 multicast(small, Calm, true, convoy) when Calm =/= busy -> inbox;
 multicast(_Size, _Calm, _Idle, _Route) -> lane.
+
+%%--------------------------------------------------------------------
+%% The sender's own part
+
+%% @doc A sending process's state before its first remote send.
+-spec own() -> own().
+own() -> #own{}.
+
+%% @doc An unmarked sender's small send: the calm it found at its last record,
+%% taken as found (a direct send is always safe for an unmarked sender), while
+%% it has sends left; else `record': it reads the clock and the lane.
+-spec reuse(own()) -> {calm(), own()} | record.
+reuse(Own = #own{calm = Calm, left = Left}) when Left > 0 -> {Calm, Own#own{left = Left - 1}};
+reuse(_Own) -> record.
+
+%% @doc An unmarked sender records a small send to `Node' at `Now': its own gap
+%% per send since its last record to `Node', and how many small sends the record
+%% stands for (itself and those that took a reused calm since the last one).
+-spec unmarked_record(own(), node(), integer()) ->
+          {OwnGap :: integer(), Sends :: pos_integer(), own()}.
+unmarked_record(Own = #own{calm = Calm, left = Left, last = Last}, Node, Now) ->
+    Sends = case Calm of
+                none -> 1;
+                _ -> 1 + ?CALM_REUSE - Left
+            end,
+    {(Now - own_last(Own, Node, Now)) div Sends, Sends,
+     Own#own{calm = none, left = 0, last = Last#{Node => Now}}}.
+
+%% @doc The calm an unmarked sender's record found: a calm one is reused for the
+%% next `CALM_REUSE' small sends.
+-spec found(own(), calm()) -> own().
+found(Own, busy) -> Own;
+found(Own, Calm) -> Own#own{calm = Calm, left = ?CALM_REUSE}.
+
+%% @doc A marked sender's small send to `Node' on an idle lane, at `Now', having
+%% skipped `Skipped' records since its last one, with the `bypass_after' window
+%% `Window': `skip' (it streams, its own sends on average since its last record
+%% within the window: it keeps the lane without recording, at most `SKIP_MAX' in
+%% a row; its new count), or `record' with its own gap per send and the sends the
+%% record stands for (its count starts again).
+-spec marked_record(own(), non_neg_integer(), node(), integer(), non_neg_integer()) ->
+          {skip, pos_integer()} | {record, OwnGap :: integer(), Sends :: pos_integer(), own()}.
+marked_record(Own = #own{last = Last}, Skipped, Node, Now, Window) ->
+    OwnGap = (Now - own_last(Own, Node, Now)) div (1 + Skipped),
+    case Skipped < ?SKIP_MAX andalso streams(OwnGap, Window) of
+        true -> {skip, Skipped + 1};
+        false -> {record, OwnGap, 1 + Skipped, Own#own{last = Last#{Node => Now}}}
+    end.
+
+%% @doc A marked sender's small send to its busy lane (the path does not depend
+%% on the calm), its skip count `Skipped' (`none' when not counting): a sender
+%% that its last clock reading found streaming (counting skips) skips this one's
+%% record too, up to `SKIP_MAX' in a row; any other `record's it
+%% (`marked_record/5').
+-spec skip(none | pos_integer()) -> {skip, pos_integer()} | record.
+skip(Skipped) when is_integer(Skipped), Skipped < ?SKIP_MAX -> {skip, Skipped + 1};
+skip(_Skipped) -> record.
+
+%% @doc A multicast entry's small send to `Node' at `Now', recorded as one send:
+%% the sender's own gap since its last record to `Node'. An entry reuses no calm
+%% and leaves the sender's reuse as it is.
+-spec entry_record(own(), node(), integer()) -> {OwnGap :: integer(), own()}.
+entry_record(Own = #own{last = Last}, Node, Now) ->
+    {Now - own_last(Own, Node, Now), Own#own{last = Last#{Node => Now}}}.
+
+%% @doc The sender's last recorded small send to `Node' (for tests and the
+%% harness), `none' before any.
+-spec own_last(own(), node()) -> integer() | none.
+own_last(#own{last = Last}, Node) -> maps:get(Node, Last, none).
+
+own_last(#own{last = Last}, Node, Now) ->
+    case Last of
+        #{Node := T} -> T;
+        _ -> convoy_slots:long_ago(Now)
+    end.

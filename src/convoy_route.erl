@@ -68,8 +68,7 @@
 
 %% The small steps of every remote send (measured: `bin/convoy-bench cost').
 -compile({inline, [resolve/1, local_or_remote/2, with_opts/2, slots/2, is_marked/1,
-                   size_kind/1, idle/3, hold/3, mark/1, own_last_send/2, now_us/1, gaps/2,
-                   recorded_sends/0, kind/2, skipped/0, record_own/3, own_last_record/2,
+                   size_kind/1, idle/3, hold/3, mark/1, own/0, skipped/0, now_us/1, gaps/2, kind/2,
                    hand_over/7]}).
 
 %% @doc See `convoy:send/2'.
@@ -311,14 +310,18 @@ slots(#runtime{slots = Slots}, L) -> element(L, Slots).
 
 %% The sender's own state is kept in its process dictionary under atom keys (an
 %% atom key hashes and compares at once, where a tuple key per node is walked on
-%% every lookup). Three are maps by node: MARKED_KEY, the nodes this sender's
+%% every lookup). Two are maps by node: MARKED_KEY, the nodes this sender's
 %% traffic went to through a lane or an inbox since its last barrier (each
 %% `true', or `{pieces, Inbox}', see `settle/5'); REFS_KEY, each node's counters
-%% and held array; LAST_SEND_KEY, its last recorded small send to each node
-%% (`own_last_send/2'). The others are its reuse and skip counts
-%% (`unmarked_calm/3', `marked_calm/3').
+%% and held array. OWN_KEY holds its own part of the adaptive policy
+%% (`convoy_path:own()', see `unmarked_calm/3').
 -define(MARKED_KEY, '$convoy_marked').
 -define(REFS_KEY, '$convoy_refs').
+%% The sender's own part of the policy (`convoy_path:own()'): its reused calm and
+%% its last recorded send to each node; and beside it, the records a marked
+%% sender skipped in a row (an integer: no allocation on a flood's sends).
+-define(OWN_KEY, '$convoy_own').
+-define(SKIPPED_KEY, '$convoy_skipped').
 
 %% A marker is `true', or `{pieces, Inbox}' when the sender's last message in
 %% pieces went through the peer's `Inbox' and its delivery was not confirmed
@@ -880,18 +883,20 @@ unanswered(#runtime{lanes = Lanes}, L, Node, C, Why) ->
 idle(RT = #runtime{max_delay = 0}, L, V) -> convoy_slots:idle(slots(RT, L), V);
 idle(_RT, _L, _V) -> false.
 
-%% Records this small send's time on the lane, standing for `Sends' small sends
-%% of its sender (see `unmarked_calm/3'), and says how calm the lane was before
-%% it (convoy_path). Where batching is forced (`max_delay' set, or
-%% `bypass_after' `never') the lane is never calm and only the time is noted
-%% (`forced/2').
-calm(RT = #runtime{bypass_after = never}, L, _Node, _Sends) ->
+%% A multicast entry's small send to `Node': recorded on the lane as one send
+%% (an entry reuses no calm and leaves the sender's reuse as it is), and how calm
+%% the lane was before it (convoy_path). Where batching is forced (`max_delay'
+%% set, or `bypass_after' `never') the lane is never calm and only the time is
+%% noted (`forced/2').
+entry_calm(RT = #runtime{bypass_after = never}, L, _Node) ->
     forced(RT, L);
-calm(RT = #runtime{max_delay = D}, L, _Node, _Sends) when D > 0 ->
+entry_calm(RT = #runtime{max_delay = D}, L, _Node) when D > 0 ->
     forced(RT, L);
-calm(RT, L, Node, Sends) ->
+entry_calm(RT, L, Node) ->
     Now = now_us(RT),
-    calm(RT, L, Now, (Now - own_last_send(Node, Now)) div Sends, Sends, direct).
+    {OwnGap, Own} = convoy_path:entry_record(own(), Node, Now),
+    put(?OWN_KEY, Own),
+    calm(RT, L, Now, OwnGap, 1, direct).
 
 %% The same at `Now', with the sender's own gap per send already known. How long
 %% the lane has been without a small message depends on where the sender's
@@ -924,64 +929,55 @@ calm(RT = #runtime{bypass_after = W}, L, Now, OwnGap, Sends, Unrecorded) ->
 gaps(Slots, unread) -> convoy_slots:recent_gaps(Slots);
 gaps(_Slots, Gaps) -> Gaps.
 
+own() ->
+    case get(?OWN_KEY) of
+        undefined -> convoy_path:own();
+        Own -> Own
+    end.
+
 %% An unmarked sender that found its lane calm takes that calm as found for its
 %% next CALM_REUSE small sends: they go directly without the clock or the lane's
 %% shared line (on a node idle between messages, those were most of what convoy
 %% added to a send). A direct send is always safe for an unmarked sender. The
-%% next recorded send stands for the sends taken since the last one
-%% (`recorded_sends/0'): its gaps count per send, so a sender that starts to
-%% stream, or many that take turns, are seen as before.
--define(CALM_KEY, '$convoy_calm').
-
+%% next recorded send stands for the sends taken since the last one: its gaps
+%% count per send, so a sender that starts to stream, or many that take turns,
+%% are seen as before. (A reuse cut short by the sender's marking is counted at
+%% its next unmarked record, once, which only makes that sample look busier.)
 unmarked_calm(RT = #runtime{bypass_after = W, max_delay = 0}, L, Node) when is_integer(W) ->
-    case get(?CALM_KEY) of
-        {Calm, Left} when Left > 0 ->
-            put(?CALM_KEY, {Calm, Left - 1}),
+    Own0 = own(),
+    case convoy_path:reuse(Own0) of
+        {Calm, Own} ->
+            put(?OWN_KEY, Own),
             Calm;
-        _ ->
-            case calm(RT, L, Node, recorded_sends()) of
-                busy -> busy;
-                Calm -> put(?CALM_KEY, {Calm, ?CALM_REUSE}), Calm
-            end
+        record ->
+            Now = now_us(RT),
+            {OwnGap, Sends, Own} = convoy_path:unmarked_record(Own0, Node, Now),
+            Calm = calm(RT, L, Now, OwnGap, Sends, direct),
+            put(?OWN_KEY, convoy_path:found(Own, Calm)),
+            Calm
     end;
 unmarked_calm(RT, L, _Node) ->
     forced(RT, L).
 
-%% How many small sends the recorded one of an unmarked sender stands for:
-%% itself and those that took a reused calm since the last recorded one. (A
-%% marked sender counts its own skipped records, see `marked_calm/3'; a reuse
-%% cut short by its marking is counted at its next unmarked record, once, which
-%% only makes that sample look busier.)
-recorded_sends() ->
-    case erase(?CALM_KEY) of
-        {_Calm, Left} -> 1 + ?CALM_REUSE - Left;
-        undefined -> 1
-    end.
-
 %% A marked sender records at most one small send in SKIP_MAX + 1 on its lane,
-%% the recorded one standing for the skipped ones in the lane's averages (as
-%% `unmarked_calm/3''s do): a send while its lane holds messages skips without
+%% the recorded one standing for the skipped ones in the lane's averages (as an
+%% unmarked sender's do): a send while its lane holds messages skips without
 %% reading the clock (`skipped_record/3'), and on an idle lane a sender that
 %% streams (its own sends, on average since its last record, within
 %% `bypass_after') keeps the lane without recording (`marked_calm/3'). So a
 %% flood's sender reads the clock and writes the lane's shared line rarely, and
 %% the lane's last small send, which tells other senders and large messages that
 %% the lane is in use, stays at most SKIP_MAX + 1 of its sends old.
--define(SKIPPED_KEY, '$convoy_skipped').
-%% The sender's own last small send recorded to each node (the lanes' clock).
--define(LAST_SEND_KEY, '$convoy_last_send').
-
 marked_calm(RT = #runtime{bypass_after = W, max_delay = 0}, L, Node) when is_integer(W) ->
     Now = now_us(RT),
-    Skipped = skipped(),
-    OwnGap = (Now - own_last_record(Node, Now)) div (1 + Skipped),
-    case Skipped < ?SKIP_MAX andalso convoy_path:streams(OwnGap, W) of
-        true ->
-            put(?SKIPPED_KEY, Skipped + 1),
+    case convoy_path:marked_record(own(), skipped(), Node, Now, W) of
+        {skip, Skipped} ->
+            put(?SKIPPED_KEY, Skipped),
             busy;
-        false ->
-            record_own(Node, Now, Skipped),
-            calm(RT, L, Now, OwnGap, 1 + Skipped, lane)
+        {record, OwnGap, Sends, Own} ->
+            put(?OWN_KEY, Own),
+            _ = Sends =:= 1 orelse erase(?SKIPPED_KEY),
+            calm(RT, L, Now, OwnGap, Sends, lane)
     end;
 marked_calm(RT, L, _Node) ->
     forced(RT, L).
@@ -993,17 +989,23 @@ marked_calm(RT, L, _Node) ->
 %% lane's last small send and averages stay as fresh as its senders' traffic,
 %% which the calm of every other sender on the lane reads.
 skipped_record(RT = #runtime{bypass_after = W, max_delay = 0}, L, Node) when is_integer(W) ->
-    case get(?SKIPPED_KEY) of
-        Skipped when is_integer(Skipped), Skipped < ?SKIP_MAX ->
-            put(?SKIPPED_KEY, Skipped + 1),
+    case convoy_path:skip(get(?SKIPPED_KEY)) of
+        {skip, Skipped} ->
+            put(?SKIPPED_KEY, Skipped),
             ok;
-        _ ->
+        record ->
             _ = marked_calm(RT, L, Node),
             ok
     end;
 skipped_record(RT, L, _Node) ->
     busy = forced(RT, L),
     ok.
+
+skipped() ->
+    case get(?SKIPPED_KEY) of
+        undefined -> 0;
+        N -> N
+    end.
 
 %% Batching forced: the lane is never calm, and no average is read. The small
 %% send's time is noted all the same: a large message that follows goes in
@@ -1012,45 +1014,7 @@ forced(RT, L) ->
     ok = convoy_slots:note_small_send(slots(RT, L), now_us(RT)),
     busy.
 
-skipped() ->
-    case get(?SKIPPED_KEY) of
-        undefined -> 0;
-        N -> N
-    end.
-
-%% A marked sender's record at Now: its skipped sends are accounted for.
-record_own(Node, Now, Skipped) ->
-    _ = own_last_send(Node, Now),
-    _ = Skipped =:= 0 orelse erase(?SKIPPED_KEY),
-    ok.
-
-own_last_record(Node, Now) ->
-    case get(?LAST_SEND_KEY) of
-        #{Node := Last} -> Last;
-        _ -> convoy_slots:long_ago(Now)
-    end.
-
 now_us(#runtime{clock = Clock}) -> convoy_slots:now_us(Clock).
-
-%% This process's previous small remote send to Node (the lanes' clock),
-%% replaced by Now: whether the sender itself streams to Node. By node, as a
-%% lane batches by node: a sender that sends one message to each of several
-%% nodes in a row (a broadcast) does not stream to any of them. The gap is
-%% divided by all the sends a record stands for, to any node (the reuse and skip
-%% counts are the sender's): one taking turns among nodes looks at most that many
-%% times busier to each, which only keeps it in a lane sooner.
-own_last_send(Node, Now) ->
-    case get(?LAST_SEND_KEY) of
-        #{Node := Last} = Own ->
-            put(?LAST_SEND_KEY, Own#{Node := Now}),
-            Last;
-        undefined ->
-            put(?LAST_SEND_KEY, #{Node => Now}),
-            convoy_slots:long_ago(Now);
-        Own ->
-            put(?LAST_SEND_KEY, Own#{Node => Now}),
-            convoy_slots:long_ago(Now)
-    end.
 
 %% One multicast entry to a remote node: one copy travels, the inbox fans it out.
 %% A large one (large_threshold) never waits in the lane when the lane is idle: the
@@ -1087,7 +1051,7 @@ multi(RT = #runtime{large_threshold = T}, L, Node, Tos, Msg) ->
             Idle = idle(RT, L, V),
             Calm = case Kind of
                        large -> busy;
-                       small -> calm(RT, L, Node, 1)
+                       small -> entry_calm(RT, L, Node)
                    end,
             {Route, C, Inboxes} = case Idle of
                                       true -> multi_row(Node, Tos);

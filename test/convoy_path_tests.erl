@@ -123,3 +123,58 @@ pieces_test() ->
     ?assertNot(convoy_path:pieces(10 * MiB, 4 * MiB, {0, 1})),
     %% the lane's "long ago" for no small send yet: bulk alone goes whole
     ?assertNot(convoy_path:pieces(10 * MiB, 4 * MiB, {1000, 1 bsl 40})).
+
+%% The sender's own part. An unmarked sender that found a calm lane reuses it
+%% for CALM_REUSE (3) sends; its next record stands for them (its gap per send).
+reuse_test() ->
+    #{'CALM_REUSE' := Reuse} = convoy_path:constants(),
+    Own0 = convoy_path:own(),
+    ?assertEqual(record, convoy_path:reuse(Own0)),
+    {Gap0, 1, Own1} = convoy_path:unmarked_record(Own0, b@h, 1000),
+    ?assert(Gap0 > 1000000), % the first send counts as long after
+    Own2 = convoy_path:found(Own1, quiet),
+    Own3 = lists:foldl(fun(_, O) -> {quiet, O1} = convoy_path:reuse(O), O1 end, Own2,
+                       lists:seq(1, Reuse)),
+    ?assertEqual(record, convoy_path:reuse(Own3)),
+    ?assertMatch({100, 4, _}, convoy_path:unmarked_record(Own3, b@h, 1400)),
+    %% a busy lane is not reused
+    ?assertEqual(record, convoy_path:reuse(convoy_path:found(Own1, busy))).
+
+%% Streaming is judged per node: sends to two nodes a microsecond apart, a round
+%% every 100 us, stream to neither.
+per_node_test() ->
+    Rounds = lists:foldl(
+               fun(T, O) ->
+                       {_, _, O1} = convoy_path:unmarked_record(O, b@h, T),
+                       {GapC, 1, O2} = convoy_path:unmarked_record(O1, c@h, T + 1),
+                       T > 0 andalso ?assertEqual(100, GapC),
+                       ?assertNot(T > 0 andalso convoy_path:streams(GapC, 20)),
+                       O2
+               end, convoy_path:own(), [0, 100, 200]),
+    ?assertEqual(200, convoy_path:own_last(Rounds, b@h)),
+    ?assertEqual(201, convoy_path:own_last(Rounds, c@h)),
+    ?assertEqual(none, convoy_path:own_last(Rounds, d@h)).
+
+%% A marked sender that streams skips at most SKIP_MAX (15) records in a row;
+%% the record after them counts its gap per send over them.
+marked_skip_test() ->
+    #{'SKIP_MAX' := Max} = convoy_path:constants(),
+    {record, _, 1, Own0} = convoy_path:marked_record(convoy_path:own(), 0, b@h, 0, 20),
+    ?assertEqual(record, convoy_path:skip(none)), % not counting skips yet
+    {skip, 1} = convoy_path:marked_record(Own0, 0, b@h, 5, 20),
+    Skipped = lists:foldl(fun(_, S) -> {skip, S1} = convoy_path:skip(S), S1 end, 1,
+                          lists:seq(2, Max)),
+    ?assertEqual(Max, Skipped),
+    ?assertEqual(record, convoy_path:skip(Skipped)),
+    {record, 1, 16, Own1} = convoy_path:marked_record(Own0, Skipped, b@h, 16, 20),
+    ?assertEqual(16, convoy_path:own_last(Own1, b@h)),
+    %% a sender that does not stream records
+    ?assertMatch({record, 100, 1, _}, convoy_path:marked_record(Own0, 0, b@h, 100, 20)).
+
+%% A multicast entry records one send and leaves the reuse as it is.
+entry_record_test() ->
+    {_, _, Own0} = convoy_path:unmarked_record(convoy_path:own(), b@h, 0),
+    Own1 = convoy_path:found(Own0, settled),
+    {50, Own2} = convoy_path:entry_record(Own1, b@h, 50),
+    ?assertMatch({settled, _}, convoy_path:reuse(Own2)),
+    ?assertEqual(50, convoy_path:own_last(Own2, b@h)).
