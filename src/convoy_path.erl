@@ -38,12 +38,16 @@
          multicast/4, pieces/3, constants/0]).
 %% The sender's own part: one state per sending process.
 -export([own/0, reuse/1, unmarked_record/3, found/2, marked_record/5, skip/1, entry_record/3,
-         own_last/2]).
+         own_last/2, long_ago/1]).
 
 -export_type([size/0, calm/0, route/0, own/0]).
 
 %% The constants (SETTLED_US, PAYS_X16, PROBE_US, BATCH_SENDERS, ...) and why.
 -include("convoy_policy.hrl").
+
+%% "Long ago" for a last small send (a lane's or a sender's): any first send is
+%% quiet, and no sender's first send streams.
+-define(LONG_AGO_US, (1 bsl 40)).
 
 -define(ENOUGH_SENDERS(Gaps), (element(2, Gaps) >= ?BATCH_SENDERS * element(1, Gaps))).
 
@@ -254,5 +258,10 @@ own_last(#own{last = Last}, Node) -> maps:get(Node, Last, none).
 own_last(#own{last = Last}, Node, Now) ->
     case Last of
         #{Node := T} -> T;
-        _ -> convoy_slots:long_ago(Now)
+        _ -> long_ago(Now)
     end.
+
+%% @doc A time (microseconds, the lanes' clock) far enough before `Now' to stand
+%% for "no send yet": the clock can be negative, so no constant can.
+-spec long_ago(integer()) -> integer().
+long_ago(Now) -> Now - ?LONG_AGO_US.

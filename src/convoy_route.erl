@@ -66,10 +66,23 @@
 
 -define(DIRECT_OPTS, [nosuspend, noconnect]).
 
+%% One remote message on its way (a single send's, or a multicast entry's): the
+%% runtime with the call's options, the sender's lane, the node, the destination
+%% there (a multicast entry's list of them, or a `pg' group), the message, its
+%% encoded size once measured (`{small | multicast | large, Bytes}'), and whether
+%% it is a multicast entry.
+-record(send, {rt :: #runtime{},
+               lane :: pos_integer(),
+               node :: node(),
+               to :: term(),
+               msg :: term(),
+               size :: undefined | {small | multicast | large, non_neg_integer()},
+               entry = false :: boolean()}).
+
 %% The small steps of every remote send (measured: `bin/convoy-bench cost').
 -compile({inline, [resolve/1, local_or_remote/2, with_opts/2, slots/2, is_marked/1,
-                   size_kind/1, idle/3, hold/3, mark/1, own/0, skipped/0, now_us/1, gaps/2, kind/2,
-                   hand_over/7]}).
+                   size_kind/1, idle/3, hold/3, mark/1, own/0, skipped/0, now_us/1, gaps/2, kind/1,
+                   hand_over/1, dispose/1, sized/1]}).
 
 %% @doc See `convoy:send/2'.
 -spec send(convoy:dest(), term()) -> ok.
@@ -364,117 +377,158 @@ unmark(Node) ->
     ok.
 
 %% One message to a remote node; convoy_path decides the path from the facts.
-%% Size is {small | large, Bytes}, the encoded size (measured once, here).
 remote(undefined, Node, To, Msg) ->
     after_pieces(undefined, Node, {To, Msg}, fun() -> plain_send(Node, [To], Msg) end);
 remote(RT = #runtime{stopping = true}, Node, To, Msg) ->
     after_pieces(RT, Node, {To, Msg}, fun() -> stopping(RT, Node, [To], Msg) end);
 remote(RT, Node, To, Msg) ->
     L = lane_of(RT),
+    S = #send{rt = RT, lane = L, node = Node, to = To, msg = Msg},
     case marker(Node) of
         {pieces, Inbox} ->
             case lane_inbox(L, Node) of
-                Inbox -> route(RT, L, Node, To, Msg, true);
-                _Other -> settle(RT, Node, Inbox, {To, Msg},
-                                 fun() -> route(RT, L, Node, To, Msg, true) end)
+                Inbox -> route(S, true);
+                _Other -> settle(RT, Node, Inbox, {To, Msg}, fun() -> route(S, true) end)
             end;
         true ->
-            marked(RT, L, Node, To, Msg);
+            marked(S);
         false ->
-            route(RT, L, Node, To, Msg, false)
+            route(S, false)
     end.
+
+%% The message again, from the start, under the runtime republished by a lane
+%% change or a stop (its lane was closed when it asked for admission).
+restart(#send{rt = RT, node = Node, to = Tos, msg = Msg, entry = true}) ->
+    remote_multi(refreshed(RT), Node, Tos, Msg);
+restart(#send{rt = RT, node = Node, to = To, msg = Msg}) ->
+    remote(refreshed(RT), Node, To, Msg).
+
+%% The message's encoded size, measured once: {small | large, Bytes}.
+sized(S = #send{rt = #runtime{large_threshold = T}, msg = Msg}) ->
+    S#send{size = convoy_size:measure(Msg, T)}.
 
 %% A marked sender's message: it is admitted first, and while its lane holds
 %% messages a small one goes to the lane with nothing else decided (rule 2: only
 %% an idle lane may be bypassed, so the lane's calm cannot change the path).
 %% This is the path of every message of a flood: its sender reads the clock
 %% only for one send in SKIP_MAX + 1 (`skipped_record/3').
-marked(RT = #runtime{large_threshold = T}, L, Node, To, Msg) ->
-    case convoy_size:measure(Msg, T) of
-        {small, _} = Size ->
-            Slots = slots(RT, L),
-            V = convoy_slots:admit(Slots),
-            case convoy_slots:is_closed(V) of
-                true ->
-                    remote(refreshed(RT), Node, To, Msg);
-                false ->
-                    case idle(RT, L, V) of
-                        false ->
-                            skipped_record(RT, L, Node),
-                            marked_to_lane(RT, L, Node, To, Msg, Size);
-                        true ->
-                            Calm = marked_calm(RT, L, Node),
-                            case convoy_path:may_bypass(small, Calm) of
-                                true -> bypass(RT, L, Node, To, Msg, Size, Calm);
-                                false -> marked_to_lane(RT, L, Node, To, Msg, Size)
-                            end
-                    end
-            end;
-        {large, _} ->
-            route(RT, L, Node, To, Msg, true)
+marked(S0) ->
+    case sized(S0) of
+        S = #send{size = {small, _}} -> admit(S, marked);
+        S -> route_sized(S, true)
     end.
 
-route(RT = #runtime{large_threshold = T}, L, Node, To, Msg, Marked) ->
-    Size = convoy_size:measure(Msg, T),
+route(S, Marked) ->
+    route_sized(sized(S), Marked).
+
+route_sized(S = #send{rt = RT, lane = L, node = Node, size = Size}, Marked) ->
     Calm = case Size of
                {large, _} -> busy; % not a small send: the lane's calm is not touched
                _ when Marked -> marked_calm(RT, L, Node);
                _ -> unmarked_calm(RT, L, Node)
            end,
     case convoy_path:unadmitted(size_kind(Size), Calm, Marked) of
-        direct -> direct(RT, L, Node, To, Msg, Size);
-        admit -> admitted(RT, L, Node, To, Msg, Size, Calm)
+        direct -> direct(S);
+        admit -> admit(S, {calm, Calm})
     end.
 
-%% Once admitted, a message must be disposed of: nothing after add_get may fail.
-%% Whether the lane is idle is read only when the message may bypass it.
-admitted(RT, L, Node, To, Msg, Size, Calm) ->
+%% The one admission of a message or multicast entry to its lane (`send_many/1'
+%% admits a node's messages together, in `together/2'). On a closed lane
+%% (retired or stopping; its successor is already published) the message starts
+%% again. Once admitted, a message must be disposed of exactly once: by the lane
+%% when it ships it (`to_lane/1' and the paths that end there), or by the sender,
+%% through `dispose/1' only, when it sent the message itself, in pieces, or not
+%% at all (refused or dropped). Nothing after the admission may fail. The
+%% accounting is checked by a PropEr model on live nodes
+%% (test/convoy_accounting_SUITE.erl).
+admit(S = #send{rt = RT, lane = L}, Then) ->
     V = convoy_slots:admit(slots(RT, L)),
     case convoy_slots:is_closed(V) of
-        true ->
-            %% The lane is retired or stopping; its successor is already published.
-            remote(refreshed(RT), Node, To, Msg);
-        false ->
-            case convoy_path:may_bypass(size_kind(Size), Calm) andalso idle(RT, L, V) of
-                true -> bypass(RT, L, Node, To, Msg, Size, Calm);
-                false -> busy_lane(RT, L, Node, To, Msg, Size)
-            end
+        true -> restart(S);
+        false -> admitted(S, Then, V)
     end.
+
+%% Admitted: whether the lane is idle is read only when the message may bypass
+%% it (and a marked sender's small one on a busy lane decides nothing else).
+admitted(S = #send{rt = RT, lane = L, node = Node}, marked, V) ->
+    case idle(RT, L, V) of
+        false ->
+            skipped_record(RT, L, Node),
+            marked_to_lane(S);
+        true ->
+            Calm = marked_calm(RT, L, Node),
+            case convoy_path:may_bypass(small, Calm) of
+                true -> bypass(S, Calm);
+                false -> marked_to_lane(S)
+            end
+    end;
+admitted(S = #send{rt = RT, lane = L, size = Size}, {calm, Calm}, V) ->
+    case convoy_path:may_bypass(size_kind(Size), Calm) andalso idle(RT, L, V) of
+        true -> bypass(S, Calm);
+        false -> busy_lane(S)
+    end;
+admitted(S, lane, _V) ->
+    to_lane(S);
+admitted(S0 = #send{rt = RT = #runtime{large_threshold = T}, lane = L, node = Node, to = Tos,
+                    msg = Msg}, entry, V) ->
+    %% a multicast entry: through the inbox (to be fanned out there) or the lane
+    {Kind, Size} = case convoy_size:measure(Msg, T) of
+                       {large, _} = Large -> {large, Large};
+                       {small, B} -> {small, {multicast, B}}
+                   end,
+    S = S0#send{size = Size},
+    Idle = idle(RT, L, V),
+    Calm = case Kind of
+               large -> busy;
+               small -> entry_calm(RT, L, Node)
+           end,
+    {Route, C, Inboxes} = case Idle of
+                              true -> multi_row(Node, Tos);
+                              false -> {none, undefined, none}
+                          end,
+    case convoy_path:multicast(Kind, Calm, Idle, Route) of
+        inbox -> via_inbox(S, Inboxes, C);
+        lane -> to_lane(S)
+    end.
+
+%% The one disposal of an admission by the sender (see `admit/2').
+dispose(#send{rt = RT, lane = L}) ->
+    ok = convoy_slots:dispose(slots(RT, L), 1).
 
 %% The lane has shipped all it was given: the message may follow it, by a path
 %% that depends on the node's route. A large message to a peer that reads
 %% pieces goes in pieces through the inbox, behind what the lane shipped.
-bypass(RT, L, Node, To, Msg, {large, B} = Size, Calm) ->
+bypass(S = #send{rt = RT, lane = L, node = Node, size = {large, B}}, Calm) ->
     case pieces_inbox(RT, L, Node, B) of
         {Target, C} ->
-            ok = convoy_slots:dispose(slots(RT, L), 1),
-            chunked(RT, L, Node, Target, C, To, Msg, Size);
+            ok = dispose(S),
+            chunked(S, Target, C);
         none ->
-            bypass_by_route(RT, L, Node, To, Msg, Size, Calm)
+            bypass_by_route(S, Calm)
     end;
-bypass(RT, L, Node, To, Msg, Size, Calm) ->
-    bypass_by_route(RT, L, Node, To, Msg, Size, Calm).
+bypass(S, Calm) ->
+    bypass_by_route(S, Calm).
 
-bypass_by_route(RT, L, Node, To, Msg, Size, Calm) ->
+bypass_by_route(S = #send{rt = RT, lane = L, node = Node, size = Size}, Calm) ->
     {Route, C, Inboxes} = node_row(Node),
     case convoy_path:bypass(size_kind(Size), Calm, Route) of
         direct ->
             %% Plain peer: what the lane shipped is already in the connection.
             unmark(Node),
-            admitted_direct(RT, L, Node, C, To, Msg, Size);
+            admitted_direct(S, C);
         inbox ->
-            via_inbox(RT, L, Node, Inboxes, C, {To, Msg}, To, Msg, Size);
+            via_inbox(S, Inboxes, C);
         inbox_barrier ->
-            inbox_then_barrier(RT, L, Node, Inboxes, C, To, Msg, Size);
+            inbox_then_barrier(S, Inboxes, C);
         lane ->
-            to_lane(RT, L, Node, To, Msg, Size);
+            to_lane(S);
         barrier_direct ->
             case barrier(RT, L, Node, Inboxes, C, []) of
                 ok ->
                     unmark(Node),
-                    admitted_direct(RT, L, Node, C, To, Msg, Size);
+                    admitted_direct(S, C);
                 _TimeoutOrNotSent ->
-                    to_lane(RT, L, Node, To, Msg, Size)
+                    to_lane(S)
             end
     end.
 
@@ -488,37 +542,37 @@ bypass_by_route(RT, L, Node, To, Msg, Size, Calm) ->
 %% disposed of only after the wait, as when the barrier goes first: meanwhile the
 %% lane is not idle, so its other senders go through it and their messages form
 %% batches (disposed of at once, many request/response pairs lost to `!').
-inbox_then_barrier(RT, L, Node, Inboxes, C, To, Msg, Size) ->
+inbox_then_barrier(S = #send{rt = RT, lane = L, node = Node, to = To, msg = Msg}, Inboxes, C) ->
     mark(Node),
     case barrier(RT, L, Node, Inboxes, C, [{To, Msg}]) of
         ok ->
             unmark(Node),
-            disposed(RT, L, C);
+            disposed(S, C);
         timeout ->
-            disposed(RT, L, C);
+            disposed(S, C);
         not_sent ->
-            to_lane(RT, L, Node, To, Msg, Size)
+            to_lane(S)
     end.
 
 %% The lane holds messages: they go to it, except a large message to a peer that
 %% reads pieces, whose sender waits for the lane to ship what it holds for Node
 %% (at most barrier_timeout ms) and then sends it in pieces behind that.
-busy_lane(RT, L, Node, To, Msg, {large, B} = Size) ->
+busy_lane(S = #send{rt = RT, lane = L, node = Node, size = {large, B}}) ->
     case pieces_inbox(RT, L, Node, B) of
         {Target, C} ->
-            ok = convoy_slots:dispose(slots(RT, L), 1),
+            ok = dispose(S),
             T0 = erlang:monotonic_time(),
             Drained = convoy_chunk_send:drain_lane(RT, L, Node),
             waited(RT, C, Node, drain, T0, Drained),
             case Drained of
-                ok -> chunked(RT, L, Node, Target, C, To, Msg, Size);
-                timeout -> admit_to_lane(RT, L, Node, To, Msg, Size)
+                ok -> chunked(S, Target, C);
+                timeout -> admit(S, lane)
             end;
         none ->
-            to_lane(RT, L, Node, To, Msg, Size)
+            to_lane(S)
     end;
-busy_lane(RT, L, Node, To, Msg, Size) ->
-    to_lane(RT, L, Node, To, Msg, Size).
+busy_lane(S) ->
+    to_lane(S).
 
 size_kind({large, _}) -> large;
 size_kind(_) -> small.
@@ -527,20 +581,20 @@ size_kind(_) -> small.
 %% that is not possible now, the lane takes the message. A large message to a
 %% peer that reads pieces goes in pieces instead (nothing of the sender's is in
 %% its lane or an inbox).
-direct(RT, L, Node, To, Msg, {large, B} = Size) ->
+direct(S = #send{rt = RT, lane = L, node = Node, size = {large, B}}) ->
     case pieces_inbox(RT, L, Node, B) of
-        {Target, C} -> chunked(RT, L, Node, Target, C, To, Msg, Size);
-        none -> direct_send(RT, L, Node, To, Msg, Size)
+        {Target, C} -> chunked(S, Target, C);
+        none -> direct_send(S)
     end;
-direct(RT, L, Node, To, Msg, Size) ->
-    direct_send(RT, L, Node, To, Msg, Size).
+direct(S) ->
+    direct_send(S).
 
 %% A large message in pieces through the lane's inbox (convoy_chunk_send), where
-%% the sender's earlier messages to Node are all in the connection already. The
-%% sender is marked while it waits; `delivered' (like a barrier's answer) and
-%% `refused' (the inbox reached the first piece, so it delivered everything
-%% before it) clear the marker.
-chunked(RT, L, Node, Target, C, To, Msg, Size) ->
+%% the sender's earlier messages to Node are all in the connection already (its
+%% admission, if any, disposed of). The sender is marked while it waits;
+%% `delivered' (like a barrier's answer) and `refused' (the inbox reached the
+%% first piece, so it delivered everything before it) clear the marker.
+chunked(S = #send{rt = RT, lane = L, node = Node, to = To, msg = Msg}, Target, C) ->
     mark(Node),
     case convoy_chunk_send:send(RT, Node, Target, C, To, Msg) of
         delivered ->
@@ -554,12 +608,12 @@ chunked(RT, L, Node, Target, C, To, Msg, Size) ->
             count_direct(C);
         refused ->
             unmark(Node),
-            direct_send(RT, L, Node, To, Msg, Size);
+            direct_send(S);
         no_answer ->
             %% Its first piece may still be waiting: the lane ships it whole,
             %% behind that piece.
             unanswered(RT, L, Node, C, wait),
-            admit_to_lane(RT, L, Node, To, Msg, Size);
+            admit(S, lane);
         dropped ->
             ok
     end.
@@ -577,10 +631,11 @@ pieces_inbox(RT, L, Node, Bytes) ->
             none
     end.
 
-direct_send(RT, L, Node, To, Msg, Size) ->
+%% Not admitted: sent now, or the lane takes it (admitted then).
+direct_send(S = #send{rt = RT, node = Node, to = To, msg = Msg}) ->
     case erlang:send(convoy_wire:address(To, Node), Msg, ?DIRECT_OPTS) of
         ok -> count_direct(RT, Node);
-        _NoSuspendOrNoConnect -> admit_to_lane(RT, L, Node, To, Msg, Size)
+        _NoSuspendOrNoConnect -> admit(S, lane)
     end.
 
 %% Count a direct send with the node's cached counters (see `refs/2'), checked
@@ -594,12 +649,6 @@ count_direct(#runtime{generation = Gen}, Node) ->
             end;
         _ ->
             count_direct(element(1, fetch_refs(Gen, Node)))
-    end.
-
-admit_to_lane(RT, L, Node, To, Msg, Size) ->
-    case convoy_slots:is_closed(convoy_slots:admit(slots(RT, L))) of
-        true -> remote(refreshed(RT), Node, To, Msg);
-        false -> to_lane(RT, L, Node, To, Msg, Size)
     end.
 
 %% A node's counters and held array (convoy_held), cached in the sender's process
@@ -661,26 +710,28 @@ answering(C) ->
         true -> unanswered
     end.
 
-admitted_direct(RT, L, Node, C, To, Msg, Size) ->
+admitted_direct(S = #send{node = Node, to = To, msg = Msg}, C) ->
     case erlang:send(convoy_wire:address(To, Node), Msg, ?DIRECT_OPTS) of
-        ok -> disposed(RT, L, C);
-        _NoSuspendOrNoConnect -> to_lane(RT, L, Node, To, Msg, Size)
+        ok -> disposed(S, C);
+        _NoSuspendOrNoConnect -> to_lane(S)
     end.
 
-%% A batch of one to the inbox this sender's lane uses.
-via_inbox(RT, L, Node, Inboxes, C, Entry, To, Msg, Size) ->
+%% A batch of one to the inbox this sender's lane uses (a multicast entry's
+%% `to' is its list of destinations on the node).
+via_inbox(S = #send{lane = L, node = Node, to = To, msg = Msg}, Inboxes, C) ->
     Inbox = {convoy_wire:lane_inbox(L, Inboxes), Node},
     mark(Node),
-    case erlang:send(Inbox, convoy_wire:batch(node(), [wire_entry(Entry)]), ?DIRECT_OPTS) of
-        ok -> disposed(RT, L, C);
-        _ -> to_lane(RT, L, Node, To, Msg, Size)
+    case erlang:send(Inbox, convoy_wire:batch(node(), [wire_entry({To, Msg})]), ?DIRECT_OPTS) of
+        ok -> disposed(S, C);
+        _ -> to_lane(S)
     end.
 
 wire_entry({{?TAG_PUBLISH, Scope, Group}, Msg}) -> convoy_wire:publish(Scope, Group, Msg);
 wire_entry(Entry) -> Entry.
 
-disposed(RT, L, C) ->
-    ok = convoy_slots:dispose(slots(RT, L), 1),
+%% Sent by the sender itself: disposed of, and counted.
+disposed(S, C) ->
+    ok = dispose(S),
     count_direct(C).
 
 count_direct(C) ->
@@ -691,64 +742,66 @@ count_direct(C) ->
 %% When full, the overload policy decides; a message that does not go to the lane
 %% has its admission disposed of here. Large messages are tagged: the lane never
 %% ships them in a batch with small ones (see convoy_batch).
-to_lane(RT, L, Node, To, Msg, Size) ->
-    {Kind, Bytes} = kind(Msg, Size),
+to_lane(S = #send{rt = RT, node = Node, size = Size}) ->
+    {_Kind, Bytes} = kind(Size),
     {C, H} = refs(RT, Node),
     case hold(RT, H, Bytes) of
-        ok -> hand_over(RT, L, Node, To, Msg, Kind, Bytes);
-        full -> overloaded(RT, L, Node, To, Msg, Size, C, H);
-        closed -> reheld(RT, L, Node, To, Msg, Size)
+        ok -> hand_over(S);
+        full -> overloaded(S, C, H);
+        closed -> reheld(S)
     end.
 
 %% The row was forgotten (or is being checked by convoy_peers right now: let it
 %% finish): fetch the node's row again.
-reheld(RT = #runtime{generation = Gen}, L, Node, To, Msg, Size) ->
+reheld(S = #send{rt = #runtime{generation = Gen}, node = Node}) ->
     erlang:yield(),
     _ = fetch_refs(Gen, Node),
-    to_lane(RT, L, Node, To, Msg, Size).
+    to_lane(S).
 
-kind(_Msg, {small, B}) -> {?TAG_SEND, B};
-kind(_Msg, {multicast, B}) -> {?TAG_MULTICAST, B};
-kind(_Msg, {large, B}) -> {?TAG_LARGE, B}.
+kind({small, B}) -> {?TAG_SEND, B};
+kind({multicast, B}) -> {?TAG_MULTICAST, B};
+kind({large, B}) -> {?TAG_LARGE, B}.
 
-hand_over(#runtime{lanes = Lanes}, L, Node, To, Msg, Kind, Bytes) ->
+hand_over(#send{rt = #runtime{lanes = Lanes}, lane = L, node = Node, to = To, msg = Msg,
+                size = Size}) ->
+    {Kind, Bytes} = kind(Size),
     mark(Node),
     erlang:send(element(L, Lanes), {Kind, Node, To, Msg, Bytes}),
     ok.
 
-%% `to_lane/6' for a small message of a marked sender (already marked).
-marked_to_lane(RT = #runtime{lanes = Lanes}, L, Node, To, Msg, {small, Bytes} = Size) ->
+%% `to_lane/1' for a small message of a marked sender (already marked).
+marked_to_lane(S = #send{rt = RT = #runtime{lanes = Lanes}, lane = L, node = Node, to = To,
+                         msg = Msg, size = {small, Bytes}}) ->
     {C, H} = refs(RT, Node),
     case hold(RT, H, Bytes) of
         ok ->
             erlang:send(element(L, Lanes), {?TAG_SEND, Node, To, Msg, Bytes}),
             ok;
         full ->
-            overloaded(RT, L, Node, To, Msg, Size, C, H);
+            overloaded(S, C, H);
         closed ->
-            reheld(RT, L, Node, To, Msg, Size)
+            reheld(S)
     end.
 
 %% Take room for one message of Bytes within the node's bounds (convoy_held).
 hold(#runtime{max_buffered = MaxN, max_buffered_bytes = MaxB}, H, Bytes) ->
     convoy_held:hold(H, Bytes, MaxN, MaxB).
 
-overloaded(RT = #runtime{overload = block, block_timeout = Timeout}, L, Node, To, Msg, Size,
-           C, H) ->
+overloaded(S = #send{rt = #runtime{overload = block, block_timeout = Timeout}}, C, H) ->
     case convoy_metrics:may_wait_for_room(C) of
-        true -> block(RT, L, Node, To, Msg, Size, C, H, Timeout);
-        false -> refuse(RT, L, C)
+        true -> block(S, C, H, Timeout);
+        false -> refuse(S, C)
     end;
-overloaded(RT = #runtime{overload = drop}, L, _Node, _To, _Msg, _Size, C, _H) ->
-    refuse(RT#runtime{refuse = drop}, L, C);
-overloaded(RT = #runtime{overload = error}, L, _Node, _To, _Msg, _Size, C, _H) ->
-    refuse(RT, L, C).
+overloaded(S = #send{rt = RT = #runtime{overload = drop}}, C, _H) ->
+    refuse(S#send{rt = RT#runtime{refuse = drop}}, C);
+overloaded(S = #send{rt = #runtime{overload = error}}, C, _H) ->
+    refuse(S, C).
 
 %% Wait for room at most Timeout ms. A wait that runs out marks the node (see
 %% `convoy_metrics:unanswered/2'): until it answers again, the next sender over
 %% the bound is refused at once instead of waiting as long again.
-block(RT, L, Node, To, Msg, Size, C, H, Timeout) ->
-    {Kind, Bytes} = kind(Msg, Size),
+block(S = #send{rt = RT, lane = L, node = Node, size = Size}, C, H, Timeout) ->
+    {_Kind, Bytes} = kind(Size),
     T0 = erlang:monotonic_time(),
     Deadline = T0 + erlang:convert_time_unit(Timeout, millisecond, native),
     Result = wait_room(RT, L, Node, H, Bytes, Deadline),
@@ -757,9 +810,9 @@ block(RT, L, Node, To, Msg, Size, C, H, Timeout) ->
     event(RT, [convoy, overload, blocked], #{duration => Waited},
           #{node => Node, result => Result}),
     case Result of
-        ok -> hand_over(RT, L, Node, To, Msg, Kind, Bytes);
-        closed -> reheld(RT, L, Node, To, Msg, Size);
-        timeout -> unanswered(RT, L, Node, C, room), refuse(RT, L, C)
+        ok -> hand_over(S);
+        closed -> reheld(S);
+        timeout -> unanswered(RT, L, Node, C, room), refuse(S, C)
     end.
 
 %% A blocked sender registers with its lane once, and again only after a wake-up
@@ -802,8 +855,8 @@ wait_loop(RT, Lane, Mon, Node, H, Bytes, Deadline) ->
     end.
 
 %% Not sent: counted as dropped (send/2, or policy drop) or refused (send/3).
-refuse(RT = #runtime{refuse = Refuse}, L, C) ->
-    ok = convoy_slots:dispose(slots(RT, L), 1),
+refuse(S = #send{rt = #runtime{refuse = Refuse}}, C) ->
+    ok = dispose(S),
     case Refuse of
         drop ->
             convoy_metrics:add(C, accepted, 1),
@@ -1038,30 +1091,8 @@ remote_multi(RT, Node, Tos, Msg) ->
             multi(RT, L, Node, Tos, Msg)
     end.
 
-multi(RT = #runtime{large_threshold = T}, L, Node, Tos, Msg) ->
-    V = convoy_slots:admit(slots(RT, L)),
-    case convoy_slots:is_closed(V) of
-        true ->
-            remote_multi(refreshed(RT), Node, Tos, Msg);
-        false ->
-            {Kind, Size} = case convoy_size:measure(Msg, T) of
-                               {large, _} = Large -> {large, Large};
-                               {small, B} -> {small, {multicast, B}}
-                           end,
-            Idle = idle(RT, L, V),
-            Calm = case Kind of
-                       large -> busy;
-                       small -> entry_calm(RT, L, Node)
-                   end,
-            {Route, C, Inboxes} = case Idle of
-                                      true -> multi_row(Node, Tos);
-                                      false -> {none, undefined, none}
-                                  end,
-            case convoy_path:multicast(Kind, Calm, Idle, Route) of
-                inbox -> via_inbox(RT, L, Node, Inboxes, C, {Tos, Msg}, Tos, Msg, Size);
-                lane -> to_lane(RT, L, Node, Tos, Msg, Size)
-            end
-    end.
+multi(RT, L, Node, Tos, Msg) ->
+    admit(#send{rt = RT, lane = L, node = Node, to = Tos, msg = Msg, entry = true}, entry).
 
 %%--------------------------------------------------------------------
 %% After a message in pieces whose delivery was not confirmed

@@ -33,7 +33,7 @@
 
 -export([new/2, clock/0, now_us/1, admit/1, admit_many/2, is_closed/1, dispose/2, idle/2,
          since_last_send/4, note_small_send/2, close/1, admitted/1, disposed/1, record_batch/4,
-         batch_average/1, unpaid_until/1, long_ago/1, last_small_send/1, recent_gaps/1]).
+         batch_average/1, unpaid_until/1, last_small_send/1, recent_gaps/1]).
 
 -export_type([slots/0, clock/0, gaps/0]).
 
@@ -86,8 +86,6 @@
 -define(SIZE, 52).
 %% Batch sizes are kept in sixteenths of a message.
 -define(BATCH_ONE, 16).
-%% "Long ago" for the last small send: any first send is quiet.
--define(LONG_AGO_US, (1 bsl 40)).
 
 %% @doc Counters for a new lane. `Behind' is how many disposals the lane starts
 %% short of its admissions: 1 for a lane started held (no sender may see it idle
@@ -96,7 +94,7 @@
 new(Behind, Clock) ->
     A = atomics:new(?SIZE, [{signed, true}]),
     atomics:put(A, ?DISPOSED, -Behind),
-    LongAgo = long_ago(now_us(Clock)),
+    LongAgo = convoy_path:long_ago(now_us(Clock)),
     atomics:put(A, ?LAST_SEND, LongAgo),
     atomics:put(A, ?GAPS, pack(?GAP_CAP_US * ?GAP_UNIT, ?OWN_GAP_CAP_US * ?GAP_UNIT)),
     atomics:put(A, ?UNPAID_UNTIL, LongAgo),
@@ -116,11 +114,6 @@ clock() -> erlang:convert_time_unit(1, microsecond, perf_counter).
 -spec now_us(clock()) -> integer().
 now_us(0) -> erlang:monotonic_time(microsecond);
 now_us(TicksPerUs) -> os:perf_counter() div TicksPerUs.
-
-%% @doc A time (microseconds, the lanes' clock) far enough before `Now' to stand for "no
-%% send yet": the clock can be negative, so no constant can.
--spec long_ago(integer()) -> integer().
-long_ago(Now) -> Now - ?LONG_AGO_US.
 
 %% @doc Take one admission; returns the admission's number (compare with
 %% `is_closed/1' and `idle/2').

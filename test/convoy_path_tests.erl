@@ -108,7 +108,7 @@ quiet_test() ->
     ?assertEqual(busy, convoy_path:quiet(paid, {16, 128})),
     ?assertEqual(quiet, convoy_path:quiet(paid, {16, 127})),
     ?assertEqual(quiet, convoy_path:quiet(-5, {16, 128})),
-    ?assertEqual(quiet, convoy_path:quiet(convoy_slots:long_ago(-5), {0, 0})).
+    ?assertEqual(quiet, convoy_path:quiet(convoy_path:long_ago(-5), {0, 0})).
 
 %% Pieces from chunk_threshold on, only with small traffic to protect (a small
 %% message within chunk_guard ms), or always; never with the threshold at infinity.
