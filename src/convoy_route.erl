@@ -82,7 +82,7 @@
 %% The small steps of every remote send (measured: `bin/convoy-bench cost').
 -compile({inline, [resolve/1, local_or_remote/2, with_opts/2, slots/2, is_marked/1,
                    size_kind/1, idle/3, hold/3, mark/1, own/0, skipped/0, now_us/1, gaps/2, kind/1,
-                   hand_over/1, dispose/1, sized/1]}).
+                   hand_over/1, dispose/1, admission/2]}).
 
 %% @doc See `convoy:send/2'.
 -spec send(convoy:dest(), term()) -> ok.
@@ -381,19 +381,20 @@ remote(undefined, Node, To, Msg) ->
     after_pieces(undefined, Node, {To, Msg}, fun() -> plain_send(Node, [To], Msg) end);
 remote(RT = #runtime{stopping = true}, Node, To, Msg) ->
     after_pieces(RT, Node, {To, Msg}, fun() -> stopping(RT, Node, [To], Msg) end);
-remote(RT, Node, To, Msg) ->
+remote(RT = #runtime{large_threshold = T}, Node, To, Msg) ->
     L = lane_of(RT),
-    S = #send{rt = RT, lane = L, node = Node, to = To, msg = Msg},
+    Size = convoy_size:measure(Msg, T), % measured once: {small | large, Bytes}
     case marker(Node) of
         {pieces, Inbox} ->
+            S = #send{rt = RT, lane = L, node = Node, to = To, msg = Msg, size = Size},
             case lane_inbox(L, Node) of
                 Inbox -> route(S, true);
                 _Other -> settle(RT, Node, Inbox, {To, Msg}, fun() -> route(S, true) end)
             end;
         true ->
-            marked(S);
+            marked(RT, L, Node, To, Msg, Size);
         false ->
-            route(S, false)
+            route(#send{rt = RT, lane = L, node = Node, to = To, msg = Msg, size = Size}, false)
     end.
 
 %% The message again, from the start, under the runtime republished by a lane
@@ -403,25 +404,36 @@ restart(#send{rt = RT, node = Node, to = Tos, msg = Msg, entry = true}) ->
 restart(#send{rt = RT, node = Node, to = To, msg = Msg}) ->
     remote(refreshed(RT), Node, To, Msg).
 
-%% The message's encoded size, measured once: {small | large, Bytes}.
-sized(S = #send{rt = #runtime{large_threshold = T}, msg = Msg}) ->
-    S#send{size = convoy_size:measure(Msg, T)}.
-
 %% A marked sender's message: it is admitted first, and while its lane holds
 %% messages a small one goes to the lane with nothing else decided (rule 2: only
 %% an idle lane may be bypassed, so the lane's calm cannot change the path).
 %% This is the path of every message of a flood: its sender reads the clock
-%% only for one send in SKIP_MAX + 1 (`skipped_record/3').
-marked(S0) ->
-    case sized(S0) of
-        S = #send{size = {small, _}} -> admit(S, marked);
-        S -> route_sized(S, true)
-    end.
+%% only for one send in SKIP_MAX + 1 (`skipped_record/3'), and its context
+%% (`#send{}') is made only off that path.
+marked(RT, L, Node, To, Msg, {small, Bytes} = Size) ->
+    case admission(RT, L) of
+        closed ->
+            remote(refreshed(RT), Node, To, Msg);
+        V ->
+            case idle(RT, L, V) of
+                false ->
+                    skipped_record(RT, L, Node),
+                    marked_to_lane(RT, L, Node, To, Msg, Bytes);
+                true ->
+                    Calm = marked_calm(RT, L, Node),
+                    case convoy_path:may_bypass(small, Calm) of
+                        true ->
+                            bypass(#send{rt = RT, lane = L, node = Node, to = To, msg = Msg,
+                                         size = Size}, Calm);
+                        false ->
+                            marked_to_lane(RT, L, Node, To, Msg, Bytes)
+                    end
+            end
+    end;
+marked(RT, L, Node, To, Msg, Size) ->
+    route(#send{rt = RT, lane = L, node = Node, to = To, msg = Msg, size = Size}, true).
 
-route(S, Marked) ->
-    route_sized(sized(S), Marked).
-
-route_sized(S = #send{rt = RT, lane = L, node = Node, size = Size}, Marked) ->
+route(S = #send{rt = RT, lane = L, node = Node, size = Size}, Marked) ->
     Calm = case Size of
                {large, _} -> busy; % not a small send: the lane's calm is not touched
                _ when Marked -> marked_calm(RT, L, Node);
@@ -432,36 +444,32 @@ route_sized(S = #send{rt = RT, lane = L, node = Node, size = Size}, Marked) ->
         admit -> admit(S, {calm, Calm})
     end.
 
-%% The one admission of a message or multicast entry to its lane (`send_many/1'
-%% admits a node's messages together, in `together/2'). On a closed lane
-%% (retired or stopping; its successor is already published) the message starts
-%% again. Once admitted, a message must be disposed of exactly once: by the lane
+%% A message or multicast entry admitted to its lane (`admission/2', the one
+%% admission; `send_many/1' admits a node's messages together, in
+%% `together/2'). On a closed lane (retired or stopping; its successor is
+%% already published) the message starts again. Once admitted, a message must be disposed of exactly once: by the lane
 %% when it ships it (`to_lane/1' and the paths that end there), or by the sender,
 %% through `dispose/1' only, when it sent the message itself, in pieces, or not
 %% at all (refused or dropped). Nothing after the admission may fail. The
 %% accounting is checked by a PropEr model on live nodes
 %% (test/convoy_accounting_SUITE.erl).
 admit(S = #send{rt = RT, lane = L}, Then) ->
+    case admission(RT, L) of
+        closed -> restart(S);
+        V -> admitted(S, Then, V)
+    end.
+
+%% The admission itself: the lane's admission count after it (see `idle/3'), or
+%% `closed'. Every admission of a single message or entry is this call.
+admission(RT, L) ->
     V = convoy_slots:admit(slots(RT, L)),
     case convoy_slots:is_closed(V) of
-        true -> restart(S);
-        false -> admitted(S, Then, V)
+        true -> closed;
+        false -> V
     end.
 
 %% Admitted: whether the lane is idle is read only when the message may bypass
-%% it (and a marked sender's small one on a busy lane decides nothing else).
-admitted(S = #send{rt = RT, lane = L, node = Node}, marked, V) ->
-    case idle(RT, L, V) of
-        false ->
-            skipped_record(RT, L, Node),
-            marked_to_lane(S);
-        true ->
-            Calm = marked_calm(RT, L, Node),
-            case convoy_path:may_bypass(small, Calm) of
-                true -> bypass(S, Calm);
-                false -> marked_to_lane(S)
-            end
-    end;
+%% it.
 admitted(S = #send{rt = RT, lane = L, size = Size}, {calm, Calm}, V) ->
     case convoy_path:may_bypass(size_kind(Size), Calm) andalso idle(RT, L, V) of
         true -> bypass(S, Calm);
@@ -769,18 +777,20 @@ hand_over(#send{rt = #runtime{lanes = Lanes}, lane = L, node = Node, to = To, ms
     erlang:send(element(L, Lanes), {Kind, Node, To, Msg, Bytes}),
     ok.
 
-%% `to_lane/1' for a small message of a marked sender (already marked).
-marked_to_lane(S = #send{rt = RT = #runtime{lanes = Lanes}, lane = L, node = Node, to = To,
-                         msg = Msg, size = {small, Bytes}}) ->
+%% `to_lane/1' for a small message of Bytes of a marked sender (already
+%% marked), its context made only if the node's bound is reached.
+marked_to_lane(RT = #runtime{lanes = Lanes}, L, Node, To, Msg, Bytes) ->
     {C, H} = refs(RT, Node),
     case hold(RT, H, Bytes) of
         ok ->
             erlang:send(element(L, Lanes), {?TAG_SEND, Node, To, Msg, Bytes}),
             ok;
         full ->
-            overloaded(S, C, H);
+            overloaded(#send{rt = RT, lane = L, node = Node, to = To, msg = Msg,
+                             size = {small, Bytes}}, C, H);
         closed ->
-            reheld(S)
+            reheld(#send{rt = RT, lane = L, node = Node, to = To, msg = Msg,
+                         size = {small, Bytes}})
     end.
 
 %% Take room for one message of Bytes within the node's bounds (convoy_held).
