@@ -1,7 +1,9 @@
 %% @private
-%% Which path a remote message takes, decided from facts the sender gathers. Pure:
-%% `convoy_route' reads the facts (its lane's counters, its own marker, the node's
-%% route) and carries the decision out. Why each path keeps order is in
+%% The adaptive policy, pure: which path a remote message takes, decided from
+%% facts the sender gathers, and the sender's own state (`own()': the calm it
+%% reuses, its last send to each node). `convoy_route' reads the facts (its lane's
+%% counters, its own marker and state, the node's route), stores the state and
+%% carries the decision out. Why each path keeps order is in
 %% `convoy_route''s header; in short:
 %% <ul>
 %% <li>`direct' (a plain send to the destination) needs nothing of the sender's
@@ -235,11 +237,11 @@ marked_record(Own = #own{last = Last}, Skipped, Node, Now, Window) ->
     end.
 
 %% @doc A marked sender's small send to its busy lane (the path does not depend
-%% on the calm), its skip count `Skipped' (`none' when not counting): a sender
+%% on the calm), its skip count `Skipped' (`undefined' when not counting): a sender
 %% that its last clock reading found streaming (counting skips) skips this one's
 %% record too, up to `SKIP_MAX' in a row; any other `record's it
 %% (`marked_record/5').
--spec skip(none | pos_integer()) -> {skip, pos_integer()} | record.
+-spec skip(undefined | pos_integer()) -> {skip, pos_integer()} | record.
 skip(Skipped) when is_integer(Skipped), Skipped < ?SKIP_MAX -> {skip, Skipped + 1};
 skip(_Skipped) -> record.
 
@@ -250,8 +252,8 @@ skip(_Skipped) -> record.
 entry_record(Own = #own{last = Last}, Node, Now) ->
     {Now - own_last(Own, Node, Now), Own#own{last = Last#{Node => Now}}}.
 
-%% @doc The sender's last recorded small send to `Node' (for tests and the
-%% harness), `none' before any.
+%% @doc The sender's last recorded small send to `Node' (for tests), `none'
+%% before any.
 -spec own_last(own(), node()) -> integer() | none.
 own_last(#own{last = Last}, Node) -> maps:get(Node, Last, none).
 
