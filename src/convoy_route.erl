@@ -447,12 +447,12 @@ route(S = #send{rt = RT, lane = L, node = Node, size = Size}, Marked) ->
 %% A message or multicast entry admitted to its lane (`admission/2', the one
 %% admission; `send_many/1' admits a node's messages together, in
 %% `together/2'). On a closed lane (retired or stopping; its successor is
-%% already published) the message starts again. Once admitted, a message must be disposed of exactly once: by the lane
-%% when it ships it (`to_lane/1' and the paths that end there), or by the sender,
-%% through `dispose/1' only, when it sent the message itself, in pieces, or not
-%% at all (refused or dropped). Nothing after the admission may fail. The
-%% accounting is checked by a PropEr model on live nodes
-%% (test/convoy_accounting_SUITE.erl).
+%% already published) the message starts again. Once admitted, a message must
+%% be disposed of exactly once: by the lane when it ships it (`to_lane/1' and
+%% the paths that end there), or by the sender, through `dispose/1' only, when
+%% it sent the message itself, in pieces, or not at all (refused or dropped).
+%% Nothing after the admission may fail. The accounting is checked by a PropEr
+%% model on live nodes (test/convoy_accounting_SUITE.erl).
 admit(S = #send{rt = RT, lane = L}, Then) ->
     case admission(RT, L) of
         closed -> restart(S);
@@ -778,7 +778,8 @@ hand_over(#send{rt = #runtime{lanes = Lanes}, lane = L, node = Node, to = To, ms
     ok.
 
 %% `to_lane/1' for a small message of Bytes of a marked sender (already
-%% marked), its context made only if the node's bound is reached.
+%% marked), its context made only if the lane does not take it at once (the
+%% node's bound reached, or its row forgotten).
 marked_to_lane(RT = #runtime{lanes = Lanes}, L, Node, To, Msg, Bytes) ->
     {C, H} = refs(RT, Node),
     case hold(RT, H, Bytes) of
