@@ -82,7 +82,7 @@
 %% The small steps of every remote send (measured: `bin/convoy-bench cost').
 -compile({inline, [resolve/1, local_or_remote/2, with_opts/2, slots/2, is_marked/1,
                    size_kind/1, idle/3, hold/3, mark/1, own/0, skipped/0, now_us/1, gaps/2, kind/1,
-                   hand_over/1, dispose/1, admission/2]}).
+                   hand_over/1, dispose/1, admission/2, context/6]}).
 
 %% @doc See `convoy:send/2'.
 -spec send(convoy:dest(), term()) -> ok.
@@ -386,7 +386,7 @@ remote(RT = #runtime{large_threshold = T}, Node, To, Msg) ->
     Size = convoy_size:measure(Msg, T), % measured once: {small | large, Bytes}
     case marker(Node) of
         {pieces, Inbox} ->
-            S = #send{rt = RT, lane = L, node = Node, to = To, msg = Msg, size = Size},
+            S = context(RT, L, Node, To, Msg, Size),
             case lane_inbox(L, Node) of
                 Inbox -> route(S, true);
                 _Other -> settle(RT, Node, Inbox, {To, Msg}, fun() -> route(S, true) end)
@@ -394,8 +394,12 @@ remote(RT = #runtime{large_threshold = T}, Node, To, Msg) ->
         true ->
             marked(RT, L, Node, To, Msg, Size);
         false ->
-            route(#send{rt = RT, lane = L, node = Node, to = To, msg = Msg, size = Size}, false)
+            route(context(RT, L, Node, To, Msg, Size), false)
     end.
+
+%% A single message's context (a multicast entry's is made in `multi/5').
+context(RT, L, Node, To, Msg, Size) ->
+    #send{rt = RT, lane = L, node = Node, to = To, msg = Msg, size = Size}.
 
 %% The message again, from the start, under the runtime republished by a lane
 %% change or a stop (its lane was closed when it asked for admission).
@@ -423,15 +427,14 @@ marked(RT, L, Node, To, Msg, {small, Bytes} = Size) ->
                     Calm = marked_calm(RT, L, Node),
                     case convoy_path:may_bypass(small, Calm) of
                         true ->
-                            bypass(#send{rt = RT, lane = L, node = Node, to = To, msg = Msg,
-                                         size = Size}, Calm);
+                            bypass(context(RT, L, Node, To, Msg, Size), Calm);
                         false ->
                             marked_to_lane(RT, L, Node, To, Msg, Bytes)
                     end
             end
     end;
 marked(RT, L, Node, To, Msg, Size) ->
-    route(#send{rt = RT, lane = L, node = Node, to = To, msg = Msg, size = Size}, true).
+    route(context(RT, L, Node, To, Msg, Size), true).
 
 route(S = #send{rt = RT, lane = L, node = Node, size = Size}, Marked) ->
     Calm = case Size of
@@ -787,11 +790,9 @@ marked_to_lane(RT = #runtime{lanes = Lanes}, L, Node, To, Msg, Bytes) ->
             erlang:send(element(L, Lanes), {?TAG_SEND, Node, To, Msg, Bytes}),
             ok;
         full ->
-            overloaded(#send{rt = RT, lane = L, node = Node, to = To, msg = Msg,
-                             size = {small, Bytes}}, C, H);
+            overloaded(context(RT, L, Node, To, Msg, {small, Bytes}), C, H);
         closed ->
-            reheld(#send{rt = RT, lane = L, node = Node, to = To, msg = Msg,
-                         size = {small, Bytes}})
+            reheld(context(RT, L, Node, To, Msg, {small, Bytes}))
     end.
 
 %% Take room for one message of Bytes within the node's bounds (convoy_held).

@@ -379,13 +379,10 @@ refs(#{alias := Alias, local_ref := LocalRef, ghosts := [G | _]}) ->
 %% there. (This node's own pids and references are real ones: a made-up local pid
 %% can be a corrupt term that makes the runtime drop the connection.)
 make_pid(Node, Id) ->
-    N = atom_to_binary(Node, utf8),
-    binary_to_term(<<131, 88, 119, (byte_size(N)), N/binary, Id:32, 0:32, 7:32>>).
+    convoy_test_ids:pid(Node, Id, 7).
 
 make_ref_on(Node, Creation) ->
-    N = atom_to_binary(Node, utf8),
-    binary_to_term(<<131, 90, 3:16, 119, (byte_size(N)), N/binary, Creation:32,
-                     11:32, 22:32, 33:32>>).
+    convoy_test_ids:ref(Node, 11, Creation).
 
 leaf(Ctx) ->
     case rnd(13) of

@@ -1,5 +1,5 @@
 %% Pids and references of other nodes and incarnations, built from the external
-%% format, for the inbound core's tests.
+%% format, for tests (the inbound core's, the wire's, the fuzzer's).
 -module(convoy_test_ids).
 
 -export([pid/3, ref/3]).

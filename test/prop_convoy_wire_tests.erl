@@ -76,13 +76,11 @@ safe(Name, Input, Fun) ->
 
 %% A pid of `Node' (NEW_PID_EXT), as it would arrive from that node.
 fake_pid(Node) ->
-    N = atom_to_binary(Node, utf8),
-    binary_to_term(<<131, 88, 119, (byte_size(N)), N/binary, 7:32, 0:32, 1:32>>).
+    convoy_test_ids:pid(Node, 7, 1).
 
 %% A reference of `Node' (NEWER_REFERENCE_EXT).
 fake_ref(Node) ->
-    N = atom_to_binary(Node, utf8),
-    binary_to_term(<<131, 90, 3:16, 119, (byte_size(N)), N/binary, 1:32, 1:32, 2:32, 3:32>>).
+    convoy_test_ids:ref(Node, 1, 1).
 
 fake_pid_test() ->
     ?assertEqual(?OTHER, node(fake_pid(?OTHER))),
