@@ -388,13 +388,26 @@ remote(RT = #runtime{large_threshold = T}, Node, To, Msg) ->
         {pieces, Inbox} ->
             S = context(RT, L, Node, To, Msg, Size),
             case lane_inbox(L, Node) of
-                Inbox -> route(S, true);
-                _Other -> settle(RT, Node, Inbox, {To, Msg}, fun() -> route(S, true) end)
+                Inbox -> route_marked(S);
+                _Other -> settle(RT, Node, Inbox, {To, Msg}, fun() -> route_marked(S) end)
             end;
         true ->
             marked(RT, L, Node, To, Msg, Size);
         false ->
-            route(context(RT, L, Node, To, Msg, Size), false)
+            unmarked(RT, L, Node, To, Msg, Size)
+    end.
+
+%% An unmarked sender's message: one that goes directly (a small one on a calm
+%% lane, a large one) has its context made only if it does not: the path of an
+%% idle request/response makes none.
+unmarked(RT, L, Node, To, Msg, Size) ->
+    Calm = case Size of
+               {large, _} -> busy; % not a small send: the lane's calm is not touched
+               _ -> unmarked_calm(RT, L, Node)
+           end,
+    case convoy_path:unadmitted(size_kind(Size), Calm, false) of
+        direct -> direct(RT, L, Node, To, Msg, Size);
+        admit -> admit(context(RT, L, Node, To, Msg, Size), {calm, Calm})
     end.
 
 %% A single message's context (a multicast entry's is made in `multi/5').
@@ -434,18 +447,17 @@ marked(RT, L, Node, To, Msg, {small, Bytes} = Size) ->
             end
     end;
 marked(RT, L, Node, To, Msg, Size) ->
-    route(context(RT, L, Node, To, Msg, Size), true).
+    route_marked(context(RT, L, Node, To, Msg, Size)).
 
-route(S = #send{rt = RT, lane = L, node = Node, size = Size}, Marked) ->
+%% A marked sender's message off a flood's path (a large one, or one after a
+%% message in pieces): always admitted first (rule 3, `convoy_path:unadmitted/3'),
+%% the lane's calm read for a small one.
+route_marked(S = #send{rt = RT, lane = L, node = Node, size = Size}) ->
     Calm = case Size of
-               {large, _} -> busy; % not a small send: the lane's calm is not touched
-               _ when Marked -> marked_calm(RT, L, Node);
-               _ -> unmarked_calm(RT, L, Node)
+               {large, _} -> busy;
+               _ -> marked_calm(RT, L, Node)
            end,
-    case convoy_path:unadmitted(size_kind(Size), Calm, Marked) of
-        direct -> direct(S);
-        admit -> admit(S, {calm, Calm})
-    end.
+    admit(S, {calm, Calm}).
 
 %% A message or multicast entry admitted to its lane (`admission/2', the one
 %% admission; `send_many/1' admits a node's messages together, in
@@ -592,13 +604,13 @@ size_kind(_) -> small.
 %% that is not possible now, the lane takes the message. A large message to a
 %% peer that reads pieces goes in pieces instead (nothing of the sender's is in
 %% its lane or an inbox).
-direct(S = #send{rt = RT, lane = L, node = Node, size = {large, B}}) ->
+direct(RT, L, Node, To, Msg, {large, B} = Size) ->
     case pieces_inbox(RT, L, Node, B) of
-        {Target, C} -> chunked(S, Target, C);
-        none -> direct_send(S)
+        {Target, C} -> chunked(context(RT, L, Node, To, Msg, Size), Target, C);
+        none -> direct_send(RT, L, Node, To, Msg, Size)
     end;
-direct(S) ->
-    direct_send(S).
+direct(RT, L, Node, To, Msg, Size) ->
+    direct_send(RT, L, Node, To, Msg, Size).
 
 %% A large message in pieces through the lane's inbox (convoy_chunk_send), where
 %% the sender's earlier messages to Node are all in the connection already (its
@@ -619,7 +631,7 @@ chunked(S = #send{rt = RT, lane = L, node = Node, to = To, msg = Msg}, Target, C
             count_direct(C);
         refused ->
             unmark(Node),
-            direct_send(S);
+            direct_send(RT, L, Node, To, Msg, S#send.size);
         no_answer ->
             %% Its first piece may still be waiting: the lane ships it whole,
             %% behind that piece.
@@ -643,10 +655,10 @@ pieces_inbox(RT, L, Node, Bytes) ->
     end.
 
 %% Not admitted: sent now, or the lane takes it (admitted then).
-direct_send(S = #send{rt = RT, node = Node, to = To, msg = Msg}) ->
+direct_send(RT, L, Node, To, Msg, Size) ->
     case erlang:send(convoy_wire:address(To, Node), Msg, ?DIRECT_OPTS) of
         ok -> count_direct(RT, Node);
-        _NoSuspendOrNoConnect -> admit(S, lane)
+        _NoSuspendOrNoConnect -> admit(context(RT, L, Node, To, Msg, Size), lane)
     end.
 
 %% Count a direct send with the node's cached counters (see `refs/2'), checked
