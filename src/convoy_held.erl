@@ -39,7 +39,7 @@
 %% closed array is never released.
 -module(convoy_held).
 
--export([new/0, hold/4, hold_many/5, release/3, has_room/4, read/1, is_empty/1, try_close/1]).
+-export([new/0, hold/4, hold_behind/4, hold_many/5, release/3, has_room/4, read/1, is_empty/1, try_close/1]).
 
 -ifdef(TEST).
 -export([ceiling/0, set/3, is_closed/1]).
@@ -85,6 +85,17 @@ hold(H, W, Bytes, MaxN, MaxB) ->
             end;
         false ->
             full
+    end.
+
+%% @doc `hold/4' only while messages are held already (a lane has the node's
+%% traffic in hand): `empty' (nothing taken) when none is held. One read serves
+%% both: a sender in a flood learns that its lane is in use and takes its room
+%% at once.
+-spec hold_behind(held(), non_neg_integer(), bound(), bound()) -> ok | full | closed | empty.
+hold_behind(H, Bytes, MaxN, MaxB) ->
+    case atomics:get(H, ?SLOT) of
+        W when ?MSGS(W) =:= 0 -> empty;
+        W -> hold(H, W, Bytes, MaxN, MaxB)
     end.
 
 %% @doc Take room for `K' messages of `Bytes' in all, all or none: `full' when

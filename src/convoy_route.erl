@@ -424,26 +424,38 @@ restart(#send{rt = RT, node = Node, to = To, msg = Msg}) ->
 %% A marked sender's message: it is admitted first, and while its lane holds
 %% messages a small one goes to the lane with nothing else decided (rule 2: only
 %% an idle lane may be bypassed, so the lane's calm cannot change the path).
+%% While anything is held for the node the lane is taken as busy without
+%% reading it (`convoy_held:hold_behind/4': the read that takes the message's
+%% room answers it); only when nothing is held is the lane's idleness read.
 %% This is the path of every message of a flood: its sender reads the clock
 %% only for one send in SKIP_MAX + 1 (`skipped_record/3'), and its context
 %% (`#send{}') is made only off that path.
-marked(RT, L, Node, To, Msg, {small, Bytes} = Size) ->
+marked(RT = #runtime{max_buffered = MaxN, max_buffered_bytes = MaxB}, L, Node, To, Msg,
+       {small, Bytes} = Size) ->
     case admission(RT, L) of
         closed ->
             remote(refreshed(RT), Node, To, Msg);
         V ->
-            case idle(RT, L, V) of
-                false ->
-                    skipped_record(RT, L, Node),
-                    marked_to_lane(RT, L, Node, To, Msg, Bytes);
-                true ->
-                    Calm = marked_calm(RT, L, Node),
-                    case convoy_path:may_bypass(small, Calm) of
-                        true ->
-                            bypass(context(RT, L, Node, To, Msg, Size), Calm);
+            {C, H} = refs(RT, Node),
+            case convoy_held:hold_behind(H, Bytes, MaxN, MaxB) of
+                empty ->
+                    case idle(RT, L, V) of
                         false ->
-                            marked_to_lane(RT, L, Node, To, Msg, Bytes)
-                    end
+                            skipped_record(RT, L, Node),
+                            held_to_lane(hold(RT, H, Bytes), RT, L, Node, To, Msg, Bytes, C, H);
+                        true ->
+                            Calm = marked_calm(RT, L, Node),
+                            case convoy_path:may_bypass(small, Calm) of
+                                true ->
+                                    bypass(context(RT, L, Node, To, Msg, Size), Calm);
+                                false ->
+                                    held_to_lane(hold(RT, H, Bytes), RT, L, Node, To, Msg,
+                                                 Bytes, C, H)
+                            end
+                    end;
+                Held ->
+                    skipped_record(RT, L, Node),
+                    held_to_lane(Held, RT, L, Node, To, Msg, Bytes, C, H)
             end
     end;
 marked(RT, L, Node, To, Msg, Size) ->
@@ -793,19 +805,16 @@ hand_over(#send{rt = #runtime{lanes = Lanes}, lane = L, node = Node, to = To, ms
     ok.
 
 %% `to_lane/1' for a small message of Bytes of a marked sender (already
-%% marked), its context made only if the lane does not take it at once (the
-%% node's bound reached, or its row forgotten).
-marked_to_lane(RT = #runtime{lanes = Lanes}, L, Node, To, Msg, Bytes) ->
-    {C, H} = refs(RT, Node),
-    case hold(RT, H, Bytes) of
-        ok ->
-            erlang:send(element(L, Lanes), {?TAG_SEND, Node, To, Msg, Bytes}),
-            ok;
-        full ->
-            overloaded(context(RT, L, Node, To, Msg, {small, Bytes}), C, H);
-        closed ->
-            reheld(context(RT, L, Node, To, Msg, {small, Bytes}))
-    end.
+%% marked) once its room was asked for (`hold/3', `convoy_held:hold_behind/4'):
+%% its context made only if the lane does not take it at once (the node's bound
+%% reached, or its row forgotten).
+held_to_lane(ok, #runtime{lanes = Lanes}, L, Node, To, Msg, Bytes, _C, _H) ->
+    erlang:send(element(L, Lanes), {?TAG_SEND, Node, To, Msg, Bytes}),
+    ok;
+held_to_lane(full, RT, L, Node, To, Msg, Bytes, C, H) ->
+    overloaded(context(RT, L, Node, To, Msg, {small, Bytes}), C, H);
+held_to_lane(closed, RT, L, Node, To, Msg, Bytes, _C, _H) ->
+    reheld(context(RT, L, Node, To, Msg, {small, Bytes})).
 
 %% Take room for one message of Bytes within the node's bounds (convoy_held).
 hold(#runtime{max_buffered = MaxN, max_buffered_bytes = MaxB}, H, Bytes) ->

@@ -15,6 +15,23 @@ bounds_test() ->
     ok = convoy_held:release(H, 1, 10),
     ?assert(convoy_held:is_empty(H)).
 
+%% hold_behind/4 takes room only behind messages already held: nothing taken
+%% while the row holds none; the bounds and a closed row answer as hold/4's.
+hold_behind_test() ->
+    H = convoy_held:new(),
+    ?assertEqual(empty, convoy_held:hold_behind(H, 10, 2, infinity)),
+    ?assertEqual({0, 0}, convoy_held:read(H)),
+    ok = convoy_held:hold(H, 10, 2, infinity),
+    ?assertEqual(ok, convoy_held:hold_behind(H, 7, 2, infinity)),
+    ?assertEqual({2, 17}, convoy_held:read(H)),
+    ?assertEqual(full, convoy_held:hold_behind(H, 7, 2, infinity)),
+    ?assertEqual({2, 17}, convoy_held:read(H)),
+    ok = convoy_held:release(H, 2, 17),
+    ?assertEqual(empty, convoy_held:hold_behind(H, 7, 2, infinity)),
+    ?assert(convoy_held:try_close(H)),
+    ?assertEqual(closed, convoy_held:hold_behind(H, 7, 2, infinity)),
+    ?assertEqual({0, 0}, convoy_held:read(H)).
+
 %% A message alone may exceed the byte bound; a second one may not.
 byte_bound_test() ->
     H = convoy_held:new(),
