@@ -407,7 +407,10 @@ multicast_entries(Tos, Msg) ->
                    {ok, W} -> min(?MAX_DESTS, ?MAX_ENTRY_WORDS div (W + ?SEND_WORDS));
                    over -> 1
                end,
-    [{Chunk, Msg} || Chunk <- chunks(Tos, PerEntry)].
+    case length(Tos) =< PerEntry of
+        true -> [{Tos, Msg}]; % one entry: the list as it is, not copied
+        false -> [{Chunk, Msg} || Chunk <- chunks(Tos, PerEntry)]
+    end.
 
 chunks([], _N) ->
     [];
