@@ -264,16 +264,16 @@ multicast_one_copy_per_node(Config) ->
     [?assertEqual(maps:get(N, Before) + 1, maps:get(messages, node_stats(N))) || N <- [B, C]],
     %% Nodes interleaved, a local process among them: the same, one copy each.
     Forward = fun Loop() -> receive M -> Self ! {got, self(), M}, Loop() end end,
-    Twice = [spawn(N, Forward) || _ <- lists:seq(1, 20), N <- [B, C]],
+    Interleaved = [spawn(N, Forward) || _ <- lists:seq(1, 20), N <- [B, C]],
     Local = spawn(Forward),
-    {Front, Back} = lists:split(7, Twice),
+    {Front, Back} = lists:split(7, Interleaved),
     ok = convoy:multicast(Front ++ [Local] ++ Back, again),
     ok = convoy:flush(),
     [receive {got, P, again} -> ok after 5000 -> ct:fail({missing, P}) end
-     || P <- [Local | Twice]],
+     || P <- [Local | Interleaved]],
     [?assertEqual(maps:get(N, Before) + 2, maps:get(messages, node_stats(N))) || N <- [B, C]],
     %% A bad destination after remote ones: badarg, and nothing sent.
-    ?assertError(badarg, convoy:multicast(Twice ++ [42], never)),
+    ?assertError(badarg, convoy:multicast(Interleaved ++ [42], never)),
     ok = convoy:flush(),
     receive {got, _, never} = Got -> ct:fail({sent_before_badarg, Got}) after 200 -> ok end.
 
