@@ -488,12 +488,14 @@ route_marked(S = #send{rt = RT, lane = L, node = Node, size = Size}) ->
     admit(S, {calm, Calm}).
 
 %% A message or multicast entry admitted to its lane (`admission/2', the one
-%% admission; `send_many/1' admits a node's messages together, in
-%% `together/2'). On a closed lane (retired or stopping; its successor is
-%% already published) the message starts again. Once admitted, a message must
-%% be disposed of exactly once: by the lane when it ships it (`to_lane/1' and
-%% the paths that end there), or by the sender, through `dispose/1' only, when
-%% it sent the message itself, in pieces, or not at all (refused or dropped).
+%% admission of a single message or entry; `send_many/1' admits a node's
+%% messages together and disposes of those without room, in `together/2'). On a
+%% closed lane (retired or stopping; its successor is already published) the
+%% message starts again. Once admitted, a message must be disposed of exactly
+%% once: by the lane when it ships it (`to_lane/1' and the paths that end
+%% there), or by the sender, through `dispose/1' (`together/2' for its own),
+%% when it sent the message itself, in pieces, or not at all (refused or
+%% dropped).
 %% Nothing after the admission may fail. The accounting is checked by a PropEr
 %% model on live nodes (test/convoy_accounting_SUITE.erl).
 admit(S = #send{rt = RT, lane = L}, Then) ->
