@@ -170,6 +170,8 @@ acts([{reserve, Node, Old, Held, Bound}], S) ->
     core({reserved, convoy_chunk_bound:reserve(S#s.slot, Node, Old, Held, Bound)}, S);
 acts([{start_timer, Ms}], S) ->
     core({timer, erlang:start_timer(Ms, self(), ?TICK)}, S);
+acts([{assemble, Kind, Parts}], S) ->
+    core({assembled, convoy_chunk:assemble(Kind, Parts)}, S);
 acts([A | Rest], S) ->
     act(A, S),
     acts(Rest, S).

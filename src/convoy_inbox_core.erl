@@ -17,6 +17,11 @@
 %% An action list may then end with a request (`request()'); its answer is the
 %% very next input, and the core goes on from where it stopped. Nothing else is
 %% handed in meanwhile, so a request sees everything before it carried out.
+%% Joining a completed message in pieces is a request too (`assemble'), though
+%% `convoy_chunk:assemble/2' is pure: it copies the whole message (milliseconds
+%% for megabytes), and the actions before it, among them the acknowledgement
+%% that gives the node's next message in pieces its turn, must not wait for
+%% that copy.
 %%
 %% Slices. One entry costs at most `convoy_wire:max_entry_words/0' word copies; a
 %% batch is delivered in slices of at most that budget (each entry costing
@@ -97,6 +102,7 @@
 %% delivered so far (counted `received') and the last pid or alias found current.
 -type pos() :: {maybe_improper_list(), integer(), non_neg_integer(), term()}.
 -type cont() :: {members, atom(), term(), term(), pos()}
+              | {assembled, convoy_wire:dest(), reference(), pos()}
               | {start, convoy_chunk:start(), pos()}
               | {room, convoy_chunk:start(), pos()}
               | {reserve, convoy_chunk:start(), tuple(), pos_integer(), pos()}.
@@ -111,8 +117,10 @@
                  | {monitor, pid()}
                  | {room, node()}
                  | {reserve, node(), Old :: non_neg_integer(), Held :: pos_integer(), bound()}
-                 | {start_timer, Ms :: pos_integer()}.
+                 | {start_timer, Ms :: pos_integer()}
+                 | {assemble, convoy_chunk:kind(), [binary()]}.
 -type answer() :: {members, {ok, list()} | no_scope}
+                | {assembled, {ok, term()} | error}
                 | {monitored, reference()}
                 | {room, non_neg_integer() | infinity, bound()}
                 | {reserved, boolean()}
@@ -409,6 +417,22 @@ resume({members, {ok, Members}}, {members, Scope, Group, Msg, {Rest, Left, N, Go
     step({members, Members, Msgs, Each}, Rest1, Left, N + K, Good, [], D);
 resume({members, no_scope}, {members, _Scope, _Group, _Msg, Pos}, D) ->
     go_on(Pos, [{rejected, undeliverable}], D);
+resume({assembled, Joined}, {assembled, To, Ref, {Rest, Left, N, Good}}, D) ->
+    Done = {piece_reply, Ref, delivered},
+    case Joined of
+        {ok, Msg} ->
+            %% The message passes the checks a batch entry passes (a message that
+            %% is itself a batch would make the inbox feed itself).
+            case convoy_wire:entry({To, Msg}, D#d.from, D#d.local) of
+                {deliver, _, _} ->
+                    {Good1, A} = multicast([To], Msg, Good, [], D),
+                    deliver(Rest, Left, N + 1, Good1, [Done | A], D);
+                {error, Kind} ->
+                    deliver(Rest, Left, N, Good, [Done, {rejected, Kind}], D)
+            end;
+        error ->
+            deliver(Rest, Left, N, Good, [Done, {rejected, bad_piece}], D)
+    end;
 resume({monitored, Mon}, {start, St, Pos}, D) ->
     {pause, {room, D#d.from}, {room, St#{mon => Mon}, Pos}, [], D};
 resume({room, Room, Bound}, {room, St, Pos}, D = #d{from = Node, core = C}) ->
@@ -466,23 +490,8 @@ result({ack, Seq}, Ref, Pos, A, D) ->
     go_on(Pos, [{piece_reply, Ref, Seq} | A], D);
 result(stored, _Ref, Pos, A, D) ->
     go_on(Pos, A, D);
-result({complete, Kind, To, Parts, Mon}, Ref, {Rest, Left, N, Good}, A, D) ->
-    A1 = [{demonitor, Mon} | A],
-    Done = {piece_reply, Ref, delivered},
-    case convoy_chunk:assemble(Kind, Parts) of
-        {ok, Msg} ->
-            %% The message passes the checks a batch entry passes (a message that
-            %% is itself a batch would make the inbox feed itself).
-            case convoy_wire:entry({To, Msg}, D#d.from, D#d.local) of
-                {deliver, _, _} ->
-                    {Good1, A2} = multicast([To], Msg, Good, A1, D),
-                    deliver(Rest, Left, N + 1, Good1, [Done | A2], D);
-                {error, Kind1} ->
-                    deliver(Rest, Left, N, Good, [Done, {rejected, Kind1} | A1], D)
-            end;
-        error ->
-            deliver(Rest, Left, N, Good, [Done, {rejected, bad_piece} | A1], D)
-    end;
+result({complete, Kind, To, Parts, Mon}, Ref, Pos, A, D) ->
+    {pause, {assemble, Kind, Parts}, {assembled, To, Ref, Pos}, [{demonitor, Mon} | A], D};
 result(refused, Ref, Pos, A, D) ->
     go_on(Pos, [{piece_reply, Ref, refused}, {rejected, reassembly_full} | A], D);
 result({error, bad_piece}, _Ref, Pos, A, D) ->

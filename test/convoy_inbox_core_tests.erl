@@ -130,10 +130,11 @@ pieces_test() ->
     ?assertEqual([{piece_reply, Ref, 0}, {received, {tag, a@h}, 1}, {start_timer, 10}], A4),
     {C5, []} = convoy_inbox_core:handle({timer, make_ref()}, C4),
     ?assertMatch(#{partials := 1, held := #{a@h := Size}}, convoy_inbox_core:summary(C5)),
-    {C6, A6} = batch(a@h, [convoy_wire:piece(Ref, 1, Rest), {p(1), 'after'}], C5),
-    ?assertEqual([{release, a@h, 0}, {demonitor, Mon}, {deliver, p(1), whole},
-                  {piece_reply, Ref, delivered}, {deliver, p(1), 'after'},
-                  {received, {tag, a@h}, 2}], A6),
+    {C6a, A6a} = batch(a@h, [convoy_wire:piece(Ref, 1, Rest), {p(1), 'after'}], C5),
+    ?assertEqual([{release, a@h, 0}, {demonitor, Mon}, {assemble, term, [First, Rest]}], A6a),
+    {C6, A6} = convoy_inbox_core:handle({assembled, {ok, whole}}, C6a),
+    ?assertEqual([{deliver, p(1), whole}, {piece_reply, Ref, delivered},
+                  {deliver, p(1), 'after'}, {received, {tag, a@h}, 2}], A6),
     ?assertMatch(#{partials := 0, held := #{}}, convoy_inbox_core:summary(C6)),
     %% no room
     Ref2 = ref(a@h, 2, 1),
@@ -149,6 +150,49 @@ pieces_test() ->
     {C13, A13} = convoy_inbox_core:handle({reserved, false}, C12),
     ?assertEqual([{demonitor, Mon}, {rejected, reassembly_full}, {piece_reply, Ref3, refused}], A13),
     ?assertMatch(#{partials := 0}, convoy_inbox_core:summary(C13)).
+
+%% A node's messages in pieces take turns: the last piece of the one streaming
+%% gives the next its turn, and that acknowledgement goes out before the
+%% completed message is joined (a request: the copy of a large message takes
+%% milliseconds, and the next message streams meanwhile). A join that fails is
+%% counted and its sender still told.
+turn_before_join_test() ->
+    Data = term_to_binary(whole),
+    {First, Rest} = split_binary(Data, 3),
+    Start = fun(R, S) -> convoy_wire:piece_start(R, S, p(1), term, byte_size(Data), First) end,
+    [R1, R2] = [ref(a@h, I, 1) || I <- [1, 2]],
+    {C1, A1} = answered(batch(a@h, [Start(R1, pid(a@h, 5, 1))], new())),
+    ?assert(lists:member({piece_reply, R1, 0}, A1)),
+    {C2, A2} = answered(batch(a@h, [Start(R2, pid(a@h, 6, 1))], C1)),
+    ?assertNot(lists:member({piece_reply, R2, 0}, A2)),
+    {C3, A3} = batch(a@h, [convoy_wire:piece(R1, 1, Rest)], C2),
+    ?assertMatch({assemble, term, [First, Rest]}, lists:last(A3)),
+    ?assert(lists:member({piece_reply, R2, 0}, A3)),
+    {_, A4} = convoy_inbox_core:handle({assembled, {ok, whole}}, C3),
+    ?assertEqual([{deliver, p(1), whole}, {piece_reply, R1, delivered},
+                  {received, {tag, a@h}, 1}], A4),
+    {_, A5} = convoy_inbox_core:handle({assembled, error}, C3),
+    ?assertEqual([{rejected, bad_piece}, {piece_reply, R1, delivered}], A5).
+
+%% Answers the requests of a start (monitor, room, reservation, timer) until the
+%% core asks for nothing; all the actions, requests left out.
+answered({C, Actions}) ->
+    answered(C, Actions, []).
+
+answered(C, [], Acc) ->
+    {C, Acc};
+answered(C, Actions, Acc) ->
+    Acc1 = Acc ++ lists:droplast(Actions),
+    case lists:last(Actions) of
+        {monitor, _} -> answered(convoy_inbox_core:handle({monitored, make_ref()}, C), Acc1);
+        {room, _} -> answered(convoy_inbox_core:handle({room, infinity, infinity}, C), Acc1);
+        {reserve, _, _, _, _} -> answered(convoy_inbox_core:handle({reserved, true}, C), Acc1);
+        {start_timer, _} -> answered(convoy_inbox_core:handle({timer, make_ref()}, C), Acc1);
+        Last -> {C, Acc1 ++ [Last]}
+    end.
+
+answered({C, Actions}, Acc) ->
+    answered(C, Actions, Acc).
 
 %% The partial of a sender whose monitor fires, or of a node that goes down, is
 %% discarded, its room given back and its monitor dropped; a DOWN of another

@@ -361,6 +361,8 @@ acts([{reserve, Node, Old, Held, Bound}], St = #{bound := Bound, ours := Ours, o
                 false -> Ours
             end,
     input({reserved, Fits}, St#{ours := Ours1, others := O, races := Races1});
+acts([{assemble, Kind, Parts}], St) ->
+    input({assembled, convoy_chunk:assemble(Kind, Parts)}, St);
 acts([{start_timer, _Ms}], St = #{timer := none}) ->
     TRef = make_ref(),
     input({timer, TRef}, St#{timer := TRef});
