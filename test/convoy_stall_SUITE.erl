@@ -51,7 +51,7 @@ error_at_bound_answers_at_once(_Config) ->
     SinkB = spawn(B, ?MODULE, collector, []),
     Sender = marked_sender(SinkB, 200),
     Oks = with_stalled(PeerB, fun() ->
-        receive after 5 -> ok end, % the lane settles: the next send waits for a barrier
+        settle(), % the next send waits for a barrier
         Sender ! {until_refused, 1000, #{overload => error}},
         receive
             {done, Sender, #{slow := Slow, refused := Refused, max_refused_us := MaxUs,
@@ -126,7 +126,7 @@ mark_clears_without_traffic(_Config) ->
     SinkB = spawn(B, ?MODULE, collector, []),
     Sender = marked_sender(SinkB, 10),
     with_stalled(PeerB, fun() ->
-        receive after 5 -> ok end, % the lane settles: the next send waits for a barrier
+        settle(), % the next send waits for a barrier
         Sender ! {send_one, self()},
         receive {sent, Sender} -> ok after 10000 -> ct:fail(sender_held) end,
         ?assertMatch(#{unanswered := true, stalled := 1}, node_stats(B))
@@ -164,7 +164,7 @@ stall_run(Kind, Policy, Settings) ->
         Senders = case Kind of
                       fresh -> Spawn();
                       streaming -> Before;
-                      marked -> receive after 5 -> ok end, Before % the lane settles
+                      marked -> settle(), Before
                   end,
         [P ! go || P <- Senders],
         Rs = [receive {done, P, R} -> R after 60000 -> ct:fail({held_by_stall, Kind, Policy}) end
@@ -315,6 +315,14 @@ start_convoy(Settings) ->
 
 convoy_peer(Name) ->
     convoy_ct_peers:convoy_peer(?MODULE, ?CT_PEER_NAME(Name), #{}).
+
+%% Long enough that a marked sender's next small send finds its lane settled and
+%% sends with a barrier behind: the lane's gap and the sender's own gap per send
+%% both exceed SETTLED_US, the sender's gap being divided by the SKIP_MAX + 1
+%% sends its record may stand for (`convoy_path:marked_record/5'); twice that.
+settle() ->
+    #{'SETTLED_US' := Settled, 'SKIP_MAX' := Skips} = convoy_path:constants(),
+    receive after 2 * Settled * (Skips + 1) div 1000 + 1 -> ok end.
 
 %% A peer whose OS process is stopped (SIGSTOP) until Fun returns.
 with_stalled(Peer, Fun) ->
