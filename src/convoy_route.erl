@@ -267,13 +267,7 @@ multicast_entry(Node, Tos, Msg) ->
 group([], _Msg, Local, Remote) ->
     {lists:reverse(Local), maps:map(fun(_, Tos) -> lists:reverse(Tos) end, Remote)};
 group([D | Rest], Msg, Local, Remote) when is_pid(D), node(D) =/= node() ->
-    Node = node(D),
-    Tos = case Remote of
-              #{Node := Earlier} -> Earlier;
-              _ -> []
-          end,
-    {Rest1, Tos1} = same_node(Node, Rest, [D | Tos]),
-    group(Rest1, Msg, Local, Remote#{Node => Tos1});
+    remote_run(node(D), D, Rest, Msg, Local, Remote);
 group([D | Rest], Msg, Local, Remote) ->
     case resolve(D) of
         local ->
@@ -287,10 +281,15 @@ group([D | Rest], Msg, Local, Remote) ->
                 Pid -> group(Rest, Msg, [Pid | Local], Remote)
             end;
         {remote, Node, To} ->
-            group(Rest, Msg, Local, maps:update_with(Node, fun(L) -> [To | L] end, [To], Remote));
+            remote_run(Node, To, Rest, Msg, Local, Remote);
         error ->
             erlang:error(badarg, [[D | Rest], Msg])
     end.
+
+%% To on Node, and the pids of Node right after it, added to Node's list at once.
+remote_run(Node, To, Rest, Msg, Local, Remote) ->
+    {Rest1, Tos} = same_node(Node, Rest, [To | maps:get(Node, Remote, [])]),
+    group(Rest1, Msg, Local, Remote#{Node => Tos}).
 
 %% The pids of Node that follow, newest first on Tos.
 same_node(Node, [D | Rest], Tos) when is_pid(D), node(D) =:= Node ->
@@ -455,19 +454,12 @@ marked(RT = #runtime{max_buffered = MaxN, max_buffered_bytes = MaxB}, L, Node, T
             {C, H} = refs(RT, Node),
             case convoy_held:hold_behind(H, Bytes, MaxN, MaxB) of
                 empty ->
-                    case idle(RT, L, V) of
-                        false ->
-                            skipped_record(RT, L, Node),
-                            held_to_lane(hold(RT, H, Bytes), RT, L, Node, To, Msg, Bytes, C, H);
+                    Calm = unheld_calm(RT, L, Node, V),
+                    case convoy_path:may_bypass(small, Calm) of
                         true ->
-                            Calm = marked_calm(RT, L, Node),
-                            case convoy_path:may_bypass(small, Calm) of
-                                true ->
-                                    bypass(context(RT, L, Node, To, Msg, Size), Calm);
-                                false ->
-                                    held_to_lane(hold(RT, H, Bytes), RT, L, Node, To, Msg,
-                                                 Bytes, C, H)
-                            end
+                            bypass(context(RT, L, Node, To, Msg, Size), Calm);
+                        false ->
+                            held_to_lane(hold(RT, H, Bytes), RT, L, Node, To, Msg, Bytes, C, H)
                     end;
                 Held ->
                     skipped_record(RT, L, Node),
@@ -476,6 +468,18 @@ marked(RT = #runtime{max_buffered = MaxN, max_buffered_bytes = MaxB}, L, Node, T
     end;
 marked(RT, L, Node, To, Msg, Size) ->
     route_marked(context(RT, L, Node, To, Msg, Size)).
+
+%% With nothing held for the node, a marked sender's lane as its small send
+%% finds it: busy while the lane still holds admitted messages (recorded as a
+%% skip, `skipped_record/3'), else its calm (`marked_calm/3').
+unheld_calm(RT, L, Node, V) ->
+    case idle(RT, L, V) of
+        false ->
+            skipped_record(RT, L, Node),
+            busy;
+        true ->
+            marked_calm(RT, L, Node)
+    end.
 
 %% A marked sender's message off a flood's path (a large one, or one after a
 %% message in pieces): always admitted first (rule 3, `convoy_path:unadmitted/3'),
