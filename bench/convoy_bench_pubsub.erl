@@ -1,13 +1,17 @@
 %% The `pubsub' scenario: Phoenix.PubSub between three nodes, with its own
 %% `Phoenix.PubSub.PG2' adapter (variant `pg2') and with `Phoenix.PubSub.Convoy'
-%% (integrations/phoenix_pubsub_convoy; the convoy variants), on the same nodes.
+%% (integrations/phoenix_pubsub_convoy; the convoy variants), on the same nodes,
+%% and with `convoy_bench_pubsub_handover' (variant `handover': convoy's adapter
+%% with each remote message handed to a bare batching process, the limit of any
+%% design that hands messages to a process).
 %%
 %% Node A (the driver) publishes, B and C subscribe: on each of them `subscribers'
 %% processes subscribe to one topic. `publishers' processes on A broadcast in a
 %% closed loop for `duration_ms' after `warmup_ms': each broadcast
 %% `{convoy_bench_pub, Publisher, Seq, SentUs, Event}' and waits until the first
 %% subscriber of each node (its acker) has acknowledged that broadcast; the acks go
-%% as the variant sends (`!' for `pg2', `convoy:send/2' for convoy), as the answers
+%% as the variant sends (`!' for `pg2', `convoy:send/2' for convoy, the batching
+%% process for `handover'), as the answers
 %% of `pairs' and `call' do.
 %%
 %% Latency is one way, publish to delivery: `SentUs' is `os:system_time(microsecond)'
@@ -109,7 +113,8 @@ measure(#{subscribers := N, publishers := K, warmup_ms := WarmMs, duration_ms :=
            end,
     Adapter = case Mode of
                   convoy -> 'Elixir.Phoenix.PubSub.Convoy';
-                  pg2 -> 'Elixir.Phoenix.PubSub.PG2'
+                  pg2 -> 'Elixir.Phoenix.PubSub.PG2';
+                  handover -> convoy_bench_pubsub_handover
               end,
     Nodes = [node() | Sinks],
     Holders = [erpc:call(Nd, ?MODULE, start_pubsub, [Dirs, Adapter, self()]) || Nd <- Nodes],
@@ -234,7 +239,7 @@ stop_sup(Sup) ->
 
 %% @doc On a subscribing node: `N' subscribers of the topic, each subscribed when
 %% this returns; the first is the node's acker.
--spec subscribers(pos_integer(), pg2 | convoy, pid(), pos_integer()) -> [pid()].
+-spec subscribers(pos_integer(), pg2 | convoy | handover, pid(), pos_integer()) -> [pid()].
 subscribers(N, Mode, Driver, Timeout) ->
     Self = self(),
     Pids = [spawn(?MODULE, subscriber, [Mode, I =:= 1, Driver, Self, 0]) || I <- lists:seq(1, N)],
@@ -244,7 +249,7 @@ subscribers(N, Mode, Driver, Timeout) ->
 
 %% @doc A subscriber: counts broadcasts; the acker also acknowledges each to its
 %% publisher with the time it got it.
--spec subscriber(pg2 | convoy, boolean(), pid(), pid() | none, non_neg_integer()) -> ok.
+-spec subscriber(pg2 | convoy | handover, boolean(), pid(), pid() | none, non_neg_integer()) -> ok.
 subscriber(Mode, Acker, Driver, Parent, 0) when is_pid(Parent) ->
     process_flag(message_queue_data, off_heap),
     erlang:monitor(process, Driver),
@@ -269,13 +274,14 @@ subscriber(Mode, Acker, Driver, none, Count) ->
     end.
 
 ack(pg2, To, Msg) -> erlang:send(To, Msg);
-ack(convoy, To, Msg) -> convoy:send(To, Msg).
+ack(convoy, To, Msg) -> convoy:send(To, Msg);
+ack(handover, To, Msg) -> convoy_bench_handover:send(To, Msg).
 
 %% @doc A publisher on the driver node: closed loop from `{go, Warm, Deadline}'
 %% until the deadline; keeps, for the broadcasts made after the warm-up and
 %% acknowledged before the deadline, each acker's latency (us); answers
 %% `{pub_done, self(), Made, Samples}' (Made: every broadcast it made).
--spec publisher(pg2 | convoy, pos_integer(), pid(), pos_integer(), pos_integer()) -> ok.
+-spec publisher(pg2 | convoy | handover, pos_integer(), pid(), pos_integer(), pos_integer()) -> ok.
 publisher(_Mode, Ackers, Driver, Id, Timeout) ->
     process_flag(message_queue_data, off_heap),
     receive

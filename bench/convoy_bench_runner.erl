@@ -41,13 +41,13 @@
 %% @doc The variants that make sense for a scenario: all of them across nodes
 %% (`ceiling', `handover' and `send_many' only where the scenario has them, `local_call'
 %% nowhere); on one node (`local' scenario) `local', `local_call' and the convoy
-%% ones. `pg2' (Phoenix.PubSub's own adapter) and the convoy ones only, and `pg2'
-%% nowhere else, in a scenario of Phoenix.PubSub (`pubsub').
+%% ones. `pg2' (Phoenix.PubSub's own adapter), `handover' and the convoy ones only,
+%% and `pg2' nowhere else, in a scenario of Phoenix.PubSub (`pubsub').
 -spec variants_for(convoy_bench_scenarios:spec(), [variant()]) -> [variant()].
 variants_for(#{placement := same_node}, Variants) ->
     [V || V = #{kind := K} <- Variants, on_one_node(K) orelse K =:= convoy];
 variants_for(#{pubsub := true}, Variants) ->
-    [V || V = #{kind := K} <- Variants, K =:= pg2 orelse K =:= convoy];
+    [V || V = #{kind := K} <- Variants, K =:= pg2 orelse K =:= convoy orelse K =:= handover];
 variants_for(#{placement := cross, ceiling := Ceiling, handover := Handover} = Spec,
              Variants) ->
     SendMany = maps:get(send_many, Spec, false),

@@ -306,7 +306,8 @@ describe(pubsub, P = #{subscribers := N, publishers := Pubs}) ->
     Base = maps:remove(publishers, P),
     #{title => fmt("Phoenix.PubSub, one topic: concurrent publishers on A, closed loop, ~b ms, "
                    "~b subscribers on each of B and C; Phoenix.PubSub.PG2 (pg2) vs "
-                   "Phoenix.PubSub.Convoy (convoy variants); each broadcast waits for one "
+                   "Phoenix.PubSub.Convoy (convoy variants) vs its sends handed to a bare "
+                   "batching process (handover); each broadcast waits for one "
                    "subscriber per node to ack it (acks as the variant sends); bcast/s: "
                    "broadcasts acked by both nodes a second, deliveries/s: x ~b subscribers; "
                    "p50/p99: publish to delivery at the acking subscribers, "
@@ -318,7 +319,7 @@ describe(pubsub, P = #{subscribers := N, publishers := Pubs}) ->
       figures => [{bcast_s, <<"bcast/s">>, rate}, {deliveries_s, <<"deliveries/s">>, rate},
                   {p50_us, <<"p50">>, us}, {p99_us, <<"p99">>, us}],
       ratio => [bcast_s, p50_us, p99_us], primary => {bcast_s, higher}, convoy => measured,
-      pubsub => true};
+      pubsub => true, handover => true};
 describe(flow, P = #{n := N, every := Every, window := W, ack_every := A}) ->
     Modes = [{<<"flood">>, flood},
              {fmt("sync/~b", [Every]), sync},
