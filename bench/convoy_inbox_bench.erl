@@ -32,7 +32,8 @@ run(Opts = #{batches := K, batch := N, repeat := R}) ->
              {distinct_pids, [{S, m} || S <- Sinks]},
              {one_alias, [{alias_of(hd(Sinks)), m} || _ <- lists:seq(1, N)]},
              {registered_name, [{convoy_inbox_bench_sink, m} || _ <- lists:seq(1, N)]},
-             {multicast_10, [{lists:sublist(Sinks, I * 10 + 1, 10), m} || I <- lists:seq(0, N div 10 - 1)]}],
+             {multicast_10, [{lists:sublist(Sinks, I * 10 + 1, 10), m} || I <- lists:seq(0, N div 10 - 1)]},
+             {multicast_all, [{Sinks, m}]}],
     [report(Name, [measure(From, Entries, K, Sinks) || _ <- lists:seq(1, R)])
      || {Name, Entries} <- Cases],
     [exit(S, kill) || S <- Sinks],

@@ -159,6 +159,9 @@ acts([], S) ->
 acts([{deliver, To, Msg} | Rest], S) ->
     send(To, Msg),
     acts(Rest, S);
+acts([{deliver_each, Tos, Msg} | Rest], S) ->
+    send_each(Tos, Msg),
+    acts(Rest, S);
 acts([{members, Scope, Group}], S) ->
     core({members, convoy_pg:local_members(Scope, Group)}, S);
 acts([{monitor, Pid}], S) ->
@@ -226,6 +229,9 @@ publish_one([P | Ps], Msg, Local) when is_pid(P), node(P) =:= Local ->
     publish_one(Ps, Msg, Local);
 publish_one([_ | Ps], Msg, Local) -> publish_one(Ps, Msg, Local);
 publish_one([], _Msg, _Local) -> ok.
+
+send_each([], _Msg) -> ok;
+send_each([To | Tos], Msg) -> send(To, Msg), send_each(Tos, Msg).
 
 send_all(_P, []) -> ok;
 send_all(P, [Msg | Msgs]) -> P ! Msg, send_all(P, Msgs).

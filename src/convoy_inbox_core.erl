@@ -41,8 +41,8 @@
 %%
 %% Incarnations. A pid or alias of an old incarnation of this node (same name,
 %% another `creation') is counted `undeliverable' and not sent to, as `!' drops
-%% it on the sending node. Each is checked (`convoy_wire:creation/1') unless it is
-%% the last one found current in the same slice.
+%% it on the sending node. Each is checked (`convoy_wire:incarnation/2') unless it
+%% is the last one found current in the same slice.
 %%
 %% Messages in pieces (`convoy_chunk' holds their state). The completed message
 %% is delivered at the position of its last piece. A start is decided against the
@@ -126,11 +126,12 @@
                 | {reserved, boolean()}
                 | {timer, reference()}.
 %% `deliver': a local send (to a name nobody holds it is dropped and counted
-%% `undeliverable' by the shell); `deliver_all': the messages to one destination
-%% back to back; `publish': to each of this node's pids among the members, the
+%% `undeliverable' by the shell); `deliver_each': the message to each destination
+%% in turn; `deliver_all': the messages to one destination back to back; `publish': to each of this node's pids among the members, the
 %% messages back to back; `piece_reply': `{Ref, convoy_piece, What}' to a
 %% piece's sender; `release': this inbox now reserves `Held' bytes for the node.
 -type action() :: {deliver, convoy_wire:dest(), term()}
+                | {deliver_each, [convoy_wire:dest()], term()}
                 | {deliver_all, convoy_wire:dest(), [term()]}
                 | {publish, list(), [term()]}
                 | {barrier, pid() | reference(), term()}
@@ -322,19 +323,39 @@ go_on({Rest, Left, N, Good}, A, D) ->
 verdict(To, Good, _D) when is_atom(To); To =:= Good ->
     send;
 verdict(To, _Good, #d{creation = Creation}) ->
-    case convoy_wire:creation(To) of
-        Creation -> current;
+    case convoy_wire:incarnation(To, Creation) of
+        current -> current;
         unknown -> send;
-        _Old -> old
+        old -> old
     end.
 
-multicast([], _Msg, Good, A, _D) ->
-    {Good, A};
-multicast([To | Tos], Msg, Good, A, D) ->
+%% A multicast entry's sends: one action for its whole list when each of its
+%% destinations may be sent to (the usual case, where an action per destination
+%% only made garbage), else one per destination, an old incarnation's counted.
+multicast([_] = To, Msg, Good, A, D) ->
+    multicast_each(To, Msg, Good, A, D);
+multicast(Tos, Msg, Good, A, D) ->
+    case sendable(Tos, Good, D) of
+        {ok, Good1} -> {Good1, [{deliver_each, Tos, Msg} | A]};
+        old -> multicast_each(Tos, Msg, Good, A, D)
+    end.
+
+sendable([], Good, _D) ->
+    {ok, Good};
+sendable([To | Tos], Good, D) ->
     case verdict(To, Good, D) of
-        send -> multicast(Tos, Msg, Good, [{deliver, To, Msg} | A], D);
-        current -> multicast(Tos, Msg, To, [{deliver, To, Msg} | A], D);
-        old -> multicast(Tos, Msg, Good, [{rejected, undeliverable} | A], D)
+        send -> sendable(Tos, Good, D);
+        current -> sendable(Tos, To, D);
+        old -> old
+    end.
+
+multicast_each([], _Msg, Good, A, _D) ->
+    {Good, A};
+multicast_each([To | Tos], Msg, Good, A, D) ->
+    case verdict(To, Good, D) of
+        send -> multicast_each(Tos, Msg, Good, [{deliver, To, Msg} | A], D);
+        current -> multicast_each(Tos, Msg, To, [{deliver, To, Msg} | A], D);
+        old -> multicast_each(Tos, Msg, Good, [{rejected, undeliverable} | A], D)
     end.
 
 %% A run's messages to each destination, back to back; a destination of an old

@@ -32,7 +32,12 @@ two_by_two(Tag, K) ->
     [{case I rem 2 of 0 -> [p(1), p(2)]; 1 -> [p(2), p(1)] end, {Tag, big(I)}}
      || I <- lists:seq(1, K)].
 
-delivered(Actions) -> [M || {deliver, _, M} <- Actions].
+delivered(Actions) ->
+    lists:append([case A of
+                      {deliver, _, M} -> [M];
+                      {deliver_each, Tos, M} -> [M || _ <- Tos];
+                      _ -> []
+                  end || A <- Actions]).
 
 %% 8192 plain sends (32 word copies each) fill a slice: the rest of a batch of
 %% 10,000 waits for the next one, and the node's next batch behind it.
@@ -95,7 +100,7 @@ runs_test() ->
                  A1),
     {_, A2} = batch(a@h, [{[p(1), p(2)], 1}, {[p(1), p(2)], 2}, {[p(2), p(1)], 3}], new()),
     ?assertEqual([{deliver_all, p(1), [1, 2]}, {deliver_all, p(2), [1, 2]},
-                  {deliver, p(2), 3}, {deliver, p(1), 3}, {received, {tag, a@h}, 3}], A2),
+                  {deliver_each, [p(2), p(1)], 3}, {received, {tag, a@h}, 3}], A2),
     {_, A3} = batch(a@h, [{[p(1), p(1)], 1}, {[p(1), p(1)], 2}], new()),
     ?assertEqual([1, 1, 2, 2], delivered(A3)).
 
