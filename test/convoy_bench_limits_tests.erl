@@ -72,6 +72,11 @@ pairs_test() ->
 
 %% The handover runs in oneway, oneway8 and flood only.
 where_test() ->
-    ?assertEqual([flood, oneway, oneway8],
+    ?assertEqual([flood, oneway, oneway8, pubsub],
                  lists:sort([N || N <- convoy_bench_scenarios:names(),
-                                  maps:get(handover, convoy_bench_scenarios:spec(N, tiny, #{}))])).
+                                  maps:get(handover, convoy_bench_scenarios:spec(N, tiny, #{}))])),
+    %% in pubsub beside PG2's adapter and convoy's, and no other variant
+    Vs = variants(["plain", "delay_send", "ceiling", "handover", "send_many", "pg2", "convoy"]),
+    ?assertEqual([<<"handover">>, <<"pg2">>, <<"convoy">>],
+                 [N || #{name := N} <- convoy_bench_runner:variants_for(
+                                          convoy_bench_scenarios:spec(pubsub, tiny, #{}), Vs)]).
