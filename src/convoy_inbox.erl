@@ -159,6 +159,9 @@ acts([], S) ->
 acts([{deliver, To, Msg} | Rest], S) ->
     send(To, Msg),
     acts(Rest, S);
+acts([{deliver_run, K, Entries} | Rest], S) ->
+    send_run(K, Entries),
+    acts(Rest, S);
 acts([{deliver_each, Tos, Msg} | Rest], S) ->
     send_each(Tos, Msg),
     acts(Rest, S);
@@ -229,6 +232,9 @@ publish_one([P | Ps], Msg, Local) when is_pid(P), node(P) =:= Local ->
     publish_one(Ps, Msg, Local);
 publish_one([_ | Ps], Msg, Local) -> publish_one(Ps, Msg, Local);
 publish_one([], _Msg, _Local) -> ok.
+
+send_run(0, _Entries) -> ok;
+send_run(K, [{To, Msg} | Entries]) -> send(To, Msg), send_run(K - 1, Entries).
 
 send_each([], _Msg) -> ok;
 send_each([To | Tos], Msg) -> send(To, Msg), send_each(Tos, Msg).

@@ -126,11 +126,13 @@
                 | {reserved, boolean()}
                 | {timer, reference()}.
 %% `deliver': a local send (to a name nobody holds it is dropped and counted
-%% `undeliverable' by the shell); `deliver_each': the message to each destination
-%% in turn; `deliver_all': the messages to one destination back to back; `publish': to each of this node's pids among the members, the
+%% `undeliverable' by the shell); `deliver_run': the first K entries of the
+%% list, each `{To, Msg}', delivered in order as `deliver' would; `deliver_each': the message to each
+%% destination in turn; `deliver_all': the messages to one destination back to back; `publish': to each of this node's pids among the members, the
 %% messages back to back; `piece_reply': `{Ref, convoy_piece, What}' to a
 %% piece's sender; `release': this inbox now reserves `Held' bytes for the node.
 -type action() :: {deliver, convoy_wire:dest(), term()}
+                | {deliver_run, pos_integer(), [{pid() | atom(), term()}, ...]}
                 | {deliver_each, [convoy_wire:dest()], term()}
                 | {deliver_all, convoy_wire:dest(), [term()]}
                 | {publish, list(), [term()]}
@@ -258,9 +260,25 @@ settle(C, A) ->
 %% found current; A holds the actions, newest first. Stops at an improper tail.
 deliver([], _Left, N, _Good, A, D) ->
     {done, N, A, D};
-deliver([E | Rest], Left, N, Good, A, D) ->
+deliver([{To, _} | _] = Entries, Left, N, Good, A, D) when is_pid(To); is_atom(To) ->
+    %% Plain sends in a row (most of a flood's batch) go as one action over the
+    %% batch itself: nothing is rebuilt for each of them.
+    Each = convoy_wire:cost({deliver, To, none}),
+    case convoy_wire:plain_run(Entries, Left div Each, Good, D#d.local) of
+        {0, _, _} ->
+            deliver_one(Entries, Left, N, Good, A, D);
+        {K, Rest, Good1} ->
+            deliver(Rest, Left - K * Each, N + K, Good1, [run_action(K, Entries) | A], D)
+    end;
+deliver(Entries, Left, N, Good, A, D) ->
+    deliver_one(Entries, Left, N, Good, A, D).
+
+run_action(1, [{To, Msg} | _]) -> {deliver, To, Msg};
+run_action(K, Entries) -> {deliver_run, K, Entries}.
+
+deliver_one([E | Rest], Left, N, Good, A, D) ->
     step(convoy_wire:entry(E, D#d.from, D#d.local), Rest, Left, N, Good, A, D);
-deliver(_ImproperTail, _Left, N, _Good, A, D) ->
+deliver_one(_ImproperTail, _Left, N, _Good, A, D) ->
     {done, N, [{rejected, malformed_batch} | A], D}.
 
 step({Kind, Tos, Msgs, Each}, Rest, Left, N, Good, A, D) when Kind =:= members;

@@ -95,7 +95,7 @@
          batch/2, barrier/2, publish/3, piece_start/6, piece_start/7, piece/3, hello/2,
          supports/2,
          address/2, send_words/1, take_members/3, entry_to/3, decode/1, entry/3, cost/1,
-         multicast_entries/2,
+         multicast_entries/2, plain_run/4,
          creation/1, incarnation/2, negotiate/1, inbox_name/1, inbox_names/1, lane_inbox/2]).
 
 -export_type([entry_kind/0, entry/0, dest/0, decoded/0, hello_info/0, checked/0]).
@@ -358,6 +358,36 @@ lane_inbox(Lane, Inboxes) -> element((Lane - 1) rem tuple_size(Inboxes) + 1, Inb
 -spec cost(checked()) -> non_neg_integer().
 cost({multicast, _Tos, _Msg, Cost}) -> Cost;
 cost(_) -> ?SEND_WORDS.
+
+%% @doc The plain sends at the head of a batch's `Entries', at most `Max' of them:
+%% entries `{To, Msg}' to a name or to a pid of this node (`Local') of its current
+%% incarnation (`Good', one already found so, or any that `incarnation/2' tells
+%% current by its form), whose message is not a batch. Each passes `entry/3' as
+%% `{deliver, To, Msg}' and costs what `cost/1' says of that; none is rebuilt.
+%% Answers how many, the entries after them and the last pid among them (`Good'
+%% if none).
+-spec plain_run(list(), non_neg_integer(), term(), node()) ->
+          {non_neg_integer(), list(), term()}.
+plain_run(Entries, Max, Good, Local) ->
+    plain_run(Entries, Max, Good, Local, 0).
+
+plain_run([{To, Msg} | Rest] = Entries, Max, Good, Local, K)
+  when K < Max, is_pid(To), node(To) =:= Local ->
+    case (To =:= Good orelse erts_debug:flat_size(To) =:= 0) andalso not is_batch(Msg) of
+        true -> plain_run(Rest, Max, To, Local, K + 1);
+        false -> {K, Entries, Good}
+    end;
+plain_run([{To, Msg} | Rest] = Entries, Max, Good, Local, K)
+  when K < Max, is_atom(To), To =/= undefined ->
+    case is_batch(Msg) of
+        false -> plain_run(Rest, Max, Good, Local, K + 1);
+        true -> {K, Entries, Good}
+    end;
+plain_run(Entries, _Max, Good, _Local, K) ->
+    {K, Entries, Good}.
+
+is_batch({?TAG_WIRE, _, batch, _, _}) -> true;
+is_batch(_) -> false.
 
 %% @doc What one local send of `Msg' costs its receiver, in word copies (the words
 %% it copies + 32), at most `max_entry_words/0' (a slice sends at least once). Walks

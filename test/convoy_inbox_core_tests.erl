@@ -35,6 +35,7 @@ two_by_two(Tag, K) ->
 delivered(Actions) ->
     lists:append([case A of
                       {deliver, _, M} -> [M];
+                      {deliver_run, K, Es} -> [M || {_, M} <- lists:sublist(Es, K)];
                       {deliver_each, Tos, M} -> [M || _ <- Tos];
                       _ -> []
                   end || A <- Actions]).
@@ -103,6 +104,34 @@ runs_test() ->
                   {deliver_each, [p(2), p(1)], 3}, {received, {tag, a@h}, 3}], A2),
     {_, A3} = batch(a@h, [{[p(1), p(1)], 1}, {[p(1), p(1)], 2}], new()),
     ?assertEqual([1, 1, 2, 2], delivered(A3)).
+
+%% On the node itself: plain sends in a row to names and live pids are one action
+%% over the batch's own entries, ended by anything else (an old incarnation's pid,
+%% a batch as a message, the slice's budget), which is handled as before.
+plain_runs_test() ->
+    Local = node(),
+    Cr = erlang:system_info(creation),
+    Handle = fun(Entries, C) ->
+                     convoy_inbox_core:handle({batch, a@h, {tag, a@h}, Entries, Cr}, C)
+             end,
+    Me = self(),
+    Other = spawn(fun() -> ok end),
+    Old = pid(Local, 1, Cr + 1),
+    Batch = convoy_wire:batch(a@h, []),
+    Entries = [{Me, 1}, {Other, 2}, {Me, 3}, {Old, 4}, {Me, 5}, {Me, Batch}, {name, 7},
+               {Me, 8}],
+    {_, A1} = Handle(Entries, convoy_inbox_core:new(Local)),
+    [{deliver_run, 3, Entries}, {rejected, undeliverable}, {deliver, Me, 5},
+     {rejected, bad_entry}, {deliver_run, 2, [{name, 7}, {Me, 8}]}, {received, {tag, a@h}, 7}] = A1,
+    ?assertEqual([1, 2, 3, 5, 7, 8], delivered(A1)),
+    %% the budget ends a run as it ends a slice: 8192 sends, then the rest
+    Long = [{Me, I} || I <- lists:seq(1, 10000)],
+    {C2, A2} = Handle(Long, convoy_inbox_core:new(Local)),
+    ?assertMatch([{deliver_run, 8192, Long}, {received, _, 8192}], A2),
+    ?assertEqual(lists:seq(1, 8192), delivered(A2)),
+    {C3, A3} = convoy_inbox_core:handle({slice, Cr}, C2),
+    ?assertEqual(lists:seq(8193, 10000), delivered(A3)),
+    ?assertNot(convoy_inbox_core:busy(C3)).
 
 %% A pid or alias of an old incarnation is counted, not sent to, in every kind
 %% of entry; a barrier is answered in its place; bad entries are counted.

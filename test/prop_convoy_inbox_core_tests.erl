@@ -371,6 +371,8 @@ acts([A | Rest], St) ->
 
 act({deliver, To, Msg}, St) ->
     log(To, Msg, St);
+act({deliver_run, K, Entries}, St) ->
+    lists:foldl(fun({To, Msg}, Acc) -> log(To, Msg, Acc) end, St, lists:sublist(Entries, K));
 act({deliver_each, Tos, Msg}, St) ->
     lists:foldl(fun(To, Acc) -> log(To, Msg, Acc) end, St, Tos);
 act({deliver_all, To, Msgs}, St) ->
