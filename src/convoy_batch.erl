@@ -42,8 +42,11 @@
 -define(RUN_BYTES, 491520).
 -define(SHARE_BYTES, 131072).
 
+%% A node's queue holds its entries in segments, each a list of entries as it was
+%% pushed: a push and the take of all that was pushed since (a flood's usual
+%% round) copy nothing.
 -record(nq, {status = ready :: status(),
-             q = queue:new() :: queue:queue(term()),
+             q = queue:new() :: queue:queue([term(), ...]),
              msgs = 0 :: non_neg_integer(),
              large = 0 :: non_neg_integer(),
              %% when the oldest queued message was pushed (or earlier): read
@@ -87,14 +90,8 @@ push_many(Node, Entries, K, Large, Now, Core) ->
                         msgs = NQ#nq.msgs + K, large = NQ#nq.large + Large,
                         since = Since}}.
 
-%% An empty queue (the usual case: a node's queue ships at each drain's end) is
-%% built from the list at once; queue:join/2 would copy the whole existing queue,
-%% so a non-empty one takes the entries one by one.
-append(Entries, Q) ->
-    case queue:is_empty(Q) of
-        true -> queue:from_list(Entries);
-        false -> lists:foldl(fun queue:in/2, Q, Entries)
-    end.
+append([], Q) -> Q;
+append(Entries, Q) -> queue:in(Entries, Q).
 
 %% @doc Take the next chunk of `Node''s queue: at most `Max' messages, with the
 %% control entries among them, from the head; large messages make chunks of their
@@ -113,7 +110,7 @@ take(Node, Max, Core) ->
     end.
 
 take_chunk(Max, NQ = #nq{q = Q, msgs = Msgs, large = 0}) when Msgs =< Max ->
-    {queue:to_list(Q), NQ#nq{q = queue:new(), msgs = 0}};
+    {entries(Q), NQ#nq{q = queue:new(), msgs = 0}};
 take_chunk(Max, NQ = #nq{q = Q, msgs = Msgs, large = 0}) ->
     {Chunk, Rest} = split(Max, Q, []),
     {Chunk, NQ#nq{q = Rest, msgs = Msgs - Max}};
@@ -129,7 +126,7 @@ take_chunk(Max, NQ = #nq{q = Q, msgs = Msgs, large = Large}) ->
 split_large(0, Q, Acc, _Kind) ->
     {lists:reverse(Acc), Q};
 split_large(N, Q, Acc, Kind) ->
-    case queue:out(Q) of
+    case out(Q) of
         {empty, Q} ->
             {lists:reverse(Acc), Q};
         {{value, {?TAG_LARGE, _, _} = E}, Q1} when Kind =/= small ->
@@ -187,11 +184,31 @@ count_large([{?TAG_LARGE, _, _} | Rest], N) -> count_large(Rest, N + 1);
 count_large([_ | Rest], N) -> count_large(Rest, N);
 count_large([], N) -> N.
 
+%% The first N messages (with the marks among them), walking the segments.
 split(0, Q, Acc) ->
     {lists:reverse(Acc), Q};
 split(N, Q, Acc) ->
-    {{value, E}, Q1} = queue:out(Q),
-    split(N - count(E), Q1, [E | Acc]).
+    {{value, Segment}, Q1} = queue:out(Q),
+    split_segment(N, Segment, Q1, Acc).
+
+split_segment(0, [_ | _] = Segment, Q, Acc) ->
+    {lists:reverse(Acc), queue:in_r(Segment, Q)};
+split_segment(N, [], Q, Acc) ->
+    split(N, Q, Acc);
+split_segment(N, [E | Segment], Q, Acc) ->
+    split_segment(N - count(E), Segment, Q, [E | Acc]).
+
+%% The next entry, as queue:out/1 would answer for a queue of entries.
+out(Q) ->
+    case queue:out(Q) of
+        {{value, [E]}, Q1} -> {{value, E}, Q1};
+        {{value, [E | Segment]}, Q1} -> {{value, E}, queue:in_r(Segment, Q1)};
+        {empty, _} = Empty -> Empty
+    end.
+
+%% Every entry, in order (a single segment as it was pushed).
+entries(Q) ->
+    lists:append(queue:to_list(Q)).
 
 %% @doc Put a chunk that could not leave back at the head of its queue. The
 %% queue's wait keeps the time the chunk's oldest message (or an older one) was
@@ -200,7 +217,10 @@ split(N, Q, Acc) ->
 -spec requeue(node(), [term()], core()) -> core().
 requeue(Node, Chunk, Core) ->
     NQ = maps:get(Node, Core, #nq{}),
-    Q = lists:foldr(fun queue:in_r/2, NQ#nq.q, Chunk),
+    Q = case Chunk of
+            [] -> NQ#nq.q;
+            _ -> queue:in_r(Chunk, NQ#nq.q)
+        end,
     Core#{Node => NQ#nq{q = Q, msgs = NQ#nq.msgs + count_messages(Chunk),
                         large = NQ#nq.large + count_large(Chunk)}}.
 
@@ -209,7 +229,7 @@ requeue(Node, Chunk, Core) ->
 drop(Node, Core) ->
     case Core of
         #{Node := NQ} ->
-            {queue:to_list(NQ#nq.q), Core#{Node := NQ#nq{q = queue:new(), msgs = 0, large = 0}}};
+            {entries(NQ#nq.q), Core#{Node := NQ#nq{q = queue:new(), msgs = 0, large = 0}}};
         _ ->
             {[], Core}
     end.

@@ -230,23 +230,31 @@ released(_Now, CA) ->
 spill(_Now, C = #core{npending = 0}, A) ->
     {C, A};
 spill(Now, C = #core{pending = P}, A) ->
-    runs(lists:reverse(P), Now, C#core{pending = [], npending = 0}, A).
+    runs(runs(P, []), Now, C#core{pending = [], npending = 0}, A).
 
-runs([], _Now, C, A) ->
-    {C, A};
-runs([{_, Node, _, _, _} | _] = Pending, Now, C, A) ->
+%% The runs of the pending sends (newest first), oldest run first, each run's
+%% entries oldest first: read newest first, each run comes out in order as its
+%% entries are consed, and each run goes before the newer ones already read.
+runs([], Runs) ->
+    Runs;
+runs([{_, Node, _, _, _} | _] = Pending, Runs) ->
     {Entries, K, Large, Bytes, Rest} = run(Node, Pending, [], 0, 0, 0),
-    Segs = queue:in({K, Bytes}, maps:get(Node, C#core.segments, queue:new())),
-    runs(Rest, Now,
-         C#core{queues = convoy_batch:push_many(Node, Entries, K, Large, Now, C#core.queues),
-                segments = (C#core.segments)#{Node => Segs}},
-         [{accepted, Node, K} | A]).
+    runs(Rest, [{Node, Entries, K, Large, Bytes} | Runs]).
 
 run(Node, [{?TAG_LARGE, Node, To, Msg, B} | Rest], Acc, K, L, Bytes) ->
     run(Node, Rest, [{?TAG_LARGE, To, Msg} | Acc], K + 1, L + 1, Bytes + B);
 run(Node, [{_, Node, To, Msg, B} | Rest], Acc, K, L, Bytes) ->
     run(Node, Rest, [{To, Msg} | Acc], K + 1, L, Bytes + B);
-run(_Node, Rest, Acc, K, L, Bytes) -> {lists:reverse(Acc), K, L, Bytes, Rest}.
+run(_Node, Rest, Acc, K, L, Bytes) -> {Acc, K, L, Bytes, Rest}.
+
+runs([], _Now, C, A) ->
+    {C, A};
+runs([{Node, Entries, K, Large, Bytes} | Runs], Now, C, A) ->
+    Segs = queue:in({K, Bytes}, maps:get(Node, C#core.segments, queue:new())),
+    runs(Runs, Now,
+         C#core{queues = convoy_batch:push_many(Node, Entries, K, Large, Now, C#core.queues),
+                segments = (C#core.segments)#{Node => Segs}},
+         [{accepted, Node, K} | A]).
 
 %% max_batch messages read: full queues ship without waiting for the drain's end.
 full_queues({C = #core{max_batch = MB, queues = Q}, A}) ->
