@@ -320,7 +320,7 @@ check_scenario(Result = #{name := pubsub, runs := Runs, summary := Summary}, fal
     [?assertMatch(#{status := unavailable, note := <<"Phoenix.PubSub and its convoy ", _/binary>>},
                   Run) || Run <- Runs],
     [?assertEqual(unavailable, S) || #{status := S} <- Summary],
-    ?assertEqual([<<"pg2">>, <<"convoy">>, <<"convoy[max_batch=50]">>],
+    ?assertEqual([<<"handover">>, <<"pg2">>, <<"convoy">>, <<"convoy[max_batch=50]">>],
                  maps:get(variants, Result)),
     ok;
 check_scenario(Result, _PubsubBuilt) ->
@@ -376,16 +376,18 @@ check_scenario(Result = #{name := Name, spec := Spec, runs := Runs0, summary := 
                       false -> []
                   end, lists:sort(maps:keys(CR)), {Name, V})
      || #{variant := V, status := ok, ceiling_ratios := CR} <- Summary],
-    %% The same for the handover (oneway, oneway8, flood) and, in every scenario
-    %% across nodes, for the best distribution flag.
+    %% The same for the handover (oneway, oneway8, flood, pubsub) and, in every
+    %% scenario across nodes but pubsub, for the best distribution flag.
     Handover = maps:get(handover, Spec),
     ?assertEqual(Handover, lists:member(<<"handover">>, Variants), Name),
     %% send_many (convoy, lists handed over) where the scenario has it.
     ?assertEqual(maps:get(send_many, Spec), lists:member(<<"send_many">>, Variants), Name),
-    %% pubsub compares Phoenix.PubSub's adapters: pg2 and convoy's, nothing else.
+    %% pubsub compares Phoenix.PubSub's adapters: pg2, convoy's and the handover's,
+    %% nothing else.
     Pubsub = maps:get(pubsub, Spec),
     ?assertEqual(Pubsub, lists:member(<<"pg2">>, Variants), Name),
-    Pubsub andalso ?assertEqual([], [V || V <- Variants, V =/= <<"pg2">>, not is_convoy(V)]),
+    Pubsub andalso ?assertEqual([], [V || V <- Variants, V =/= <<"pg2">>, V =/= <<"handover">>,
+                                          not is_convoy(V)]),
     Cross = maps:get(placement, Spec) =:= cross andalso not Pubsub,
     ?assertEqual(Cross, lists:member(<<"nodelay_false">>, Variants), Name),
     [?assertEqual({Limit(Handover), Limit(Cross)},
