@@ -197,8 +197,13 @@ one_by_one(RT, Remote) ->
                           lists:foreach(fun({To, Msg}) -> _ = remote(RT, Node, To, Msg) end, Tos)
                   end, Remote).
 
-%% One admission for every message, room per node for all its messages, one
-%% hand-over to the lane; returns the nodes left to send one by one.
+%% One admission for every message; on an idle lane, each node's messages (at
+%% most max_batch) straight to the inbox the lane ships to, as one batch (rule
+%% 2: what the sender handed over before is in the connection); else, or if the
+%% connection is busy, room per node for all its messages and one hand-over to
+%% the lane. The admissions are disposed of once everything is sent or handed
+%% over (meanwhile the lane is not idle for others). Returns the nodes left to
+%% send one by one.
 together(_RT, []) ->
     [];
 together(RT = #runtime{lanes = Lanes}, Nodes) ->
@@ -206,16 +211,46 @@ together(RT = #runtime{lanes = Lanes}, Nodes) ->
     Slots = slots(RT, L),
     K = lists:foldl(fun({_Node, _Entries, _Bytes, {_, Tos}}, Acc) -> Acc + length(Tos) end, 0,
                     Nodes),
-    case convoy_slots:is_closed(convoy_slots:admit_many(Slots, K)) of
+    V = convoy_slots:admit_many(Slots, K),
+    case convoy_slots:is_closed(V) of
         true ->
             %% The lane is retired or stopping; its successor is published.
             many(refreshed(RT), [Group || {_Node, _Entries, _Bytes, Group} <- Nodes]),
             [];
         false ->
-            {Sends, N, Left} = held_sends(RT, Nodes, [], 0, []),
+            ToLane = case may_bypass_many(RT) andalso idle(RT, L, V - K + 1) of
+                         true -> [G || G <- Nodes, not via_inbox_many(RT, L, G)];
+                         false -> Nodes
+                     end,
+            {Sends, N, Left} = held_sends(RT, ToLane, [], 0, []),
             ok = convoy_slots:dispose(Slots, K - N),
             _ = N =:= 0 orelse erlang:send(element(L, Lanes), {?TAG_SENDS, Sends, N}),
             Left
+    end.
+
+%% A send_many's batch may bypass an idle lane unless batching is forced: it is a
+%% batch already, so the lane's calm does not matter.
+may_bypass_many(#runtime{bypass_after = never}) -> false;
+may_bypass_many(_RT) -> true.
+
+%% A node's messages (`{To, Msg}', the wire's entries already) to the inbox this
+%% sender's lane ships to, in one batch and never suspending: sent (counted
+%% direct, the node marked as `via_inbox/3' marks it), or not (too many for one
+%% batch, a peer that is not an answering convoy node, a busy connection).
+via_inbox_many(#runtime{max_batch = MaxBatch}, L, {Node, _Entries, _Bytes, {Node, Tos}}) ->
+    case length(Tos) =< MaxBatch andalso node_row(Node) of
+        {convoy, C, Inboxes} ->
+            mark(Node),
+            Inbox = {convoy_wire:lane_inbox(L, Inboxes), Node},
+            case erlang:send(Inbox, convoy_wire:batch(node(), Tos), ?DIRECT_OPTS) of
+                ok ->
+                    convoy_metrics:add(C, direct, length(Tos)),
+                    true;
+                _NoSuspendOrNoConnect ->
+                    false
+            end;
+        _ ->
+            false
     end.
 
 %% The lane's sends, newest first, for every node that had room for all its

@@ -1,6 +1,7 @@
 %% `convoy:send_many/1': what sending the messages one by one with `send/2'
 %% gives (order per sender and receiver, bounds and overload, fallbacks, errors),
-%% with the small messages for a node handed to the lane at once.
+%% with the small messages for a node handed to the lane at once, or sent as one
+%% batch to the peer's inbox when the lane is idle.
 -module(convoy_send_many_SUITE).
 
 -include_lib("common_test/include/ct.hrl").
@@ -8,7 +9,8 @@
 -include("../src/convoy_runtime.hrl").
 
 -export([all/0, suite/0, init_per_testcase/2, end_per_testcase/2]).
--export([order_with_sends/1, one_hand_over/1, bound_one_by_one/1, large_among_small/1,
+-export([order_with_sends/1, one_hand_over/1, idle_lane_one_batch/1, bound_one_by_one/1,
+         large_among_small/1,
          bad_destination_sends_nothing/1, not_running_sends_plainly/1,
          lanes_change_keeps_order/1]).
 %% Run on peer nodes.
@@ -18,7 +20,7 @@ suite() ->
     [{timetrap, {minutes, 3}}].
 
 all() ->
-    [order_with_sends, one_hand_over, bound_one_by_one, large_among_small,
+    [order_with_sends, one_hand_over, idle_lane_one_batch, bound_one_by_one, large_among_small,
      bad_destination_sends_nothing, not_running_sends_plainly, lanes_change_keeps_order].
 
 init_per_testcase(_TC, Config) ->
@@ -75,10 +77,10 @@ mixed_sender(S, Receivers, Next, Left) ->
     end,
     mixed_sender(S, Receivers, Next1, Left - K).
 
-%% With the lane held (suspended), a send_many of messages for one node reaches
-%% the lane as one message, and their room is taken at once.
+%% With the lane held (suspended) and batching forced, a send_many of messages
+%% for one node reaches the lane as one message, and their room is taken at once.
 one_hand_over(_Config) ->
-    convoy_ct_peers:start_local(#{}),
+    convoy_ct_peers:start_local(#{bypass_after => never}),
     {_PB, B} = convoy_ct_peers:convoy_peer(?MODULE, ?CT_PEER_NAME(many_b), #{}),
     Col = spawn(B, ?MODULE, collector, []),
     ok = convoy:send_many([{Col, {seq, self(), 1}}]),
@@ -93,6 +95,36 @@ one_hand_over(_Config) ->
     true = erlang:resume_process(Lane),
     ok = convoy:flush(),
     ?assertEqual({101, 0, 0}, await_count(Col, 101)).
+
+%% On an idle lane (held, but holding nothing) a send_many's messages for a
+%% node go to the peer's inbox as one batch, the lane's mailbox untouched and
+%% the node's bound not taken, counted direct; they keep their order with the
+%% sender's messages before and after them, whatever path those take.
+idle_lane_one_batch(_Config) ->
+    convoy_ct_peers:start_local(#{}),
+    {_PB, B} = convoy_ct_peers:convoy_peer(?MODULE, ?CT_PEER_NAME(many_b), #{}),
+    Col = spawn(B, ?MODULE, collector, []),
+    ok = convoy:send(Col, {seq, self(), 1}),
+    ok = convoy:flush(),
+    [Lane] = lanes(),
+    #{direct := D0} = maps:get(B, maps:get(nodes, convoy:info())),
+    true = erlang:suspend_process(Lane),
+    {message_queue_len, Q0} = process_info(Lane, message_queue_len),
+    ok = convoy:send_many([{Col, {seq, self(), I}} || I <- lists:seq(2, 101)]),
+    {message_queue_len, Q1} = process_info(Lane, message_queue_len),
+    ?assertEqual(Q0, Q1),
+    ?assertMatch(#{queued := 0}, maps:get(B, maps:get(nodes, convoy:info()))),
+    ?assertEqual({101, 0, 0}, await_count(Col, 101)),
+    #{direct := D1} = maps:get(B, maps:get(nodes, convoy:info())),
+    ?assertEqual(100, D1 - D0),
+    %% the sender went through the inbox: its next messages keep their place
+    ?assert(convoy_route:is_marked(B)),
+    true = erlang:resume_process(Lane),
+    [ok = convoy:send(Col, {seq, self(), I}) || I <- lists:seq(102, 150)],
+    ok = convoy:send_many([{Col, {seq, self(), I}} || I <- lists:seq(151, 200)]),
+    ok = convoy:flush(),
+    ?assertEqual({200, 0, 0}, await_count(Col, 200)),
+    ?assertEqual(lists:seq(1, 200), received(Col)).
 
 %% Over the node's bound, send_many drops exactly what sends one by one would
 %% drop (the first messages that fit go, the rest are counted as dropped), and
