@@ -121,10 +121,10 @@ send(Dest, Msg, Opts) ->
 %% sender's lane in one hand-over, with one admission and room taken for all of
 %% them at once, or, when the lane is idle, go to the peer's inbox as one batch
 %% (as the lane would ship them); a node whose messages do not all fit, or that
-%% is sent a large one, gets them one by one as `send/2' sends them. Everything is checked
-%% first: an invalid destination or an unregistered local name (an atom) raises
-%% `badarg' with nothing sent; a `{Name, node()}' not registered is skipped, as
-%% `!' drops a message to it.
+%% is sent a large one, gets them one by one as `send/2' sends them. Everything
+%% is checked first: an invalid destination or an unregistered local name (an
+%% atom) raises `badarg' with nothing sent; a `{Name, node()}' not registered is
+%% skipped, as `!' drops a message to it.
 -spec send_many([{dest(), term()}]) -> ok.
 send_many(Sends) ->
     convoy_route:send_many(Sends).

@@ -126,10 +126,11 @@
                 | {reserved, boolean()}
                 | {timer, reference()}.
 %% `deliver': a local send (to a name nobody holds it is dropped and counted
-%% `undeliverable' by the shell); `deliver_run': the first K entries of the
-%% list, each `{To, Msg}', delivered in order as `deliver' would; `deliver_each': the message to each
-%% destination in turn; `deliver_all': the messages to one destination back to back; `publish': to each of this node's pids among the members, the
-%% messages back to back; `piece_reply': `{Ref, convoy_piece, What}' to a
+%% `undeliverable' by the shell); `deliver_run': the first K entries of the list,
+%% each `{To, Msg}', delivered in order as `deliver' would; `deliver_each': the
+%% message to each destination in turn; `deliver_all': the messages to one
+%% destination back to back; `publish': to each of this node's pids among the
+%% members, the messages back to back; `piece_reply': `{Ref, convoy_piece, What}' to a
 %% piece's sender; `release': this inbox now reserves `Held' bytes for the node.
 -type action() :: {deliver, convoy_wire:dest(), term()}
                 | {deliver_run, pos_integer(), [{pid() | atom(), term()}, ...]}
@@ -263,7 +264,7 @@ deliver([], _Left, N, _Good, A, D) ->
 deliver([{To, _} | _] = Entries, Left, N, Good, A, D) when is_pid(To); is_atom(To) ->
     %% Plain sends in a row (most of a flood's batch) go as one action over the
     %% batch itself: nothing is rebuilt for each of them.
-    Each = convoy_wire:cost({deliver, To, none}),
+    Each = convoy_wire:send_cost(),
     case convoy_wire:plain_run(Entries, Left div Each, Good, D#d.local) of
         {0, _, _} ->
             deliver_one(Entries, Left, N, Good, A, D);

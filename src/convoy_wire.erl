@@ -94,7 +94,7 @@
 -export([version/0, versions/0, max_inboxes/0, max_dests/0, max_entry_words/0,
          batch/2, barrier/2, publish/3, piece_start/6, piece_start/7, piece/3, hello/2,
          supports/2,
-         address/2, send_words/1, take_members/3, entry_to/3, decode/1, entry/3, cost/1,
+         address/2, send_words/1, take_members/3, entry_to/3, decode/1, entry/3, cost/1, send_cost/0,
          multicast_entries/2, plain_run/4,
          creation/1, incarnation/2, negotiate/1, inbox_name/1, inbox_names/1, lane_inbox/2]).
 
@@ -359,11 +359,15 @@ lane_inbox(Lane, Inboxes) -> element((Lane - 1) rem tuple_size(Inboxes) + 1, Inb
 cost({multicast, _Tos, _Msg, Cost}) -> Cost;
 cost(_) -> ?SEND_WORDS.
 
+%% @doc What `cost/1' says of an entry that is one send.
+-spec send_cost() -> pos_integer().
+send_cost() -> ?SEND_WORDS.
+
 %% @doc The plain sends at the head of a batch's `Entries', at most `Max' of them:
 %% entries `{To, Msg}' to a name or to a pid of this node (`Local') of its current
 %% incarnation (`Good', one already found so, or any that `incarnation/2' tells
 %% current by its form), whose message is not a batch. Each passes `entry/3' as
-%% `{deliver, To, Msg}' and costs what `cost/1' says of that; none is rebuilt.
+%% `{deliver, To, Msg}' and costs `send_cost/0'; none is rebuilt.
 %% Answers how many, the entries after them and the last pid among them (`Good'
 %% if none).
 -spec plain_run(list(), non_neg_integer(), term(), node()) ->
