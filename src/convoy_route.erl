@@ -234,15 +234,13 @@ may_bypass_many(#runtime{bypass_after = never}) -> false;
 may_bypass_many(_RT) -> true.
 
 %% A node's messages (`{To, Msg}', the wire's entries already) to the inbox this
-%% sender's lane ships to, in one batch and never suspending: sent (counted
-%% direct, the node marked as `via_inbox/3' marks it), or not (too many for one
-%% batch, a peer that is not an answering convoy node, a busy connection).
+%% sender's lane ships to (`to_inbox/4'): sent (counted direct), or not (too
+%% many for one batch, a peer that is not an answering convoy node, a busy
+%% connection).
 via_inbox_many(#runtime{max_batch = MaxBatch}, L, {Node, _Entries, _Bytes, {Node, Tos}}) ->
     case length(Tos) =< MaxBatch andalso node_row(Node) of
         {convoy, C, Inboxes} ->
-            mark(Node),
-            Inbox = {convoy_wire:lane_inbox(L, Inboxes), Node},
-            case erlang:send(Inbox, convoy_wire:batch(node(), Tos), ?DIRECT_OPTS) of
+            case to_inbox(L, Node, Inboxes, Tos) of
                 ok ->
                     convoy_metrics:add(C, direct, length(Tos)),
                     true;
@@ -811,12 +809,17 @@ admitted_direct(S = #send{node = Node, to = To, msg = Msg}, C) ->
 %% A batch of one to the inbox this sender's lane uses (a multicast entry's
 %% `to' is its list of destinations on the node).
 via_inbox(S = #send{lane = L, node = Node, to = To, msg = Msg}, Inboxes, C) ->
-    Inbox = {convoy_wire:lane_inbox(L, Inboxes), Node},
-    mark(Node),
-    case erlang:send(Inbox, convoy_wire:batch(node(), [wire_entry({To, Msg})]), ?DIRECT_OPTS) of
+    case to_inbox(L, Node, Inboxes, [wire_entry({To, Msg})]) of
         ok -> disposed(S, C);
         _ -> to_lane(S)
     end.
+
+%% Entries as one batch to the inbox lane L ships to on Node, never suspending,
+%% the node marked (rule 3: they may wait in that inbox): ok, or not sent.
+to_inbox(L, Node, Inboxes, Entries) ->
+    mark(Node),
+    erlang:send({convoy_wire:lane_inbox(L, Inboxes), Node}, convoy_wire:batch(node(), Entries),
+                ?DIRECT_OPTS).
 
 wire_entry({{?TAG_PUBLISH, Scope, Group}, Msg}) -> convoy_wire:publish(Scope, Group, Msg);
 wire_entry(Entry) -> Entry.

@@ -377,7 +377,7 @@ plain_run(Entries, Max, Good, Local) ->
 
 plain_run([{To, Msg} | Rest] = Entries, Max, Good, Local, K)
   when K < Max, is_pid(To), node(To) =:= Local ->
-    case (To =:= Good orelse erts_debug:flat_size(To) =:= 0) andalso not is_batch(Msg) of
+    case (To =:= Good orelse current_by_form(To)) andalso not is_batch(Msg) of
         true -> plain_run(Rest, Max, To, Local, K + 1);
         false -> {K, Entries, Good}
     end;
@@ -464,12 +464,15 @@ take([H | T], N, Acc) -> take(T, N - 1, [H | Acc]).
 %% each (`creation/1', about six times the cost), and only the others are read.
 -spec incarnation(pid() | reference(), non_neg_integer()) -> current | old | unknown.
 incarnation(Pid, Creation) when is_pid(Pid) ->
-    case erts_debug:flat_size(Pid) of
-        0 -> current;
-        _ -> by_creation(Pid, Creation)
+    case current_by_form(Pid) of
+        true -> current;
+        false -> by_creation(Pid, Creation)
     end;
 incarnation(Ref, Creation) ->
     by_creation(Ref, Creation).
+
+%% A pid of this node's current incarnation is an immediate term.
+current_by_form(Pid) -> erts_debug:flat_size(Pid) =:= 0.
 
 by_creation(Id, Creation) ->
     case creation(Id) of
