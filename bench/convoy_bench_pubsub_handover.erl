@@ -31,12 +31,12 @@ broadcast(AdapterName, Topic, Message, Dispatcher) ->
 
 -spec direct_broadcast(atom(), node(), binary(), term(), module()) -> ok.
 direct_broadcast(AdapterName, Node, Topic, Message, Dispatcher) ->
-    {_Groups, PubSub, _Policy} = persistent_term:get({?CONVOY_ADAPTER, AdapterName}),
+    {Groups, PubSub, _Policy} = persistent_term:get({?CONVOY_ADAPTER, AdapterName}),
     case Node =:= node() of
         true ->
             'Elixir.Phoenix.PubSub':local_broadcast(PubSub, Topic, Message, Dispatcher);
         false ->
-            convoy_bench_handover:send({group(AdapterName), Node},
+            convoy_bench_handover:send({pick(Groups), Node},
                                        {forward_to_local, Topic, Message, Dispatcher})
     end.
 
@@ -48,4 +48,6 @@ child_spec(Opts) ->
 %% The caller's group, as Phoenix.PubSub.Convoy (and PG2) pick it.
 group(AdapterName) ->
     {Groups, _PubSub, _Policy} = persistent_term:get({?CONVOY_ADAPTER, AdapterName}),
-    element(erlang:phash2(self(), tuple_size(Groups)) + 1, Groups).
+    pick(Groups).
+
+pick(Groups) -> element(erlang:phash2(self(), tuple_size(Groups)) + 1, Groups).

@@ -238,11 +238,12 @@ may_bypass_many(_RT) -> true.
 %% many for one batch, a peer that is not an answering convoy node, a busy
 %% connection).
 via_inbox_many(#runtime{max_batch = MaxBatch}, L, {Node, _Entries, _Bytes, {Node, Tos}}) ->
-    case length(Tos) =< MaxBatch andalso node_row(Node) of
+    K = length(Tos),
+    case K =< MaxBatch andalso node_row(Node) of
         {convoy, C, Inboxes} ->
             case to_inbox(L, Node, Inboxes, Tos) of
                 ok ->
-                    convoy_metrics:add(C, direct, length(Tos)),
+                    convoy_metrics:add(C, direct, K),
                     true;
                 _NoSuspendOrNoConnect ->
                     false

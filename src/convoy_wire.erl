@@ -107,6 +107,9 @@
 %% (unchanged since version 1).
 -define(VSN, 3).
 -define(BATCH_VSN, 1).
+%% Any batch (`batch/2'), as a pattern: a message that is one is refused in an entry
+%% (`entry/3', `entry_to/3') and ends a plain run (`plain_run/4').
+-define(ANY_BATCH, {?TAG_WIRE, _, batch, _, _}).
 -define(MAX_INBOXES, ?MAX_LANES).
 %% A start piece's acknowledgement interval: at most the largest `chunk_window'.
 -define(MAX_ACK_EVERY, ?MAX_CHUNK_WINDOW).
@@ -255,11 +258,11 @@ negotiate(Theirs) ->
 %% multicast's check visits at most its first 8193 destinations and about
 %% `max_entry_words/0' / destinations words of its message.
 -spec entry(term(), node(), node()) -> checked().
-entry({_To, {?TAG_WIRE, _, batch, _, _}}, _From, _Local) ->
+entry({_To, ?ANY_BATCH}, _From, _Local) ->
     %% A batch inside a batch would make an inbox feed itself: multicasts of
     %% batches of multicasts multiply the work of one input with every level.
     {error, bad_entry};
-entry({?TAG_PUBLISH, _Scope, _Group, {?TAG_WIRE, _, batch, _, _}}, _From, _Local) ->
+entry({?TAG_PUBLISH, _Scope, _Group, ?ANY_BATCH}, _From, _Local) ->
     {error, bad_entry}; % as above
 entry({?TAG_PUBLISH, Scope, Group, Msg}, _From, _Local) when is_atom(Scope) ->
     {publish, Scope, Group, Msg};
@@ -311,7 +314,7 @@ entry(_, _From, _Local) ->
 %% bad entry, a costly one too costly), `other' if it is anything else (then
 %% `entry/3' checks it). Compares up to the whole of `Tos'.
 -spec entry_to(term(), [dest()], pos_integer()) -> checked() | other.
-entry_to({Tos, {?TAG_WIRE, _, batch, _, _}}, Tos, _N) ->
+entry_to({Tos, ?ANY_BATCH}, Tos, _N) ->
     {error, bad_entry};
 entry_to({Tos, Msg}, Tos, N) when N >= 2 ->
     case convoy_size:copy_words(Msg, ?MAX_ENTRY_WORDS div N - ?SEND_WORDS) of
@@ -390,7 +393,7 @@ plain_run([{To, Msg} | Rest] = Entries, Max, Good, Local, K)
 plain_run(Entries, _Max, Good, _Local, K) ->
     {K, Entries, Good}.
 
-is_batch({?TAG_WIRE, _, batch, _, _}) -> true;
+is_batch(?ANY_BATCH) -> true;
 is_batch(_) -> false.
 
 %% @doc What one local send of `Msg' costs its receiver, in word copies (the words
