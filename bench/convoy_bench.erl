@@ -115,7 +115,10 @@ usage() ->
      "them themselves, lists of max_batch entries), handover (oneway, oneway8,\n"
      "flood, pubsub: each message handed to one bare batching process per node, which\n"
      "ships lists of up to 1000 to a deliverer on the peer when its mailbox drains;\n"
-     "the limit of a design that hands each message to a process), send_many\n"
+     "the limit of a design that hands each message to a process), guarded (where\n"
+     "handover runs: the same hand-over with only the sender's per-message work\n"
+     "convoy's promises need: settings read, size, marker, an exact bound; only when\n"
+     "named), send_many\n"
      "(oneway, oneway8: convoy, the sender handing its messages over in lists of\n"
      "max_batch with convoy:send_many/1), nodelay_false\n"
      "(`!`, both nodes with -kernel dist_nodelay false), delay_send (`!`, both nodes\n"
@@ -251,7 +254,7 @@ check(O = #{command := tune, tune := S}) ->
         _ -> O
     end;
 check(O = #{only := Only}) when Only =/= all ->
-    Known = [N || #{name := N} <- variants(O#{only := all, noise := true})],
+    Known = [N || #{name := N} <- all_variants(maps:get(convoy, O))],
     case Only -- Known of
         [] -> O;
         Unknown -> throw({bad_arg, "--variants: unknown ~s; known: ~s",
@@ -526,31 +529,38 @@ timestamp(Style) ->
 %% @doc The variants parsed options ask for, in report order.
 -spec variants(opts()) -> [convoy_bench_runner:variant()].
 variants(#{convoy := Extra, only := Only, noise := Noise}) ->
-    All = [#{name => <<"local">>, kind => local, family => default, mode => plain,
-             convoy => off},
-           #{name => <<"local_call">>, kind => local_call, family => default, mode => call,
-             convoy => off},
-           plain_variant(),
-           #{name => <<"plain_again">>, kind => plain_again, family => default,
-             mode => plain, convoy => off},
-           #{name => <<"ceiling">>, kind => ceiling, family => default, mode => ceiling,
-             convoy => off},
-           #{name => <<"handover">>, kind => handover, family => default, mode => handover,
-             convoy => off},
-           #{name => <<"send_many">>, kind => send_many, family => default, mode => send_many,
-             convoy => #{}},
-           #{name => <<"nodelay_false">>, kind => nodelay_false, family => nodelay_false,
-             mode => plain, convoy => off},
-           #{name => <<"delay_send">>, kind => delay_send, family => delay_send,
-             mode => plain, convoy => off},
-           #{name => <<"pg2">>, kind => pg2, family => default, mode => pg2, convoy => off},
-           convoy_variant(<<"convoy">>, #{})]
-        ++ [convoy_variant(<<"convoy[", Text/binary, "]">>, S) || {Text, S} <- Extra],
+    All = all_variants(Extra),
     case Only of
-        all -> [V || V = #{kind := K} <- All, K =/= plain_again orelse Noise];
+        all -> [V || V = #{kind := K} <- All, K =/= plain_again orelse Noise, K =/= guarded];
         Names -> [V || V = #{name := N, kind := K} <- All,
                        lists:member(N, Names) orelse (Noise andalso K =:= plain_again)]
     end.
+
+%% Every variant, in report order (`plain_again' and `guarded' run only when
+%% asked for).
+all_variants(Extra) ->
+    [#{name => <<"local">>, kind => local, family => default, mode => plain,
+       convoy => off},
+     #{name => <<"local_call">>, kind => local_call, family => default, mode => call,
+       convoy => off},
+     plain_variant(),
+     #{name => <<"plain_again">>, kind => plain_again, family => default,
+       mode => plain, convoy => off},
+     #{name => <<"ceiling">>, kind => ceiling, family => default, mode => ceiling,
+       convoy => off},
+     #{name => <<"handover">>, kind => handover, family => default, mode => handover,
+       convoy => off},
+     #{name => <<"guarded">>, kind => guarded, family => default, mode => guarded,
+       convoy => off},
+     #{name => <<"send_many">>, kind => send_many, family => default, mode => send_many,
+       convoy => #{}},
+     #{name => <<"nodelay_false">>, kind => nodelay_false, family => nodelay_false,
+       mode => plain, convoy => off},
+     #{name => <<"delay_send">>, kind => delay_send, family => delay_send,
+       mode => plain, convoy => off},
+     #{name => <<"pg2">>, kind => pg2, family => default, mode => pg2, convoy => off},
+     convoy_variant(<<"convoy">>, #{})]
+    ++ [convoy_variant(<<"convoy[", Text/binary, "]">>, S) || {Text, S} <- Extra].
 
 plain_variant() ->
     #{name => <<"plain">>, kind => plain, family => default, mode => plain, convoy => off}.

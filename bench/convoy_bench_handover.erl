@@ -14,15 +14,35 @@
 %% The batcher and the deliverer run on every node of the measurement (node A's
 %% batcher ships to B's deliverer, and B's, when B answers, to A's) and live as
 %% long as the measurement (`start/1', `stop/1'), with convoy stopped.
+%%
+%% The `guarded' variant (`send_guarded/2') is the same hand-over with only the
+%% per-message work that convoy's promises need in the sender, and nothing
+%% else: the settings read (one `persistent_term'), the message's size (large
+%% messages take another path; the byte bound), the sender's marker read (order
+%% across a path switch), and room taken in an exact bound of messages and bytes
+%% held for the node (one `atomics:add_get/3' on one word, given back when it
+%% does not fit, and by the batcher, per list, once shipped). Its batcher is
+%% another registered process beside the bare one. What it costs beside
+%% `handover' is the floor of any design that keeps those promises per message.
 -module(convoy_bench_handover).
 
--export([start/1, stop/1, send/2]).
+-export([start/1, stop/1, send/2, send_guarded/2]).
 %% Spawned on the nodes taking part.
--export([init_deliverer/1, init_batcher/1]).
+-export([init_deliverer/1, init_batcher/1, init_guarded_batcher/1]).
 
 -define(DELIVERER, convoy_bench_handover_deliverer).
 -define(BATCHER, convoy_bench_handover_batcher).
+-define(GUARDED_BATCHER, convoy_bench_handover_guarded).
+-define(GUARD_KEY, {?MODULE, guard}).
+-define(MARKED_KEY, {?MODULE, marked}).
 -define(MAX_BATCH, 1000).
+%% convoy's defaults: large_threshold, max_buffered, max_buffered_bytes.
+-define(LARGE, 65536).
+-define(MAX_MSGS, 1000000).
+-define(MAX_BYTES, 64 * 1024 * 1024).
+%% One held word: messages above bit 40, bytes below.
+-define(MSG, (1 bsl 40)).
+-define(BYTES_MASK, (?MSG - 1)).
 
 -type dest() :: pid() | {atom(), node()}.
 
@@ -31,12 +51,13 @@
 -spec start([node()]) -> ok.
 start(Nodes) ->
     convoy_bench_router:start(?MODULE, Nodes, [{?DELIVERER, init_deliverer},
-                                               {?BATCHER, init_batcher}]).
+                                               {?BATCHER, init_batcher},
+                                               {?GUARDED_BATCHER, init_guarded_batcher}]).
 
 %% @doc Stop what `start/1' started.
 -spec stop([node()]) -> ok.
 stop(Nodes) ->
-    convoy_bench_router:stop(Nodes, [?DELIVERER, ?BATCHER]).
+    convoy_bench_router:stop(Nodes, [?DELIVERER, ?BATCHER, ?GUARDED_BATCHER]).
 
 %% @doc One message, handed to this node's batcher (a local destination gets `!').
 -spec send(dest(), term()) -> ok.
@@ -46,6 +67,45 @@ send(Dest, Msg) ->
         false -> ?BATCHER ! {Dest, Msg}
     end,
     ok.
+
+%% @doc One message, as `send/2' with the guarded variant's per-message work
+%% (see the module's doc): `{error, overload}' when the node's bound is reached.
+-spec send_guarded(dest(), term()) -> ok | {error, overload}.
+send_guarded(Dest, Msg) ->
+    Node = node_of(Dest),
+    case Node =:= node() of
+        true ->
+            Dest ! Msg,
+            ok;
+        false ->
+            guarded(persistent_term:get(?GUARD_KEY), Node, Dest, Msg)
+    end.
+
+guarded(Held, Node, Dest, Msg) ->
+    case erlang:external_size(Msg) of
+        Bytes when Bytes < ?LARGE ->
+            marked(Node),
+            Add = ?MSG + Bytes,
+            W = atomics:add_get(Held, 1, Add),
+            case W bsr 40 =< ?MAX_MSGS andalso W band ?BYTES_MASK =< ?MAX_BYTES of
+                true ->
+                    ?GUARDED_BATCHER ! {Dest, Msg, Bytes},
+                    ok;
+                false ->
+                    atomics:sub(Held, 1, Add),
+                    {error, overload}
+            end;
+        _Large ->
+            Dest ! Msg,
+            ok
+    end.
+
+marked(Node) ->
+    case get(?MARKED_KEY) of
+        #{Node := true} -> ok;
+        undefined -> put(?MARKED_KEY, #{Node => true});
+        Marked -> put(?MARKED_KEY, Marked#{Node => true})
+    end.
 
 -compile({inline, [node_of/1, to/1]}).
 node_of(Pid) when is_pid(Pid) -> node(Pid);
@@ -108,3 +168,42 @@ collect(Node, N, Acc) ->
 ship(Node, Acc) ->
     {?DELIVERER, Node} ! lists:reverse(Acc),
     ok.
+
+%% @doc The guarded variant's batcher (registered): the bare batcher's loop, each
+%% shipped list's messages and bytes given back to the node's held word. It
+%% creates that word and publishes it.
+-spec init_guarded_batcher(pid()) -> no_return().
+init_guarded_batcher(Owner) ->
+    true = register(?GUARDED_BATCHER, self()),
+    process_flag(message_queue_data, off_heap),
+    Held = atomics:new(1, [{signed, false}]),
+    persistent_term:put(?GUARD_KEY, Held),
+    Owner ! {started, node(), ?GUARDED_BATCHER},
+    guarded_idle(Held).
+
+guarded_idle(Held) ->
+    receive
+        {Dest, Msg, Bytes} -> guarded_collect(Held, node_of(Dest), 1, Bytes, [{to(Dest), Msg}])
+    end.
+
+guarded_collect(Held, Node, ?MAX_BATCH, Bytes, Acc) ->
+    guarded_ship(Held, Node, ?MAX_BATCH, Bytes, Acc),
+    guarded_idle(Held);
+guarded_collect(Held, Node, N, Bytes, Acc) ->
+    receive
+        {Dest, Msg, B} ->
+            case node_of(Dest) of
+                Node ->
+                    guarded_collect(Held, Node, N + 1, Bytes + B, [{to(Dest), Msg} | Acc]);
+                Other ->
+                    guarded_ship(Held, Node, N, Bytes, Acc),
+                    guarded_collect(Held, Other, 1, B, [{to(Dest), Msg}])
+            end
+    after 0 ->
+        guarded_ship(Held, Node, N, Bytes, Acc),
+        guarded_idle(Held)
+    end.
+
+guarded_ship(Held, Node, N, Bytes, Acc) ->
+    ship(Node, Acc),
+    atomics:sub(Held, 1, N * ?MSG + Bytes).

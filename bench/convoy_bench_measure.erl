@@ -19,7 +19,7 @@
          slow_consumer/4, fault_meter/2]).
 -export([gen_host/2, caster/5, caller/3]).
 
--type mode() :: plain | call | convoy | ceiling | handover | send_many | pg2.
+-type mode() :: plain | call | convoy | ceiling | handover | guarded | send_many | pg2.
 -type ctx() :: #{mode := mode(), sinks := [node(), ...], timeout := pos_integer()}.
 -type figures() :: #{atom() => number()}.
 -export_type([ctx/0, figures/0]).
@@ -39,7 +39,8 @@ run(Scenario, Params, Ctx) ->
 %% measurement.
 with_router(#{mode := ceiling, sinks := Sinks}, Measure) ->
     with_router(convoy_bench_ceiling, [node() | Sinks], Measure);
-with_router(#{mode := handover, sinks := Sinks}, Measure) ->
+with_router(#{mode := Mode, sinks := Sinks}, Measure) when Mode =:= handover;
+                                                           Mode =:= guarded ->
     with_router(convoy_bench_handover, [node() | Sinks], Measure);
 with_router(_Ctx, Measure) ->
     Measure().
@@ -273,7 +274,8 @@ snd(call, Dest, Msg) -> convoy_bench_call:send(Dest, Msg);
 snd(convoy, Dest, Msg) -> convoy:send(Dest, Msg);
 snd(send_many, Dest, Msg) -> convoy:send(Dest, Msg);
 snd(ceiling, Dest, Msg) -> convoy_bench_ceiling:send(Dest, Msg);
-snd(handover, Dest, Msg) -> convoy_bench_handover:send(Dest, Msg).
+snd(handover, Dest, Msg) -> convoy_bench_handover:send(Dest, Msg);
+snd(guarded, Dest, Msg) -> convoy_bench_handover:send_guarded(Dest, Msg).
 
 sink(#{sinks := [Node | _]}) -> Node.
 

@@ -66,6 +66,10 @@ variant_text(#{name := N, kind := handover}) ->
     io_lib:format("~s = each message handed to one bare batching process per node, which "
                   "ships lists of up to 1000 when its mailbox drains "
                   "(convoy_bench_handover), in oneway, oneway8 and flood", [N]);
+variant_text(#{name := N, kind := guarded}) ->
+    io_lib:format("~s = the handover with only the sender's per-message work convoy's "
+                  "promises need (settings, size, marker, an exact bound of messages and "
+                  "bytes), where handover runs", [N]);
 variant_text(#{name := N, kind := send_many}) ->
     io_lib:format("~s = convoy with the sender handing its messages over in lists of "
                   "1000 (convoy:send_many/1), in oneway and oneway8", [N]);
@@ -103,6 +107,7 @@ scenario_table(Result = #{name := Name, title := Title, spec := Spec, summary :=
 limits(#{spec := Spec, variants := Vs}) ->
     Ran = fun(V) -> lists:member(V, Vs) end,
     case lists:any(fun(<<"convoy", _/binary>>) -> true; (<<"send_many">>) -> true;
+                      (<<"guarded">>) -> true;
                       (_) -> false end, Vs) of
         false ->
             [];

@@ -27,9 +27,11 @@
 
 -type variant() :: #{name := binary(),
                      kind := local | local_call | plain | plain_again | ceiling
-                             | handover | send_many | nodelay_false | delay_send | pg2 | convoy,
+                             | handover | guarded | send_many | nodelay_false | delay_send | pg2
+                             | convoy,
                      family := convoy_bench_nodes:family(),
-                     mode := plain | call | convoy | ceiling | handover | send_many | pg2,
+                     mode := plain | call | convoy | ceiling | handover | guarded | send_many
+                             | pg2,
                      convoy := convoy_bench_nodes:convoy_setting()}.
 -type status() :: ok | error | awaiting | unavailable.
 -type run() :: #{scenario := atom(), variant := binary(), repeat := pos_integer(),
@@ -52,7 +54,8 @@ variants_for(#{placement := cross, ceiling := Ceiling, handover := Handover} = S
              Variants) ->
     SendMany = maps:get(send_many, Spec, false),
     [V || V = #{kind := K} <- Variants, K =/= local_call, K =/= ceiling orelse Ceiling,
-          K =/= handover orelse Handover, K =/= send_many orelse SendMany, K =/= pg2].
+          (K =/= handover andalso K =/= guarded) orelse Handover,
+          K =/= send_many orelse SendMany, K =/= pg2].
 
 %% Variants that run everything on one node, whatever the scenario.
 on_one_node(Kind) -> Kind =:= local orelse Kind =:= local_call.
@@ -276,7 +279,7 @@ summarise(Spec = #{points := Points, figures := Figs, ratio := RatioFigs}, Varia
          Mine = [Run || Run = #{variant := VN, point := PL} <- Runs, VN =:= VName, PL =:= Label],
          Ok = [Run || Run = #{status := ok} <- Mine],
          Limit = fun(Ran, Of) ->
-                         case (Kind =:= convoy orelse Kind =:= send_many) andalso Ran of
+                         case lists:member(Kind, [convoy, send_many, guarded]) andalso Ran of
                              true -> ratios(RatioFigs, Ok, Of);
                              false -> #{}
                          end
