@@ -22,6 +22,10 @@
 %% itself as lists of `max_batch' `{To, Msg}' entries (the encoding the lane's
 %% ships also pay); and the receiving inbox's check of one entry.
 %%
+%% Beside the whole send, the `guarded' variant's send (`convoy_bench_handover',
+%% its batcher suspended as the lane is): a hand-over with only the per-message
+%% work convoy's promises need, the floor of any design that keeps them.
+%%
 %% Last, the send call where the hot-path's cost shows (`[exchange]'): one, then
 %% four request/response pairs between A and B, both sides sending by
 %% `convoy:send/2', then by `!' behind one call to another module's function
@@ -225,6 +229,8 @@ shape_rows(Shape, Sink, P) ->
           whole_send(Lane, Sink, Msg)},
          {<<"[cpu] send_many/1, lists of max_batch (lane suspended)">>,
           many_send(Lane, Sink, Msg, RT#runtime.max_batch)},
+         {<<"[cpu] guarded floor: send_guarded/2 (batcher suspended)">>,
+          {guarded, fun() -> convoy_bench_handover:send_guarded(Sink, Msg) end}},
          {<<"[cpu] hand-over alone: 5-tuple to a suspended process">>,
           {suspended, fun(To) -> To ! {'$convoy_send', Node, Sink, Msg, Bytes} end}},
          {<<"[cpu] local ! to a suspended process">>,
@@ -280,6 +286,17 @@ loop_ns({suspend, Lane, Fun}, #{n := N, repeat := R}) ->
                 Ns = cpu_ns(fun() -> repeat(Fun, N) end) / N,
                 true = erlang:resume_process(Lane),
                 ok = convoy:flush(),
+                Ns
+            end || _ <- lists:seq(1, R)]);
+loop_ns({guarded, Fun}, #{n := N, repeat := R}) ->
+    %% the guarded variant's processes on this node alone, fresh for each loop
+    %% (its held word starts empty), its batcher suspended as the lane is
+    median([begin
+                ok = convoy_bench_handover:start([node()]),
+                Batcher = whereis(convoy_bench_handover_guarded),
+                true = erlang:suspend_process(Batcher),
+                Ns = cpu_ns(fun() -> repeat(Fun, N) end) / N,
+                ok = convoy_bench_handover:stop([node()]),
                 Ns
             end || _ <- lists:seq(1, R)]);
 loop_ns({cpu, Fun}, #{n := N, repeat := R}) ->

@@ -8,7 +8,8 @@
 -include_lib("stdlib/include/assert.hrl").
 
 -export([all/0, suite/0, init_per_suite/1, end_per_suite/1]).
--export([every_scenario_tiny/1, noise_tiny/1, tune_tiny/1, cost_tiny/1, given_nodes/1,
+-export([every_scenario_tiny/1, noise_tiny/1, guarded_tiny/1, tune_tiny/1, cost_tiny/1,
+         given_nodes/1,
          arguments/1, deadline/1, deadline_leaves_clean_peers/1,
          deadline_leaves_clean_given_nodes/1, settle/1]).
 
@@ -16,7 +17,7 @@ suite() ->
     [{timetrap, {minutes, 6}}].
 
 all() ->
-    [arguments, every_scenario_tiny, noise_tiny, tune_tiny, cost_tiny, given_nodes,
+    [arguments, every_scenario_tiny, noise_tiny, guarded_tiny, tune_tiny, cost_tiny, given_nodes,
      deadline, deadline_leaves_clean_peers, deadline_leaves_clean_given_nodes, settle].
 
 init_per_suite(Config) ->
@@ -56,6 +57,9 @@ arguments(_Config) ->
     ?assertEqual([<<"plain">>, <<"plain_again">>, <<"convoy">>],
                  Names(["--variants", "plain,convoy", "--noise"])),
     ?assertEqual([<<"plain">>, <<"plain_again">>], Names(["--variants", "plain_again,plain"])),
+    %% so does guarded, by name
+    ?assertNot(lists:member(<<"guarded">>, Names(["--noise"]))),
+    ?assertEqual([<<"handover">>, <<"guarded">>], Names(["--variants", "guarded,handover"])),
     %% a variant with several settings is named as printed, its commas included
     ?assertEqual([<<"plain">>, <<"convoy[lanes=2,max_batch=500]">>],
                  Names(["--convoy", "lanes=2,max_batch=500",
@@ -159,6 +163,31 @@ noise_tiny(Config) ->
                  convoy_bench:exit_status({ok, R})),
     ok.
 
+%% guarded (named) runs where the handover runs and nowhere else; its rows are
+%% given as fractions of the handover and of the best flag, as convoy's are.
+guarded_tiny(Config) ->
+    Dir = filename:join(?config(priv_dir, Config), "guarded"),
+    {ok, R} = convoy_bench:main(["--tiny", "--scenario", "oneway,flood,pairs", "--repeat", "1",
+                                 "--quiet", "--no-plots", "--out", Dir, "--variants",
+                                 "plain,nodelay_false,handover,guarded,convoy"]),
+    Scenarios = maps:get(scenarios, R),
+    [?assertEqual(Name =/= pairs, lists:member(<<"guarded">>, Vs), Name)
+     || #{name := Name, variants := Vs} <- Scenarios],
+    Rows = [{Name, S} || #{name := Name, summary := Sum} <- Scenarios,
+                         S = #{variant := <<"guarded">>} <- Sum],
+    ?assertEqual(4, length(Rows)),
+    [begin
+         ?assertMatch(#{status := ok}, S, Name),
+         Ratios = lists:sort(maps:get(ratio, Spec)),
+         ?assertEqual(Ratios, lists:sort(maps:keys(HR)), Name),
+         ?assertEqual(Ratios, lists:sort(maps:keys(FR)), Name)
+     end || {Name, S = #{handover_ratios := HR, flag_ratios := FR}} <- Rows,
+            #{name := N1, spec := Spec} <- Scenarios, N1 =:= Name],
+    {ok, Table} = file:read_file(filename:join(Dir, "table.txt")),
+    ?assertNotEqual(nomatch, string:find(Table, "guarded = the handover with only")),
+    check_files(Dir, R),
+    ok.
+
 tune_tiny(Config) ->
     Dir = filename:join(?config(priv_dir, Config), "tune"),
     {ok, R} = convoy_bench:main(["tune", "oneway", "--tiny", "--repeat", "1", "--quiet",
@@ -196,6 +225,9 @@ cost_tiny(_Config) ->
     %% the call to a local destination beside `!'
     ?assertEqual([<<"local destination: ! (plain)">>, <<"local destination: convoy:send/2">>],
                  [S || S = <<"local destination", _/binary>> <- Steps]),
+    %% the guarded floor beside the whole send (CPU time in milliseconds: a tiny
+    %% loop may read 0)
+    ?assertEqual(2, length([R || R = #{step := <<"[cpu] guarded floor", _/binary>>} <- Rows])),
     ok.
 
 %% Running nodes given with --nodes: the harness loads its own code there; the
