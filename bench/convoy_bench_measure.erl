@@ -468,7 +468,10 @@ gen_host(Expected, Driver) ->
 
 -compile({inline, [cast/3, call/3]}).
 cast(plain, Server, Req) -> gen_server:cast(Server, Req);
-cast(convoy, Server, Req) -> convoy:cast(Server, Req).
+cast(convoy, Server, Req) -> convoy:cast(Server, Req);
+%% what gen_server:cast/2 sends, handed over
+cast(handover, Server, Req) -> convoy_bench_handover:send(Server, {'$gen_cast', Req});
+cast(guarded, Server, Req) -> convoy_bench_handover:send_guarded(Server, {'$gen_cast', Req}).
 
 call(plain, Server, Req) -> gen_server:call(Server, Req, infinity);
 call(convoy, Server, Req) -> convoy:call(Server, Req, infinity).

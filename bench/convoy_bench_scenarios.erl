@@ -225,13 +225,14 @@ describe(latency, P = #{n := N, burst := B}) ->
       ratio => [p50_us, p99_us], primary => {p50_us, lower}, convoy => measured};
 describe(cast, P = #{senders := K, per_sender := N}) ->
     #{title => fmt("~b senders, ~b casts each to one gen_server on another node: "
-                   "gen_server:cast (convoy variants: convoy:cast); the request is "
+                   "gen_server:cast (convoy variants: convoy:cast; handover: the cast's "
+                   "message handed over); the request is "
                    "{event, Id, <<\"user-42\">>, #{k => Id}}; msg/s from the first cast "
                    "to the server's count of all of them", [K, N]),
       placement => cross, sinks => 1,
       points => [point(fmt("~b senders, event", [K]), P)],
       figures => [{msg_s, <<"msg/s">>, rate}],
-      ratio => [msg_s], primary => {msg_s, higher}, convoy => measured};
+      ratio => [msg_s], primary => {msg_s, higher}, convoy => measured, handover => true};
 describe(call, P = #{callers := Callers}) ->
     Base = maps:remove(callers, P),
     #{title => fmt("concurrent callers of one gen_server on another node, closed loop, "
