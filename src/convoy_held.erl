@@ -13,8 +13,8 @@
 %% the lane gives it back as messages leave (`release/3'). Lane mailboxes are
 %% included, so the bounds hold whatever the lane is doing.
 %%
-%% Taking room is one read and one `compare_exchange' from what was read to that
-%% plus one message and its bytes: one read-modify-write when no other sender
+%% Taking room is one read (`owned/1') and one `compare_exchange' from what was
+%% read to that plus one message and its bytes: one read-modify-write when no other sender
 %% changed the word in between (a sender that lost the race decides again from
 %% the value the exchange returned). A hold that does not fit writes nothing, so
 %% the word only ever holds counts that were granted: the fields never carry into
@@ -72,7 +72,7 @@ new() -> atomics:new(1, [{signed, true}]).
 %% taken) when it does not fit, `closed' when the row was forgotten.
 -spec hold(held(), non_neg_integer(), bound(), bound()) -> ok | full | closed.
 hold(H, Bytes, MaxN, MaxB) ->
-    hold(H, atomics:get(H, ?SLOT), Bytes, MaxN, MaxB).
+    hold(H, owned(H), Bytes, MaxN, MaxB).
 
 hold(_H, W, _Bytes, _MaxN, _MaxB) when ?IS_CLOSED(W) ->
     closed;
@@ -93,7 +93,7 @@ hold(H, W, Bytes, MaxN, MaxB) ->
 %% at once.
 -spec hold_behind(held(), non_neg_integer(), bound(), bound()) -> ok | full | closed | empty.
 hold_behind(H, Bytes, MaxN, MaxB) ->
-    case atomics:get(H, ?SLOT) of
+    case owned(H) of
         W when ?MSGS(W) =:= 0 -> empty;
         W -> hold(H, W, Bytes, MaxN, MaxB)
     end.
@@ -106,7 +106,7 @@ hold_behind(H, Bytes, MaxN, MaxB) ->
 hold_many(H, 1, Bytes, MaxN, MaxB) ->
     hold(H, Bytes, MaxN, MaxB);
 hold_many(H, K, Bytes, MaxN, MaxB) ->
-    hold_many(H, atomics:get(H, ?SLOT), K, Bytes, MaxN, MaxB).
+    hold_many(H, owned(H), K, Bytes, MaxN, MaxB).
 
 hold_many(_H, W, _K, _Bytes, _MaxN, _MaxB) when ?IS_CLOSED(W) ->
     closed;
@@ -123,6 +123,15 @@ hold_many(H, W, K, Bytes, MaxN, MaxB) ->
         false ->
             full
     end.
+
+%% The word, read as the exchange that follows will write it: a
+%% `compare_exchange' from a value the word never holds (its sign bit is never
+%% set) changes nothing and returns the word, and takes its cache line for
+%% writing, where a plain read would take it shared and the exchange would then
+%% have to take it again: under senders on several cores, one transfer of the
+%% line per hold instead of two.
+owned(H) ->
+    atomics:compare_exchange(H, ?SLOT, -1, -1).
 
 %% @doc `K' held messages of `Bytes' in all left (shipped or dropped).
 -spec release(held(), non_neg_integer(), non_neg_integer()) -> ok.
