@@ -92,10 +92,16 @@
 %% earlier messages to be delivered. Never suspends the caller on a busy or
 %% unconnected distribution connection. Raises `badarg' where `!' would.
 -spec send(dest(), term()) -> ok.
-send(Pid, Msg) when is_pid(Pid), node(Pid) =:= node() ->
-    %% Here, not in convoy_route: a local send costs `!' plus this one call.
-    Pid ! Msg,
-    ok;
+send(Pid, Msg) when is_pid(Pid) ->
+    %% Here, not in convoy_route: a local send costs `!' plus this one call, and
+    %% a remote pid's node is read once.
+    case node(Pid) of
+        Node when Node =:= node() ->
+            Pid ! Msg,
+            ok;
+        Node ->
+            convoy_route:send_remote(Node, Pid, Msg)
+    end;
 send(Dest, Msg) ->
     convoy_route:send(Dest, Msg).
 

@@ -53,8 +53,8 @@
 %% longer, the lane gets the message whole, as before.
 -module(convoy_route).
 
--export([send/2, send/3, send_many/1, multicast/2, multicast_entry/3, lane_of/1, await_gone/1,
-         is_marked/1]).
+-export([send/2, send/3, send_remote/3, send_many/1, multicast/2, multicast_entry/3, lane_of/1,
+         await_gone/1, is_marked/1]).
 
 -include("convoy_runtime.hrl").
 -include("convoy_tags.hrl").
@@ -93,9 +93,14 @@ send(Name, Msg) when is_atom(Name) ->
     Name ! Msg,
     ok;
 send(Pid, Msg) when is_pid(Pid) ->
-    remote(persistent_term:get(?RUNTIME_KEY, undefined), node(Pid), Pid, Msg);
+    send_remote(node(Pid), Pid, Msg);
 send(Dest, Msg) ->
     ok = send(Dest, Msg, #{}).
+
+%% @doc `send/2' to a pid of another node, `Node' (`convoy:send/2' read it).
+-spec send_remote(node(), pid(), term()) -> ok.
+send_remote(Node, Pid, Msg) ->
+    remote(persistent_term:get(?RUNTIME_KEY, undefined), Node, Pid, Msg).
 
 %% @doc See `convoy:send/3' (options already checked there).
 -spec send(convoy:dest(), term(), convoy:send_options()) -> ok | {error, overload}.
