@@ -293,7 +293,7 @@ loop_ns({guarded, Fun}, #{n := N, repeat := R}) ->
     %% (its held word starts empty), its batcher suspended as the lane is
     median([begin
                 ok = convoy_bench_handover:start([node()]),
-                Batcher = whereis(convoy_bench_handover_guarded),
+                Batcher = convoy_bench_handover:guarded_batcher(),
                 true = erlang:suspend_process(Batcher),
                 Ns = cpu_ns(fun() -> repeat(Fun, N) end) / N,
                 ok = convoy_bench_handover:stop([node()]),

@@ -26,7 +26,7 @@
 %% `handover' is the floor of any design that keeps those promises per message.
 -module(convoy_bench_handover).
 
--export([start/1, stop/1, send/2, send_guarded/2]).
+-export([start/1, stop/1, send/2, send_guarded/2, guarded_batcher/0]).
 %% Spawned on the nodes taking part.
 -export([init_deliverer/1, init_batcher/1, init_guarded_batcher/1]).
 
@@ -106,6 +106,11 @@ marked(Node) ->
         undefined -> put(?MARKED_KEY, #{Node => true});
         Marked -> put(?MARKED_KEY, Marked#{Node => true})
     end.
+
+%% @doc The guarded variant's batcher on this node (`undefined' when not started).
+-spec guarded_batcher() -> pid() | undefined.
+guarded_batcher() ->
+    whereis(?GUARDED_BATCHER).
 
 -compile({inline, [node_of/1, to/1]}).
 node_of(Pid) when is_pid(Pid) -> node(Pid);
