@@ -40,8 +40,9 @@
 -define(LARGE, 65536).
 -define(MAX_MSGS, 1000000).
 -define(MAX_BYTES, 64 * 1024 * 1024).
-%% One held word: messages above bit 40, bytes below.
--define(MSG, (1 bsl 40)).
+%% One held word: messages above BYTE_BITS, bytes below.
+-define(BYTE_BITS, 40).
+-define(MSG, (1 bsl ?BYTE_BITS)).
 -define(BYTES_MASK, (?MSG - 1)).
 
 -type dest() :: pid() | {atom(), node()}.
@@ -87,7 +88,7 @@ guarded(Held, Node, Dest, Msg) ->
             marked(Node),
             Add = ?MSG + Bytes,
             W = atomics:add_get(Held, 1, Add),
-            case W bsr 40 =< ?MAX_MSGS andalso W band ?BYTES_MASK =< ?MAX_BYTES of
+            case W bsr ?BYTE_BITS =< ?MAX_MSGS andalso W band ?BYTES_MASK =< ?MAX_BYTES of
                 true ->
                     ?GUARDED_BATCHER ! {Dest, Msg, Bytes},
                     ok;
