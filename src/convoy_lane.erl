@@ -95,7 +95,10 @@
             %% nodes marked unanswered: when (ms) a probe (a barrier tagged with
             %% the secret) was last sent to each, see `probe/2'
             probes = #{} :: #{node() => integer()},
-            probe_secret = make_ref() :: reference()}).
+            probe_secret = make_ref() :: reference(),
+            %% senders waiting for a barrier's answer whose admission this lane
+            %% disposes of when the wait ends or the sender dies: their monitors
+            owed = #{} :: #{pid() => reference()}}).
 
 %% Held: `none', `all' (nodes are released by convoy_control) or a list of nodes.
 -spec start_link(pos_integer(), none | all | [node()], #runtime{}, {pid(), reference()}) ->
@@ -246,6 +249,15 @@ handle({?TAG_WAIT, Node, Alias, Bytes}, Now, S = #s{rt = RT})
     Room = convoy_held:has_room(H, Bytes, RT#runtime.max_buffered,
                                 RT#runtime.max_buffered_bytes),
     core({wait, Node, Alias, Room}, Now, S);
+handle({?TAG_OWED, Pid}, _Now, S = #s{owed = Owed})
+  when is_pid(Pid), node(Pid) =:= node(), not is_map_key(Pid, Owed) ->
+    S#s{owed = Owed#{Pid => erlang:monitor(process, Pid)}};
+handle({?TAG_OWED_DONE, Pid}, _Now, S = #s{owed = Owed}) when is_map_key(Pid, Owed) ->
+    true = erlang:demonitor(maps:get(Pid, Owed), [flush]),
+    owed_disposed(Pid, S);
+handle({'DOWN', Mon, process, Pid, _}, _Now, S = #s{owed = Owed})
+  when map_get(Pid, Owed) =:= Mon ->
+    owed_disposed(Pid, S);
 handle({?TAG_FLUSH, Which, ReplyTo, Tag}, Now, S)
   when is_atom(Which), is_pid(ReplyTo) orelse is_reference(ReplyTo) ->
     core({flush, Which, ReplyTo, Tag}, Now, S);
@@ -271,6 +283,12 @@ handle({system, From, Req}, _Now, S) ->
     sys:handle_system_msg(Req, From, S#s.parent, ?MODULE, [], S);
 handle(_Other, _Now, S) ->
     stray(S).
+
+%% A sender's admission held across its wait (`convoy_route:barrier/7'): disposed
+%% of once, when the wait ends or the sender dies, whichever comes first.
+owed_disposed(Pid, S = #s{owed = Owed, slots = Slots}) ->
+    ok = convoy_slots:dispose(Slots, 1),
+    S#s{owed = maps:remove(Pid, Owed)}.
 
 %% Stray, duplicated or malformed: counted, never fatal.
 stray(S) ->

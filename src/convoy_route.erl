@@ -209,9 +209,30 @@ one_by_one(RT, Remote) ->
 %% the lane. The admissions are disposed of once everything is sent or handed
 %% over (meanwhile the lane is not idle for others). Returns the nodes left to
 %% send one by one.
-together(_RT, []) ->
+together(RT, Nodes) ->
+    admit_many(RT, Nodes, fun(L, Slots, V, K) ->
+        case may_bypass_many(RT) andalso idle(RT, L, V - K + 1) of
+            true ->
+                %% Idle: nothing of this sender's is left in the lane, and the
+                %% batches to the inbox need no admission. It is disposed of
+                %% before they are encoded (which takes long for large ones), so
+                %% a sender killed meanwhile holds none; the nodes the inbox did
+                %% not take are admitted again for the hand-over.
+                ok = convoy_slots:dispose(Slots, K),
+                ToLane = [G || G <- Nodes, not via_inbox_many(RT, L, G)],
+                admit_many(RT, ToLane, fun(L1, Slots1, _V, K1) ->
+                                               hand_over_many(RT, L1, Slots1, ToLane, K1)
+                                       end);
+            false ->
+                hand_over_many(RT, L, Slots, Nodes, K)
+        end
+    end).
+
+%% One admission for the messages of Nodes, then Admitted(L, Slots, V, K); on a
+%% closed lane (retired or stopping, its successor published) they start again.
+admit_many(_RT, [], _Admitted) ->
     [];
-together(RT = #runtime{lanes = Lanes}, Nodes) ->
+admit_many(RT, Nodes, Admitted) ->
     L = lane_of(RT),
     Slots = slots(RT, L),
     K = lists:foldl(fun({_Node, _Entries, _Bytes, {_, Tos}}, Acc) -> Acc + length(Tos) end, 0,
@@ -219,19 +240,20 @@ together(RT = #runtime{lanes = Lanes}, Nodes) ->
     V = convoy_slots:admit_many(Slots, K),
     case convoy_slots:is_closed(V) of
         true ->
-            %% The lane is retired or stopping; its successor is published.
             many(refreshed(RT), [Group || {_Node, _Entries, _Bytes, Group} <- Nodes]),
             [];
         false ->
-            ToLane = case may_bypass_many(RT) andalso idle(RT, L, V - K + 1) of
-                         true -> [G || G <- Nodes, not via_inbox_many(RT, L, G)];
-                         false -> Nodes
-                     end,
-            {Sends, N, Left} = held_sends(RT, ToLane, [], 0, []),
-            ok = convoy_slots:dispose(Slots, K - N),
-            _ = N =:= 0 orelse erlang:send(element(L, Lanes), {?TAG_SENDS, Sends, N}),
-            Left
+            Admitted(L, Slots, V, K)
     end.
+
+%% Admitted K: the nodes with room for all their messages go to the lane in one
+%% hand-over, the rest of the admissions are disposed of at once (no wait between
+%% the admission and either). Returns the nodes left to send one by one.
+hand_over_many(#runtime{lanes = Lanes} = RT, L, Slots, Nodes, K) ->
+    {Sends, N, Left} = held_sends(RT, Nodes, [], 0, []),
+    ok = convoy_slots:dispose(Slots, K - N),
+    _ = N =:= 0 orelse erlang:send(element(L, Lanes), {?TAG_SENDS, Sends, N}),
+    Left.
 
 %% A send_many's batch may bypass an idle lane unless batching is forced: it is a
 %% batch already, so the lane's calm does not matter.
@@ -619,12 +641,15 @@ bypass_by_route(S = #send{rt = RT, lane = L, node = Node, size = Size}, Calm) ->
         lane ->
             to_lane(S);
         barrier_direct ->
-            case barrier(RT, L, Node, Inboxes, C, []) of
+            %% The lane was idle: what the barrier confirms needs no admission
+            %% held across the wait, and a sender killed in it holds none.
+            ok = dispose(S),
+            case barrier(RT, L, Node, Inboxes, C, [], none) of
                 ok ->
                     unmark(Node),
-                    admitted_direct(S, C);
+                    direct_send(RT, L, Node, S#send.to, S#send.msg, Size);
                 _TimeoutOrNotSent ->
-                    to_lane(S)
+                    admit(S, lane)
             end
     end.
 
@@ -635,17 +660,18 @@ bypass_by_route(S = #send{rt = RT, lane = L, node = Node, size = Size}, Calm) ->
 %% the barrier: behind a busy connection a barrier costs a whole drain of it, and
 %% a barrier first, then the message, waited two. If no answer comes in time the
 %% message is on its way all the same; the sender stays marked. The admission is
-%% disposed of only after the wait, as when the barrier goes first: meanwhile the
-%% lane is not idle, so its other senders go through it and their messages form
-%% batches (disposed of at once, many request/response pairs lost to `!').
+%% disposed of only after the wait: meanwhile the lane is not idle, so its other
+%% senders go through it and their messages form batches (disposed of at once,
+%% many request/response pairs lost to `!'). The lane holds it for the wait
+%% (`barrier/7', `owed'), so a sender killed meanwhile does not keep it.
 inbox_then_barrier(S = #send{rt = RT, lane = L, node = Node, to = To, msg = Msg}, Inboxes, C) ->
     mark(Node),
-    case barrier(RT, L, Node, Inboxes, C, [{To, Msg}]) of
+    case barrier(RT, L, Node, Inboxes, C, [{To, Msg}], owed) of
         ok ->
             unmark(Node),
-            disposed(S, C);
+            count_direct(C);
         timeout ->
-            disposed(S, C);
+            count_direct(C);
         not_sent ->
             to_lane(S)
     end.
@@ -896,42 +922,64 @@ overloaded(S = #send{rt = RT = #runtime{overload = drop}}, C, _H) ->
 overloaded(S = #send{rt = #runtime{overload = error}}, C, _H) ->
     refuse(S, C).
 
-%% Wait for room at most Timeout ms. A wait that runs out marks the node (see
+%% Wait for room at most Timeout ms. The admission is disposed of before the wait
+%% and taken again once room is found (`readmitted/4'): the message is in no lane
+%% meanwhile, so whether the lane is idle does not matter to it, and a sender
+%% killed while it waits holds none. A wait that runs out marks the node (see
 %% `convoy_metrics:unanswered/2'): until it answers again, the next sender over
-%% the bound is refused at once instead of waiting as long again.
+%% the bound is refused at once instead of waiting as long again; a wait under
+%% way gives up as soon as the node is so marked (`wait_loop/8'), so a stall
+%% costs a sender one wait, not one per message.
 block(S = #send{rt = RT, lane = L, node = Node, size = Size}, C, H, Timeout) ->
+    ok = dispose(S),
     {_Kind, Bytes} = kind(Size),
     T0 = erlang:monotonic_time(),
     Deadline = T0 + erlang:convert_time_unit(Timeout, millisecond, native),
-    Result = wait_room(RT, L, Node, H, Bytes, Deadline),
+    Result = wait_room(RT, L, Node, C, H, Bytes, Deadline),
     Waited = erlang:monotonic_time() - T0,
     convoy_metrics:add(C, blocked_us, erlang:convert_time_unit(Waited, native, microsecond)),
     event(RT, [convoy, overload, blocked], #{duration => Waited},
           #{node => Node, result => Result}),
     case Result of
-        ok -> hand_over(S);
-        closed -> reheld(S);
-        timeout -> unanswered(RT, L, Node, C, room), refuse(S, C)
+        ok -> readmitted(S, H, Bytes, Deadline);
+        closed -> admit(S, lane); % the row was forgotten: to_lane/1 fetches it again
+        timeout -> unanswered(RT, L, Node, C, room), refused(RT, C);
+        unanswered -> refused(RT, C)
+    end.
+
+%% Room was taken for the message: it is admitted again and handed to the lane; on
+%% a closed lane (retired or stopping meanwhile) the room is given back and the
+%% message starts again under the new runtime, within what is left of its wait.
+readmitted(S = #send{rt = RT, lane = L}, H, Bytes, Deadline) ->
+    case admission(RT, L) of
+        closed ->
+            ok = convoy_held:release(H, 1, Bytes),
+            Left = erlang:convert_time_unit(max(0, Deadline - erlang:monotonic_time()), native,
+                                            millisecond),
+            restart(S#send{rt = RT#runtime{block_timeout = Left}});
+        _V ->
+            hand_over(S)
     end.
 
 %% A blocked sender registers with its lane once, and again only after a wake-up
 %% that found no room (another sender took it); the lane wakes waiters oldest
 %% first as it frees room. A sender also looks again every 50 ms without asking
-%% the lane (room freed by another lane, a wake-up spent on a sender gone).
-wait_room(RT = #runtime{lanes = Lanes}, L, Node, H, Bytes, Deadline) ->
+%% the lane (room freed by another lane, a wake-up spent on a sender gone, the
+%% node marked meanwhile).
+wait_room(RT = #runtime{lanes = Lanes}, L, Node, C, H, Bytes, Deadline) ->
     case hold(RT, H, Bytes) of
         full ->
             Lane = element(L, Lanes),
             Mon = erlang:monitor(process, Lane, [{alias, demonitor}]),
             Lane ! {?TAG_WAIT, Node, Mon, Bytes},
-            Result = wait_loop(RT, Lane, Mon, Node, H, Bytes, Deadline),
+            Result = wait_loop(RT, Lane, Mon, Node, C, H, Bytes, Deadline),
             erlang:demonitor(Mon, [flush]),
             Result;
         OkOrClosed ->
             OkOrClosed
     end.
 
-wait_loop(RT, Lane, Mon, Node, H, Bytes, Deadline) ->
+wait_loop(RT, Lane, Mon, Node, C, H, Bytes, Deadline) ->
     Left = (erlang:convert_time_unit(Deadline - erlang:monotonic_time(), native, microsecond)
             + 999) div 1000, % rounded up: never give up before block_timeout
     receive
@@ -939,7 +987,7 @@ wait_loop(RT, Lane, Mon, Node, H, Bytes, Deadline) ->
             case hold(RT, H, Bytes) of
                 full ->
                     Lane ! {?TAG_WAIT, Node, Mon, Bytes},
-                    wait_loop(RT, Lane, Mon, Node, H, Bytes, Deadline);
+                    wait_loop(RT, Lane, Mon, Node, C, H, Bytes, Deadline);
                 OkOrClosed ->
                     OkOrClosed
             end;
@@ -947,24 +995,31 @@ wait_loop(RT, Lane, Mon, Node, H, Bytes, Deadline) ->
             timeout
     after max(0, min(Left, 50)) ->
         case hold(RT, H, Bytes) of
-            full when Left =< 0 -> timeout;
-            full -> wait_loop(RT, Lane, Mon, Node, H, Bytes, Deadline);
-            OkOrClosed -> OkOrClosed
+            full when Left =< 0 ->
+                timeout;
+            full ->
+                case convoy_metrics:may_wait_for_room(C) of
+                    true -> wait_loop(RT, Lane, Mon, Node, C, H, Bytes, Deadline);
+                    false -> unanswered % the node did not answer the lane's probe
+                end;
+            OkOrClosed ->
+                OkOrClosed
         end
     end.
 
-%% Not sent: counted as dropped (send/2, or policy drop) or refused (send/3).
-refuse(S = #send{rt = #runtime{refuse = Refuse}}, C) ->
+%% Not sent: the admission disposed of, counted as dropped (send/2, or policy
+%% drop) or refused (send/3).
+refuse(S = #send{rt = RT}, C) ->
     ok = dispose(S),
-    case Refuse of
-        drop ->
-            convoy_metrics:add(C, accepted, 1),
-            convoy_metrics:add(C, dropped, 1),
-            ok;
-        error ->
-            convoy_metrics:add(C, refused, 1),
-            {error, overload}
-    end.
+    refused(RT, C).
+
+refused(#runtime{refuse = drop}, C) ->
+    convoy_metrics:add(C, accepted, 1),
+    convoy_metrics:add(C, dropped, 1),
+    ok;
+refused(#runtime{refuse = error}, C) ->
+    convoy_metrics:add(C, refused, 1),
+    {error, overload}.
 
 event(#runtime{telemetry = On}, Name, Measurements, Meta) ->
     convoy_metrics:emit(On, Name, Measurements, Meta).
@@ -980,13 +1035,18 @@ event(#runtime{telemetry = On}, Name, Measurements, Meta) ->
 %% was in the mailbox before the monitor was set up. A tag that only contained
 %% the reference made each wait scan the caller's whole mailbox, which for a
 %% server answering a flood holds thousands of requests.
+%% With `owed', the caller's admission is the lane's to dispose of once sent: the
+%% lane is told before the wait and when it ends, and disposes of it then, or
+%% when the caller dies meanwhile (`convoy_lane', `?TAG_OWED').
 barrier(RT = #runtime{lanes = Lanes, barrier_timeout = Timeout}, L, Node, Inboxes, C,
-        Entries) ->
-    Mon = erlang:monitor(process, element(L, Lanes), [{alias, demonitor}]),
+        Entries, Admission) ->
+    Lane = element(L, Lanes),
+    Mon = erlang:monitor(process, Lane, [{alias, demonitor}]),
     Inbox = {convoy_wire:lane_inbox(L, Inboxes), Node},
     Batch = convoy_wire:batch(node(), Entries ++ [convoy_wire:barrier(Mon, Mon)]),
     Result = case erlang:send(Inbox, Batch, ?DIRECT_OPTS) of
                  ok ->
+                     _ = Admission =:= owed andalso erlang:send(Lane, {?TAG_OWED, self()}),
                      T0 = erlang:monotonic_time(),
                      Answer = receive
                                   {Mon, convoy_barrier} -> ok;
@@ -994,6 +1054,7 @@ barrier(RT = #runtime{lanes = Lanes, barrier_timeout = Timeout}, L, Node, Inboxe
                               after Timeout ->
                                   timeout
                               end,
+                     _ = Admission =:= owed andalso erlang:send(Lane, {?TAG_OWED_DONE, self()}),
                      waited(RT, C, Node, barrier, T0, Answer),
                      Answer;
                  _NoSuspendOrNoConnect ->
@@ -1278,13 +1339,8 @@ behind_pieces(RT, Node, Inbox, Entry, Next) ->
 
 refuse_behind_pieces(_RT, undefined) ->
     ok;
-refuse_behind_pieces(#runtime{refuse = drop}, C) ->
-    convoy_metrics:add(C, accepted, 1),
-    convoy_metrics:add(C, dropped, 1),
-    ok;
-refuse_behind_pieces(#runtime{refuse = error}, C) ->
-    convoy_metrics:add(C, refused, 1),
-    {error, overload}.
+refuse_behind_pieces(RT, C) ->
+    refused(RT, C).
 
 %% The inbox lane L ships to on Node now (`none' when Node is not a convoy peer).
 lane_inbox(L, Node) ->

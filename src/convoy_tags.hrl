@@ -25,6 +25,11 @@
 -define(TAG_WAIT, '$convoy_wait').
 -define(TAG_PROBE, '$convoy_probe').
 -define(TAG_FLUSH, '$convoy_flush').
+%% A sender waiting for a barrier's answer with an admission that the lane
+%% disposes of (`{?TAG_OWED, Sender}' before the wait, `{?TAG_OWED_DONE, Sender}'
+%% after it; or the sender's `DOWN' if it dies meanwhile).
+-define(TAG_OWED, '$convoy_owed').
+-define(TAG_OWED_DONE, '$convoy_owed_done').
 %% In a lane's queues (convoy_lane_core, convoy_batch): `{?TAG_LARGE, To, Msg}'
 %% (a large message) and `{?TAG_MARK, Id, Node}' (a flush waiting for what is
 %% before it to leave).
