@@ -26,6 +26,9 @@
 %% its batcher suspended as the lane is): a hand-over with only the per-message
 %% work convoy's promises need, the floor of any design that keeps them.
 %%
+%% Then the first send of a fresh process, as in the seed's flood (`[fresh]'),
+%% for convoy, the guarded floor, the bare hand-over and `!'.
+%%
 %% Last, the send call where the hot-path's cost shows (`[exchange]'): one, then
 %% four request/response pairs between A and B, both sides sending by
 %% `convoy:send/2', then by `!' behind one call to another module's function
@@ -78,8 +81,8 @@ text(Rows) ->
      "repeats, CPU time of node A; [exchange]: the call inside 1 or 4 "
      "request/response pairs, median of alternated phases, wall time; others: "
      "fastest of repeats, wall time\n",
-     io_lib:format("  ~-58s ~9s ~9s~n", ["step", "atom", "event"]),
-     [io_lib:format("  ~-58s ~9.1f ~9.1f~n", [S, ns(Rows, S, atom), ns(Rows, S, event)])
+     io_lib:format("  ~-62s ~9s ~9s~n", ["step", "atom", "event"]),
+     [io_lib:format("  ~-62s ~9.1f ~9.1f~n", [S, ns(Rows, S, atom), ns(Rows, S, event)])
       || S <- Ordered]].
 
 ns(Rows, Step, Shape) ->
@@ -95,8 +98,84 @@ sink() ->
                         exchange_ms := pos_integer()}) -> [row()].
 measure(Sink, Params) ->
     process_flag(priority, high),
-    lists:append([shape_rows(Shape, Sink, Params) ++ exchange_rows(Shape, node(Sink), Params)
+    lists:append([shape_rows(Shape, Sink, Params) ++ fresh_rows(Shape, Sink, Params)
+                  ++ exchange_rows(Shape, node(Sink), Params)
                   || Shape <- [atom, event]]).
+
+%% The seed's flood: each pinger is a fresh process that sends once. For each
+%% way of sending, K fresh processes, one after the other, each time its one
+%% send (`[fresh] ... in the call': the median, wall time) and report it; and
+%% node A's CPU per process for the same (`[fresh cpu]'), less that of processes
+%% that only time nothing and report (spawn, report and exit stay out). What a
+%% send leaves in a process (its dictionary, its heap) is paid in the process's
+%% exit, which the CPU figure includes and the call's does not.
+-define(FRESH_MODES, [{convoy, <<"convoy:send/2">>},
+                      {guarded, <<"guarded send_guarded/2">>},
+                      {handover, <<"hand-over (5-tuple)">>},
+                      {plain, <<"! to the remote process">>}]).
+
+fresh_rows(Shape, Sink, #{n := N, repeat := R}) ->
+    K = min(N, 100000),
+    Msg = message(Shape),
+    Base = median([element(2, fresh_run(fun() -> ok end, K)) || _ <- lists:seq(1, R)]),
+    lists:append(
+      [begin
+           Runs = [fresh_env(Mode, Sink, Msg, fun(Send) -> fresh_run(Send, K) end)
+                   || _ <- lists:seq(1, R)],
+           [#{step => <<"[fresh] first send, in the call: ", Name/binary>>,
+              shape => Shape, ns => float(median([Call || {Call, _} <- Runs]))},
+            #{step => <<"[fresh cpu] first send, per process: ", Name/binary>>,
+              shape => Shape, ns => max(0.0, median([Cpu || {_, Cpu} <- Runs]) - Base)}]
+       end || {Mode, Name} <- ?FRESH_MODES]).
+
+%% Run(Send) where Send makes the mode's send; the lane (or the guarded batcher,
+%% or the hand-over's receiver) suspended meanwhile, so every send is batched.
+fresh_env(convoy, Sink, Msg, Run) ->
+    Lanes = tuple_to_list((persistent_term:get(?RUNTIME_KEY))#runtime.lanes),
+    [true = erlang:suspend_process(L) || L <- Lanes],
+    Result = Run(fun() -> convoy:send(Sink, Msg) end),
+    [true = erlang:resume_process(L) || L <- Lanes],
+    ok = convoy:flush(),
+    Result;
+fresh_env(guarded, Sink, Msg, Run) ->
+    ok = convoy_bench_handover:start([node()]),
+    true = erlang:suspend_process(convoy_bench_handover:guarded_batcher()),
+    Result = Run(fun() -> convoy_bench_handover:send_guarded(Sink, Msg) end),
+    ok = convoy_bench_handover:stop([node()]),
+    Result;
+fresh_env(handover, Sink, Msg, Run) ->
+    P = spawn_opt(fun() -> receive stop -> ok end end, [{message_queue_data, off_heap}]),
+    true = erlang:suspend_process(P),
+    Node = node(Sink),
+    Result = Run(fun() -> P ! {'$convoy_send', Node, Sink, Msg, 0} end),
+    exit(P, kill),
+    Result;
+fresh_env(plain, Sink, Msg, Run) ->
+    Run(fun() -> Sink ! Msg end).
+
+%% K fresh processes, one at a time, each timing Send once: {median ns in the
+%% call, CPU ns of node A per process}.
+fresh_run(Send, K) ->
+    Self = self(),
+    {T0, _} = statistics(runtime),
+    Times = fresh_spawn(Self, Send, K, []),
+    {T1, _} = statistics(runtime),
+    {median(Times), (T1 - T0) * 1.0e6 / K}.
+
+fresh_spawn(_Self, _Send, 0, Acc) ->
+    Acc;
+fresh_spawn(Self, Send, K, Acc) ->
+    Pid = spawn(fun() ->
+                        T0 = erlang:monotonic_time(),
+                        _ = Send(),
+                        T1 = erlang:monotonic_time(),
+                        Self ! {self(), T1 - T0}
+                end),
+    receive
+        {Pid, Native} ->
+            fresh_spawn(Self, Send, K - 1,
+                        [erlang:convert_time_unit(Native, native, nanosecond) | Acc])
+    end.
 
 %% The send call's cost inside an exchange: the modes alternated phase by
 %% phase (the machine's load drifts), each phase on fresh pairs. One pair waits

@@ -228,6 +228,12 @@ cost_tiny(_Config) ->
     %% the guarded floor beside the whole send (CPU time in milliseconds: a tiny
     %% loop may read 0)
     ?assertEqual(2, length([R || R = #{step := <<"[cpu] guarded floor", _/binary>>} <- Rows])),
+    %% a fresh process's first send, in the call and in CPU, for each way of sending
+    Fresh = [S || S = <<"[fresh", _/binary>> <- Steps],
+    ?assertEqual(8, length(Fresh)),
+    [?assertEqual(2, length([S || S <- Fresh, binary:match(S, Mode) =/= nomatch]), Mode)
+     || Mode <- [<<"convoy:send/2">>, <<"send_guarded/2">>, <<"hand-over">>, <<"! to the">>]],
+    [?assert(Ns > 0) || #{step := <<"[fresh] ", _/binary>>, ns := Ns} <- Rows],
     ok.
 
 %% Running nodes given with --nodes: the harness loads its own code there; the
