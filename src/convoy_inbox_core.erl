@@ -34,10 +34,12 @@
 %% Runs. Publish entries to the same group, or multicast entries to the same
 %% destinations, one after the other, are delivered destination by destination:
 %% each gets the run's messages back to back, in order, so it is woken once for
-%% all of them, and a pid's incarnation is checked once per run. Only when no
-%% destination is listed twice (else a second copy of the first message would
-%% come after the second message); a run lasts while one destination's sends of
-%% all its messages stay within the budget.
+%% all of them, and a pid's incarnation is checked once per run. Only when the
+%% destinations are provably distinct processes, distinct pids (else a process
+%% listed twice, or as a pid and by a name or an alias, would get a second copy
+%% of the first message after the second message): otherwise each entry goes to
+%% all its destinations before the next, as a loop of `!' sends. A run lasts
+%% while one destination's sends of all its messages stay within the budget.
 %%
 %% Incarnations. A pid or alias of an old incarnation of this node (same name,
 %% another `creation') is counted `undeliverable' and not sent to, as `!' drops
@@ -406,7 +408,7 @@ publish_run(Members, Scope, Group, Msg, Rest, D = #d{from = From, local = Local}
            end,
     case Rest of
         [E | _] ->
-            case Next(E) =/= stop andalso distinct(Members) of
+            case Next(E) =/= stop andalso distinct_pids(Members) of
                 true -> run(Rest, Next, [Msg], Each, 1, D#d.budget);
                 false -> {[Msg], Each, 1, Rest}
             end;
@@ -425,7 +427,7 @@ multicast_run(Tos, Msg, Cost, Rest, D) ->
            end,
     case Rest of
         [E | _] when N >= 2 ->
-            case Next(E) =/= stop andalso distinct(Tos) of
+            case Next(E) =/= stop andalso distinct_pids(Tos) of
                 true -> run(Rest, Next, [Msg], Cost div N, 1, D#d.budget);
                 false -> none
             end;
@@ -441,13 +443,21 @@ run([E | Rest] = Entries, Next, Acc, Each, K, Budget) ->
 run(Entries, _Next, Acc, Each, K, _Budget) ->
     {lists:reverse(Acc), Each, K, Entries}.
 
-%% (A scope's row that is not pg's may hold an improper list: not distinct.)
-distinct(L) ->
-    try length(L) of
-        Len -> length(lists:usort(L)) =:= Len
-    catch
-        error:badarg -> false
+%% Whether a run's destinations are provably distinct processes: pids, none
+%% listed twice (issue 48). Distinct terms are not enough: a name or an alias can
+%% be the same process as a pid of the list, and a name can change hands during
+%% the run; a pid that joined a pg group twice is a member twice. Distinct pids
+%% of this node are distinct processes (one of an old incarnation is never sent
+%% to). A scope's row that is not pg's may hold anything, an improper list too.
+distinct_pids(L) ->
+    case count_pids(L, 0) of
+        {ok, Len} -> length(lists:usort(L)) =:= Len;
+        other -> false
     end.
+
+count_pids([P | Rest], N) when is_pid(P) -> count_pids(Rest, N + 1);
+count_pids([], N) -> {ok, N};
+count_pids(_, _N) -> other.
 
 %%--------------------------------------------------------------------
 %% Answers to requests

@@ -286,10 +286,16 @@ ship(Node, Reason, {C = #core{queues = Q, max_batch = MB}, A}) ->
             end
     end.
 
-is_mark(E) -> element(1, E) =:= ?TAG_MARK.
+%% A mark is told from a message by its whole shape, never by its first element
+%% alone: a message's entry is `{To, Msg}' (To a name, which may be any atom,
+%% '$convoy_mark' too) or `{?TAG_LARGE, To, Msg}', so no message is a 3-tuple
+%% opening with ?TAG_MARK (issue 48).
+is_mark({?TAG_MARK, _, _}) -> true;
+is_mark(_) -> false.
 
 %% A chunk's marks and its messages (wire entries). Marks are rare: one scan in C
-%% tells whether the chunk has any before it is split.
+%% tells whether the chunk may have any before it is split (a message to a name
+%% '$convoy_mark' only costs that split).
 marks(Chunk) ->
     case lists:keymember(?TAG_MARK, 1, Chunk) of
         false -> {[], Chunk};

@@ -2,6 +2,10 @@
 %% Internal: only convoy's own processes send and match them. Tests in test/
 %% spell the atoms out on purpose, so a change here that alters the format
 %% between nodes fails there.
+%%
+%% None may be confused with user data (any term is a message, any atom a name):
+%% how each is told apart is the table "Tags and user data" in doc/design.md.
+%% Match a tag with its whole shape, never by its first element alone.
 
 %% Between nodes (convoy_wire owns the format): the envelope of every message,
 %% `{?TAG_WIRE, Version, Kind, ...}', and the entries of a batch that are not
@@ -32,7 +36,8 @@
 -define(TAG_OWED_DONE, '$convoy_owed_done').
 %% In a lane's queues (convoy_lane_core, convoy_batch): `{?TAG_LARGE, To, Msg}'
 %% (a large message) and `{?TAG_MARK, Id, Node}' (a flush waiting for what is
-%% before it to leave).
+%% before it to leave), the only 3-tuples among entries `{To, Msg}': a message to
+%% a process registered as '$convoy_mark' is `{'$convoy_mark', Msg}'.
 -define(TAG_MARK, '$convoy_mark').
 
 %% Between convoy_control and the lanes, each with the control's secret: a lane

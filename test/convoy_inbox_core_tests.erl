@@ -105,6 +105,33 @@ runs_test() ->
     {_, A3} = batch(a@h, [{[p(1), p(1)], 1}, {[p(1), p(1)], 2}], new()),
     ?assertEqual([1, 1, 2, 2], delivered(A3)).
 
+%% Issue 48: a run goes destination by destination only when its destinations
+%% are distinct pids. A name or an alias may be the same process as a pid of the
+%% list (or two names one process): each entry then goes to all its
+%% destinations before the next, as a loop of `!' would send them.
+runs_only_over_distinct_pids_test() ->
+    Alias = ref(?HERE, 1, ?C),
+    Each = fun(Tos) ->
+                   {_, A} = batch(a@h, [{Tos, 1}, {Tos, 2}, {Tos, 3}], new()),
+                   ?assertEqual([{deliver_each, Tos, 1}, {deliver_each, Tos, 2},
+                                 {deliver_each, Tos, 3}, {received, {tag, a@h}, 3}], A)
+           end,
+    Each([name, p(1), p(2)]),
+    Each([p(1), Alias]),
+    Each([Alias, ref(?HERE, 2, ?C)]),
+    Each([name, other_name]),
+    %% distinct pids: still a run
+    {_, A1} = batch(a@h, [{[p(1), p(2)], 1}, {[p(1), p(2)], 2}], new()),
+    ?assertEqual([{deliver_all, p(1), [1, 2]}, {deliver_all, p(2), [1, 2]},
+                  {received, {tag, a@h}, 2}], A1),
+    %% a group's row that is not of pids (a scope that is not pg's): no run
+    Pub = fun(M) -> convoy_wire:publish(s, g, M) end,
+    {C2, [{members, s, g}]} = batch(a@h, [Pub(1), Pub(2)], new()),
+    {C3, A3} = convoy_inbox_core:handle({members, {ok, [p(1), name]}}, C2),
+    ?assertEqual([{publish, [p(1), name], [1]}, {members, s, g}], A3),
+    {_, A4} = convoy_inbox_core:handle({members, {ok, [p(1), name]}}, C3),
+    ?assertEqual([{publish, [p(1), name], [2]}, {received, {tag, a@h}, 2}], A4).
+
 %% On the node itself: plain sends in a row to names and live pids are one action
 %% over the batch's own entries, ended by anything else (an old incarnation's pid,
 %% a batch as a message, the slice's budget), which is handled as before.

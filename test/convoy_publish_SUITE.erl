@@ -453,9 +453,10 @@ send_tracer(Acc) ->
         {get, From} -> From ! {traced, lists:reverse(Acc)}
     end.
 
-%% The same for multicast entries to the same destinations (pids and a name):
-%% destination by destination, each checked once; a name nobody holds counts
-%% every message as undeliverable; a list with a destination twice is not a run.
+%% The same for multicast entries to the same distinct pids: destination by
+%% destination; a list with a name (which may be one of its pids), or with a
+%% destination twice, is not a run; a name nobody holds counts every message as
+%% undeliverable.
 run_of_multicasts_dest_by_dest(_Config) ->
     start_convoy(),
     {PeerB, B} = convoy_peer(?CT_PEER_NAME(multi_run)),
@@ -467,15 +468,21 @@ run_of_multicasts_dest_by_dest(_Config) ->
     {convoy_inbox_1, B} ! convoy_wire:batch(node(), [{Tos, 1}, {Tos, 2}, {Tos, 3},
                                                      {[R1, R2], 4}, {[R2, R1], 5},
                                                      {Tos, 6},
-                                                     {[R1, R1, R2], 7}, {[R1, R1, R2], 8}]),
-    await_got([R1], [1, 2, 3, 4, 5, 6, 7, 7, 8, 8]),
-    await_got([R2], [1, 2, 3, 4, 5, 6, 7, 8]),
-    await_got([R3], [1, 2, 3, 6]),
+                                                     {[R1, R1, R2], 7}, {[R1, R1, R2], 8},
+                                                     {[R1, R2, R3], 9}, {[R1, R2, R3], 10}]),
+    await_got([R1], [1, 2, 3, 4, 5, 6, 7, 7, 8, 8, 9, 10]),
+    await_got([R2], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]),
+    await_got([R3], [1, 2, 3, 6, 9, 10]),
     Sends = peer:call(PeerB, convoy_ct_peers, traced, [Tracer]),
-    %% (the trace shows the attempts to the name nobody holds too)
-    ?assertEqual([{To, X} || To <- Tos, X <- [1, 2, 3]],
+    %% Names in the list: no run (a name may be a pid of the list), each entry to
+    %% all its destinations in turn. (The trace shows the attempts to the name
+    %% nobody holds too.)
+    ?assertEqual([{To, X} || X <- [1, 2, 3], To <- Tos],
                  [{To, X} || {To, X} <- Sends, lists:member(X, [1, 2, 3])]),
     ?assertEqual([{R1, 7}, {R1, 7}, {R2, 7}, {R1, 8}, {R1, 8}, {R2, 8}],
                  [{To, X} || {To, X} <- Sends, lists:member(X, [7, 8])]),
+    %% distinct pids: a run, destination by destination
+    ?assertEqual([{To, X} || To <- [R1, R2, R3], X <- [9, 10]],
+                 [{To, X} || {To, X} <- Sends, lists:member(X, [9, 10])]),
     %% multi_run_nobody: 1, 2, 3 and 6
     ?assertEqual(4, maps:get(undeliverable, rejected(PeerB)) - maps:get(undeliverable, Before)).

@@ -150,7 +150,10 @@ cmd(retire, St) ->
 handed(Sender, Node, Kind, Bytes, St = #{seq := Seq, handed := H, handed_by := HB,
                                          bytes_by := BB}) ->
     Id = {Sender, Seq},
+    %% Sender 3 sends its small messages to a process registered as
+    %% '$convoy_mark' (any atom is a name): its entries must not pass for marks.
     M = case Kind of
+            small when Sender =:= 3 -> {'$convoy_send', Node, '$convoy_mark', Id, Bytes};
             small -> {'$convoy_send', Node, {s, Sender}, Id, Bytes};
             large -> {'$convoy_large', Node, {s, Sender}, Id, Bytes};
             multicast -> {'$convoy_multicast', Node, [{s, Sender}, {t, Sender}], Id, Bytes}
@@ -179,7 +182,7 @@ act({ship, Node, Wire, _Reason}, St = #{core := C, max_batch := MB, shutdown := 
     Large = [E || {'$convoy_large', _, _} = E <- Wire],
     %% Large messages never share a chunk with others (a run of them may).
     (Large =:= [] orelse length(Large) =:= length(Wire)) orelse throw({large_not_alone, Wire}),
-    [] =:= [E || E <- Wire, element(1, E) =:= '$convoy_mark'] orelse throw({mark_shipped, Wire}),
+    [] =:= [E || {'$convoy_mark', _, _} = E <- Wire] orelse throw({mark_shipped, Wire}),
     Down orelse not is_held(Node, C) orelse throw({shipped_held_node, Node}),
     {Outcome, St1} = network(Node, Wire, St),
     event({shipped, Node, Outcome}, St1);
@@ -401,3 +404,20 @@ requeued_behind_flush_mark_leaves_test() ->
     Cmds = [{flush, all}, {mode, b@h, unconnected}, {flush, all}, {send, 1, b@h, small, 0},
             {hold, []}],
     ?assertEqual(ok, catch run(Cmds, init(2, 1, all, true), false)).
+
+%% Issue 48: a message to a process registered as '$convoy_mark' (or under
+%% another of convoy's tags) queued with a flush mark behind it is a message like
+%% any other: it ships, the flush is answered, the lane does not crash.
+tag_named_destinations_test() ->
+    C0 = convoy_lane_core:new(none, {1000, 1000}, true),
+    Sends = [{'$convoy_send', b@h, Name, {m, Name}, 1}
+             || Name <- ['$convoy_mark', '$convoy_large', '$convoy_publish', '$convoy_send']],
+    {C1, _} = lists:foldl(fun(M, {C, _}) -> convoy_lane_core:handle({send, M}, 0, C) end,
+                          {C0, []}, Sends),
+    {C2, A2} = convoy_lane_core:handle({flush, b@h, self(), t}, 0, C1),
+    ?assertMatch([{accepted, b@h, 4}, {ship, b@h, _, drained}], A2),
+    {ship, b@h, Wire, drained} = lists:last(A2),
+    ?assertEqual([{Name, Msg} || {_, _, Name, Msg, _} <- Sends], Wire),
+    {_, A3} = convoy_lane_core:handle({shipped, b@h, {sent, 1, convoy}}, 0, C2),
+    ?assertMatch([{sent, b@h, 4, 1, drained, convoy}, {disposed, b@h, 4, 4},
+                  {reply, _, t} | _], A3).
