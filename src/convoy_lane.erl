@@ -40,7 +40,7 @@
 %% it, so no chunk of a dead lane can arrive after what its replacement ships.
 -module(convoy_lane).
 
--export([start_link/4, flush/3]).
+-export([start_link/4, flush/3, end_wait/2]).
 -export([init/5, system_continue/3, system_terminate/4, system_get_state/1,
          system_code_change/4]).
 
@@ -119,8 +119,18 @@ flush(Lane, Which, Timeout) ->
              after Timeout ->
                  timeout
              end,
-    erlang:demonitor(Mon, [flush]),
+    end_wait(Mon, Result =/= ok),
     Result.
+
+%% @doc End a wait for an answer tagged `Mon', a monitor of the lane with
+%% `{alias, demonitor}': the demonitor deactivates the alias, so no answer comes
+%% after it, and with `Unanswered' (the wait ended without taking its answer) one
+%% that came just before is taken out of the caller's mailbox.
+-spec end_wait(reference(), boolean()) -> ok.
+end_wait(Mon, Unanswered) ->
+    erlang:demonitor(Mon, [flush]),
+    _ = Unanswered andalso receive {Mon, _} -> true after 0 -> false end,
+    ok.
 
 -spec init(pid(), pos_integer(), none | all | [node()], #runtime{}, {pid(), reference()}) ->
           no_return().

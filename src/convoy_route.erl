@@ -973,7 +973,8 @@ wait_room(RT = #runtime{lanes = Lanes}, L, Node, C, H, Bytes, Deadline) ->
             Mon = erlang:monitor(process, Lane, [{alias, demonitor}]),
             Lane ! {?TAG_WAIT, Node, Mon, Bytes},
             Result = wait_loop(RT, Lane, Mon, Node, C, H, Bytes, Deadline),
-            erlang:demonitor(Mon, [flush]),
+            %% a wake-up may be on its way whatever ended the wait
+            ok = convoy_lane:end_wait(Mon, true),
             Result;
         OkOrClosed ->
             OkOrClosed
@@ -1029,8 +1030,8 @@ event(#runtime{telemetry = On}, Name, Measurements, Meta) ->
 %% answer, which comes once the inbox has delivered them and everything this
 %% sender sent before: ok, timeout, or not_sent (the connection was busy or down).
 %% The lane is monitored: if it goes, its inbox may not answer. Demonitoring
-%% deactivates the alias: a late answer is dropped by the runtime, never left in
-%% the mailbox. The answer's tag is the monitor's reference itself, so that every
+%% deactivates the alias: a later answer is dropped by the runtime, and one that
+%% came just before is taken out of the mailbox (`convoy_lane:end_wait/2'). The answer's tag is the monitor's reference itself, so that every
 %% clause of the receive names it: the compiler then has the receive skip what
 %% was in the mailbox before the monitor was set up. A tag that only contained
 %% the reference made each wait scan the caller's whole mailbox, which for a
@@ -1060,7 +1061,7 @@ barrier(RT = #runtime{lanes = Lanes, barrier_timeout = Timeout}, L, Node, Inboxe
                  _NoSuspendOrNoConnect ->
                      not_sent
              end,
-    erlang:demonitor(Mon, [flush]),
+    ok = convoy_lane:end_wait(Mon, Result =:= timeout orelse Result =:= lane_down),
     case Result of
         lane_down -> timeout; % not the node's doing: it is not marked
         _ -> Result
