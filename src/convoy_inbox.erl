@@ -22,29 +22,45 @@
 %%
 %% Pieces of large messages (version 2, `convoy_chunk') are stored and acked as
 %% they come; the last one delivers the whole message in its place. The inbox
-%% monitors the sender named in a message's first piece (see `convoy_chunk_send'):
+%% watches the sender named in a message's first piece (see `convoy_chunk_send'):
 %% its `DOWN' (and a `nodedown') discards the partial message, and so does its
-%% moving on without it (it no longer monitors the inbox). Only a `DOWN' of a
-%% monitor the inbox holds, a `nodedown' of a node that is not connected and a
-%% tick of its own timer are acted on; any other is counted (`unknown_message'),
-%% as anyone may send them.
+%% moving on without it (it no longer monitors the inbox). Only the `DOWN' of a
+%% watch the inbox holds, that of one of its couriers, a `nodedown' of a node
+%% that is not connected and a tick of its own timer are acted on; any other is
+%% counted (`unknown_message'), as anyone may send them.
+%%
+%% Never suspended by a connection: the inbox serves every node, and a stalled
+%% node's full connection must not hold up the others' traffic. Its deliveries
+%% are local sends; answers to a batch's node (barriers, pieces' acks) go through
+%% `convoy_remote:send/3' (a courier waits out a busy connection, answers to a
+%% node keep their order), and the monitor of a piece's sender is a watcher's
+%% (`convoy_remote:watch/2'), dropped by killing it.
+%%
+%% This node's name and incarnation are read for each batch and slice, never
+%% kept: convoy may start before the node is named (`net_kernel:start/1'), and
+%% distribution may be restarted under another name; the pids and aliases of
+%% this node in what is stored (decoded on arrival) follow the name.
 -module(convoy_inbox).
 
 -export([start_link/2, init/3, system_continue/3, system_terminate/4,
          system_get_state/1, system_code_change/4]).
 
 -include("convoy_runtime.hrl").
+-include("convoy_tags.hrl").
 
 %% The message of the pieces' tick timer.
 -define(TICK, convoy_chunk_tick).
 
 -record(s, {parent :: pid(),
-            local :: node(),
             %% this inbox's slot in the bound on partial messages per node
             slot :: convoy_chunk_bound:slot(),
             %% counters per peer node, cached until its nodedown
             peers = #{} :: #{node() => counters:counters_ref()},
-            core :: convoy_inbox_core:core()}).
+            core :: convoy_inbox_core:core(),
+            %% answers waiting for a busy connection, per node
+            out = convoy_remote:new() :: convoy_remote:outbox(),
+            %% the node whose batch the input at hand concerns (for the log)
+            from = none :: node() | none}).
 
 %% @doc Inbox `Index' of `Inboxes'.
 -spec start_link(pos_integer(), pos_integer()) -> {ok, pid()}.
@@ -59,8 +75,7 @@ init(Parent, Index, Inboxes) ->
     process_flag(trap_exit, true),
     ok = net_kernel:monitor_nodes(true),
     proc_lib:init_ack(Parent, {ok, self()}),
-    loop(#s{parent = Parent, local = node(), slot = Slot,
-            core = convoy_inbox_core:new(node())}).
+    loop(#s{parent = Parent, slot = Slot, core = convoy_inbox_core:new()}).
 
 %% With unfinished batches: one message, then one slice, in turn.
 loop(S = #s{parent = Parent}) ->
@@ -82,33 +97,44 @@ loop(S = #s{parent = Parent}) ->
     end.
 
 slice(S) ->
-    core({slice, erlang:system_info(creation)}, S).
+    core({slice, here()}, S#s{from = convoy_inbox_core:turn(S#s.core)}).
+
+%% This node's name and incarnation now (see the module header).
+here() ->
+    {node(), erlang:system_info(creation)}.
 
 handle({nodedown, Node}, S) when is_atom(Node) ->
     case lists:member(Node, nodes(connected)) of
         false ->
-            S1 = core({nodedown, Node}, S),
+            S1 = core({nodedown, Node}, S#s{from = Node}),
             S1#s{peers = maps:remove(Node, S1#s.peers)};
         true ->
             %% Forged, or from before a reconnection (whose monitors of the node's
             %% senders fired then): nothing to discard.
             stray(S)
     end;
-handle({'DOWN', Mon, process, Pid, _Reason}, S) when is_reference(Mon), is_pid(Pid) ->
-    core({down, Mon, Pid}, S);
+handle({{?TAG_KEEPER_DOWN, Keeper}, Mon, process, Watcher, _Reason}, S)
+  when is_pid(Keeper), is_reference(Mon), is_pid(Watcher) ->
+    %% The core acts only on a watch it holds.
+    core({down, {Watcher, Mon}, Keeper}, S#s{from = node(Keeper)});
+handle({{?TAG_COURIER, Node}, Mon, process, _Pid, _Reason}, S) when is_reference(Mon) ->
+    case convoy_remote:courier_done(Node, Mon, S#s.out) of
+        {ok, Out} -> S#s{out = Out};
+        unknown -> stray(S)
+    end;
 handle({nodeup, Node}, S) when is_atom(Node) ->
     S;
 handle({timeout, TRef, ?TICK}, S) when is_reference(TRef) ->
     {monitored_by, Watching} = erlang:process_info(self(), monitored_by),
-    core({tick, TRef, Watching, barrier_timeout()}, S);
+    core({tick, TRef, Watching, barrier_timeout()}, S#s{from = none});
 handle(Msg, S) ->
     case convoy_wire:decode(Msg) of
         {batch, _Vsn, From, Entries} ->
             case peer(From, S) of
                 {ok, C, S1} ->
-                    core({batch, From, C, Entries, erlang:system_info(creation)}, S1);
+                    core({batch, From, C, Entries, here()}, S1#s{from = From});
                 unknown ->
-                    convoy_metrics:rejected(unknown_node),
+                    convoy_metrics:rejected(unknown_node, #{from => From}),
                     S
             end;
         {error, Kind} ->
@@ -168,7 +194,7 @@ acts([{deliver_each, Tos, Msg} | Rest], S) ->
 acts([{members, Scope, Group}], S) ->
     core({members, convoy_pg:local_members(Scope, Group)}, S);
 acts([{monitor, Pid}], S) ->
-    core({monitored, erlang:monitor(process, Pid)}, S);
+    core({monitored, convoy_remote:watch(Pid, {?TAG_KEEPER_DOWN, Pid})}, S);
 acts([{room, Node}], S) ->
     Bound = max_reassembly_bytes(),
     core({room, convoy_chunk_bound:room(S#s.slot, Node, Bound), Bound}, S);
@@ -179,30 +205,36 @@ acts([{start_timer, Ms}], S) ->
 acts([{assemble, Kind, Parts}], S) ->
     core({assembled, convoy_chunk:assemble(Kind, Parts)}, S);
 acts([A | Rest], S) ->
-    act(A, S),
-    acts(Rest, S).
+    acts(Rest, act(A, S)).
 
-act({deliver_all, To, Msgs}, _S) ->
-    lists:foreach(fun(M) -> send(To, M) end, Msgs);
+act({deliver_all, To, Msgs}, S) ->
+    lists:foreach(fun(M) -> send(To, M) end, Msgs),
+    S;
 act({publish, Members, Msgs}, S) ->
-    publish(Members, Msgs, S#s.local);
-act({barrier, ReplyTo, Tag}, _S) ->
-    _ = erlang:send(ReplyTo, {Tag, convoy_barrier}, [noconnect]),
-    ok;
-act({piece_reply, Ref, What}, _S) ->
-    _ = erlang:send(Ref, {Ref, convoy_piece, What}, [noconnect]),
-    ok;
-act({demonitor, Mon}, _S) ->
-    true = erlang:demonitor(Mon, [flush]),
-    ok;
+    ok = publish(Members, Msgs, node()),
+    S;
+act({barrier, ReplyTo, Tag}, S) ->
+    S#s{out = convoy_remote:send(ReplyTo, {Tag, convoy_barrier}, S#s.out)};
+act({piece_reply, Ref, What}, S) ->
+    S#s{out = convoy_remote:send(Ref, {Ref, convoy_piece, What}, S#s.out)};
+act({demonitor, Watch}, S) ->
+    ok = convoy_remote:unwatch(Watch),
+    S;
 act({release, Node, Held}, S) ->
-    convoy_chunk_bound:release(S#s.slot, Node, Held);
-act({forget, Node}, _S) ->
-    convoy_chunk_bound:forget(Node);
-act({received, C, N}, _S) ->
-    convoy_metrics:add(C, received, N);
-act({rejected, Kind}, _S) ->
-    convoy_metrics:rejected(Kind).
+    ok = convoy_chunk_bound:release(S#s.slot, Node, Held),
+    S;
+act({forget, Node}, S) ->
+    ok = convoy_chunk_bound:forget(Node),
+    S;
+act({received, C, N}, S) ->
+    convoy_metrics:add(C, received, N),
+    S;
+act({rejected, Kind}, S = #s{from = none}) ->
+    convoy_metrics:rejected(Kind),
+    S;
+act({rejected, Kind}, S = #s{from = From}) ->
+    convoy_metrics:rejected(Kind, #{from => From}),
+    S.
 
 %% Like `!' to a remote name: a name nobody holds drops the message (counted).
 send(To, Msg) when is_atom(To) ->

@@ -41,19 +41,24 @@
 %% all its destinations before the next, as a loop of `!' sends. A run lasts
 %% while one destination's sends of all its messages stay within the budget.
 %%
-%% Incarnations. A pid or alias of an old incarnation of this node (same name,
-%% another `creation') is counted `undeliverable' and not sent to, as `!' drops
-%% it on the sending node. Each is checked (`convoy_wire:incarnation/2') unless it
-%% is the last one found current in the same slice.
+%% Incarnations. This node's name and `creation' (`here()') come with each batch
+%% and slice, as they are then: the node may be named after the inbox started,
+%% or renamed, and a pid or alias of this node stored in a batch (decoded on
+%% arrival) is of the node as it is named now. A pid or alias of an old
+%% incarnation of this node (same name, another `creation') is counted
+%% `undeliverable' and not sent to, as `!' drops it on the sending node. Each is
+%% checked (`convoy_wire:incarnation/2') unless it is the last one found current
+%% in the same slice.
 %%
 %% Messages in pieces (`convoy_chunk' holds their state). The completed message
 %% is delivered at the position of its last piece. A start is decided against the
 %% room the node's other inboxes leave this one, then reserved in the shared
 %% bound (`convoy_chunk_bound'), and refused after all if another inbox took that
 %% room meanwhile; a start over the bound is answered `refused' (the sender then
-%% sends the message whole). The sender is monitored while its message is held:
-%% its `DOWN' (only of that monitor) and its node's `nodedown' discard the
-%% partial. A node's messages take turns (see `convoy_chunk'); while partials are
+%% sends the message whole). The sender is watched while its message is held (a
+%% watch, `convoy_remote:watch/2', is the shell's: the core keeps it with the
+%% partial and asks for it to be dropped): its `DOWN' (only of that watch) and
+%% its node's `nodedown' discard the partial. A node's messages take turns (see `convoy_chunk'); while partials are
 %% held a tick comes every `?TICK_MS' ms, and a start waits for its turn at most
 %% half of `barrier_timeout', so its sender, which gives up after it, gets the
 %% turn first. At a tick, partials of senders that no longer monitor the inbox
@@ -62,9 +67,9 @@
 %% everything the inbox had received at the sweep.
 -module(convoy_inbox_core).
 
--export([new/1, handle/2, busy/1, summary/1]).
+-export([new/0, handle/2, busy/1, turn/1, summary/1]).
 
--export_type([core/0, input/0, action/0, request/0, answer/0, job/0]).
+-export_type([core/0, input/0, action/0, request/0, answer/0, job/0, here/0]).
 
 -define(TICK_MS, 10).
 
@@ -76,8 +81,7 @@
 -type checked() :: convoy_wire:checked() | {members | dests, list(), [term()], pos_integer()}.
 -type bound() :: pos_integer() | infinity.
 
--record(core, {local :: node(),
-               %% unfinished batches per node, oldest first; nodes take turns
+-record(core, {%% unfinished batches per node, oldest first; nodes take turns
                work = #{} :: #{node() => queue:queue(job())},
                turns = queue:new() :: queue:queue(node()),
                rx = convoy_chunk:new() :: convoy_chunk:rx(),
@@ -109,9 +113,11 @@
               | {room, convoy_chunk:start(), pos()}
               | {reserve, convoy_chunk:start(), tuple(), pos_integer(), pos()}.
 
--type input() :: {batch, node(), Tag :: term(), maybe_improper_list(), Creation :: non_neg_integer()}
-               | {slice, Creation :: non_neg_integer()}
-               | {down, Mon :: reference(), pid()}
+%% This node's name and `creation' when the input is handed in.
+-type here() :: {node(), Creation :: non_neg_integer()}.
+-type input() :: {batch, node(), Tag :: term(), maybe_improper_list(), here()}
+               | {slice, here()}
+               | {down, convoy_remote:watch(), pid()}
                | {nodedown, node()}
                | {tick, TRef :: reference(), Watching :: [term()], BarrierTimeout :: non_neg_integer()}
                | answer().
@@ -123,7 +129,7 @@
                  | {assemble, convoy_chunk:kind(), [binary()]}.
 -type answer() :: {members, {ok, list()} | no_scope}
                 | {assembled, {ok, term()} | error}
-                | {monitored, reference()}
+                | {monitored, convoy_remote:watch()}
                 | {room, non_neg_integer() | infinity, bound()}
                 | {reserved, boolean()}
                 | {timer, reference()}.
@@ -141,32 +147,32 @@
                 | {publish, list(), [term()]}
                 | {barrier, pid() | reference(), term()}
                 | {piece_reply, reference(), non_neg_integer() | refused | delivered}
-                | {demonitor, reference()}
+                | {demonitor, convoy_remote:watch()}
                 | {release, node(), non_neg_integer()}
                 | {forget, node()}
                 | {received, Tag :: term(), pos_integer()}
                 | {rejected, convoy_metrics:rejection()}
                 | request().
 
-%% @doc A core for an inbox on node `Local', holding nothing.
--spec new(node()) -> core().
-new(Local) -> #core{local = Local}.
+%% @doc A core holding nothing.
+-spec new() -> core().
+new() -> #core{}.
 
 %% @doc Take one input. Actions are to be carried out in order; a request is
 %% always the last one, and its answer is the next input.
 -spec handle(input(), core()) -> {core(), [action()]}.
-handle({batch, From, Tag, Entries, Creation}, C = #core{paused = none, work = Work}) ->
+handle({batch, From, Tag, Entries, Here}, C = #core{paused = none, work = Work}) ->
     case Work of
         #{From := Q} -> {C#core{work = Work#{From := queue:in({Tag, none, Entries}, Q)}}, []};
-        _ -> slice(new, From, {Tag, none, Entries}, Creation, C)
+        _ -> slice(new, From, {Tag, none, Entries}, Here, C)
     end;
-handle({slice, Creation}, C = #core{paused = none, work = Work, turns = Turns}) ->
+handle({slice, Here}, C = #core{paused = none, work = Work, turns = Turns}) ->
     case queue:out(Turns) of
         {empty, _} ->
             {C, []};
         {{value, Node}, Turns1} ->
             {{value, Job}, Q} = queue:out(maps:get(Node, Work)),
-            slice(turn, Node, Job, Creation, C#core{work = Work#{Node := Q}, turns = Turns1})
+            slice(turn, Node, Job, Here, C#core{work = Work#{Node := Q}, turns = Turns1})
     end;
 handle({down, Mon, Pid}, C = #core{paused = none}) ->
     %% Only the monitor kept with the sender's partial counts.
@@ -198,6 +204,14 @@ handle(Answer, C = #core{paused = {Cont, D}}) ->
 -spec busy(core()) -> boolean().
 busy(#core{turns = Turns}) -> not queue:is_empty(Turns).
 
+%% @doc The node whose unfinished batch the next `slice' goes on with, if any.
+-spec turn(core()) -> node() | none.
+turn(#core{turns = Turns}) ->
+    case queue:peek(Turns) of
+        {value, Node} -> Node;
+        empty -> none
+    end.
+
 %% @doc For `sys:get_state/1': unfinished batches per node, partial messages held
 %% and their bytes per node.
 -spec summary(core()) -> #{unfinished := #{node() => [job()]}, partials := non_neg_integer(),
@@ -210,9 +224,9 @@ summary(#core{work = Work, rx = Rx}) ->
 %%--------------------------------------------------------------------
 %% Slices
 
-slice(Origin, Node, {Tag, First, Entries}, Creation, C) ->
+slice(Origin, Node, {Tag, First, Entries}, {Local, Creation}, C) ->
     Budget = convoy_wire:max_entry_words(),
-    D = #d{from = Node, tag = Tag, origin = Origin, local = C#core.local, creation = Creation,
+    D = #d{from = Node, tag = Tag, origin = Origin, local = Local, creation = Creation,
            budget = Budget, core = C},
     finish(case First of
                none -> deliver(Entries, Budget, 0, undefined, [], D);

@@ -15,7 +15,7 @@
 
 -export([init/0, lost/1, lost/0, new_refs/0, add/3, add_direct/1, close/1,
          unanswered/2, escalate/1, is_unanswered/1, may_wait_for_room/1, answered/1,
-         node_info/1, node_counts/1, node_report/3, held/1, rejected/1, rejected/0, emit/4,
+         node_info/1, node_counts/1, node_report/3, held/1, rejected/1, rejected/2, rejected/0, emit/4,
          event/3]).
 
 -export_type([counter/0, rejection/0]).
@@ -192,14 +192,36 @@ index(waited_us) -> 11.
 %% @doc Count one rejected input; the first of each kind is logged.
 -spec rejected(rejection()) -> ok.
 rejected(Kind) ->
+    rejected(Kind, #{}).
+
+%% @doc `rejected/1' with what is known of the input (`from': the node that sent
+%% it), for the log. The log names this node as it is named now, and the cause.
+-spec rejected(rejection(), #{from => node()}) -> ok.
+rejected(Kind, Context) ->
     Ix = rejection_index(Kind, ?REJECTIONS, 1),
     case atomics:add_get(persistent_term:get(?REJECTED), Ix, 1) of
         1 when Kind =/= undeliverable ->
-            ?LOG_WARNING(#{what => convoy_rejected_input, kind => Kind,
-                           note => "first of its kind; later ones are only counted"});
+            ?LOG_WARNING(Context#{what => convoy_rejected_input, kind => Kind, node => node(),
+                                  cause => cause(Kind),
+                                  note => "first of its kind; later ones are only counted"});
         _ ->
             ok
     end.
+
+cause(bad_version) -> "a batch of a protocol version this node does not speak";
+cause(malformed_batch) -> "a batch that is not a list of entries";
+cause(bad_entry) -> "a malformed entry, a destination of another node than this one "
+                        "(by name: see node), a barrier or piece for a third node, "
+                        "or a message that is itself a batch";
+cause(bad_hello) -> "a malformed hello or welcome";
+cause(unknown_message) -> "a message no convoy process expects";
+cause(unknown_node) -> "a batch from a node that is not connected";
+cause(undeliverable) -> "a destination of an earlier incarnation of this node";
+cause(too_costly) -> "a multicast entry over the limits";
+cause(unsolicited) -> "a welcome that answers no request of this node";
+cause(bad_piece) -> "a piece of no message held, out of sequence or past its size";
+cause(partial_discarded) -> "a partial message whose sender or node went";
+cause(reassembly_full) -> "a message in pieces over max_reassembly_bytes".
 
 rejection_index(K, [K | _], I) -> I;
 rejection_index(K, [_ | T], I) -> rejection_index(K, T, I + 1).

@@ -42,6 +42,13 @@
 %% goes), its node goes back to `plain'; when it starts again it says hello and we
 %% ask. A node without convoy never answers and stays `plain'.
 %%
+%% Never suspended by a connection: this process answers and asks every node,
+%% and `refs/1' (a sender's, an inbox's first batch from a node) waits for it.
+%% Hellos and welcomes go through `convoy_remote:send/3' (a courier waits out a
+%% busy connection), and each monitor of another node's process is a watcher's
+%% (`convoy_remote:watch/2'), dropped by killing it: none of them waits for a
+%% stalled node's full connection.
+%%
 %% Untrusted input: `nodeup' and `nodedown' are acted on only when the node's
 %% current state agrees (connected, not connected); acting on them is safe either
 %% way, so they are not counted. A `DOWN' for a monitor we do not hold, a timer
@@ -72,6 +79,7 @@
 -export_type([route/0, history/0]).
 
 -include_lib("kernel/include/logger.hrl").
+-include("convoy_tags.hrl").
 
 -define(TABLE, convoy_nodes).
 
@@ -99,15 +107,18 @@
                      last := [#{node := node(), at := integer(), counters := counts()}]}.
 
 -record(req, {alias :: reference(),
-              mon :: reference(),   % of {convoy_peers, Node}
+              watch :: convoy_remote:watch(),   % of {convoy_peers, Node}
               since :: integer(),
               again = false :: boolean()}).
 
 -record(s, {inboxes :: pos_integer(),
-            %% learnt peers: their convoy_peers and our monitor of it
-            peers = #{} :: #{node() => {pid(), reference()}},
-            %% monitors of learnt peers and of requests' addressees
+            %% learnt peers: their convoy_peers and our watch of it
+            peers = #{} :: #{node() => {pid(), convoy_remote:watch()}},
+            %% the monitors of our watches of learnt peers and of requests'
+            %% addressees (a watch's DOWN is that of its monitor)
             mons = #{} :: #{reference() => {peer | request, node()}},
+            %% hellos and welcomes waiting for a busy connection
+            out = convoy_remote:new() :: convoy_remote:outbox(),
             requests = #{} :: #{node() => #req{}},
             %% the last hello request answered, per node
             answered = #{} :: #{node() => reference()},
@@ -272,6 +283,11 @@ handle_info({'DOWN', Ref, process, _Pid, _Reason}, S = #s{mons = M}) ->
         %% Monitors are dropped with [flush]: a DOWN we do not hold is not real.
         _ -> rejected(unknown_message, S)
     end;
+handle_info({{?TAG_COURIER, Node}, Mon, process, _Pid, _Reason}, S) when is_reference(Mon) ->
+    case convoy_remote:courier_done(Node, Mon, S#s.out) of
+        {ok, Out} -> {noreply, S#s{out = Out}};
+        unknown -> rejected(unknown_message, S)
+    end;
 handle_info({timeout, TRef, tick}, S = #s{tick = TRef}) ->
     {noreply, tick(on_tick(S))};
 handle_info(Msg, S) ->
@@ -315,8 +331,8 @@ answer(Node, #{request := Ref}, S = #s{answered = A}) ->
         #{Node := Ref} ->
             S;
         _ ->
-            say(welcome, Ref, Ref, S),
-            S#s{answered = A#{Node => Ref}}
+            S1 = say(welcome, Ref, Ref, S),
+            S1#s{answered = A#{Node => Ref}}
     end;
 answer(_Node, _OlderRelease, S) ->
     %% A release without requests: it learns us from our own hello.
@@ -330,20 +346,20 @@ ask(Node, S = #s{requests = Rs}) ->
             case connected(Node) of
                 true ->
                     Alias = alias(),
-                    Mon = erlang:monitor(process, {?MODULE, Node}),
-                    say(hello, {?MODULE, Node}, Alias, S),
-                    S#s{requests = Rs#{Node => #req{alias = Alias, mon = Mon, since = now_ms()}},
-                        mons = (S#s.mons)#{Mon => {request, Node}}};
+                    {_, Mon} = Watch = convoy_remote:watch({?MODULE, Node}, 'DOWN'),
+                    S1 = say(hello, {?MODULE, Node}, Alias, S),
+                    S1#s{requests = Rs#{Node => #req{alias = Alias, watch = Watch,
+                                                     since = now_ms()}},
+                         mons = (S1#s.mons)#{Mon => {request, Node}}};
                 false ->
                     S
             end
     end.
 
-say(Kind, To, Request, #s{inboxes = I}) ->
+say(Kind, To, Request, S = #s{inboxes = I}) ->
     Info = #{versions => convoy_wire:versions(), node => node(), peers => self(),
              inboxes => I, request => Request},
-    _ = erlang:send(To, convoy_wire:hello(Kind, Info), [noconnect]),
-    ok.
+    S#s{out = convoy_remote:send(To, convoy_wire:hello(Kind, Info), S#s.out)}.
 
 %% The answer to our request to Node.
 welcome(Node, R, Info, S) ->
@@ -354,9 +370,9 @@ welcome(Node, R, Info, S) ->
          end,
     again(Node, R, S2).
 
-end_request(Node, #req{alias = Alias, mon = Mon}, S) ->
+end_request(Node, #req{alias = Alias, watch = {_, Mon} = Watch}, S) ->
     _ = unalias(Alias),
-    erlang:demonitor(Mon, [flush]),
+    ok = convoy_remote:unwatch(Watch),
     S#s{requests = maps:remove(Node, S#s.requests), mons = maps:remove(Mon, S#s.mons)}.
 
 again(Node, #req{again = true}, S) -> ask(Node, S);
@@ -380,16 +396,16 @@ watch(Node, Pid, S = #s{peers = P}) ->
             S;
         _ ->
             S1 = unwatch(Node, S),
-            Ref = erlang:monitor(process, Pid),
-            S1#s{peers = (S1#s.peers)#{Node => {Pid, Ref}},
-                 mons = (S1#s.mons)#{Ref => {peer, Node}}}
+            {_, Mon} = Watch = convoy_remote:watch(Pid, 'DOWN'),
+            S1#s{peers = (S1#s.peers)#{Node => {Pid, Watch}},
+                 mons = (S1#s.mons)#{Mon => {peer, Node}}}
     end.
 
 unwatch(Node, S = #s{peers = P, mons = M}) ->
     case P of
-        #{Node := {_, Ref}} ->
-            erlang:demonitor(Ref, [flush]),
-            S#s{peers = maps:remove(Node, P), mons = maps:remove(Ref, M)};
+        #{Node := {_, {_, Mon} = Watch}} ->
+            ok = convoy_remote:unwatch(Watch),
+            S#s{peers = maps:remove(Node, P), mons = maps:remove(Mon, M)};
         _ ->
             S
     end.

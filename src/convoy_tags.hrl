@@ -62,3 +62,9 @@
 
 %% Credit from a channel's consumer to its producer (convoy_channel).
 -define(TAG_CREDIT, '$convoy_credit').
+
+%% Sends and monitors that never suspend their owner (convoy_remote): the tag of
+%% a courier's `DOWN', `{?TAG_COURIER, Node}', and that of the `DOWN' of an
+%% inbox's watch of a piece's keeper, `{?TAG_KEEPER_DOWN, Keeper}'.
+-define(TAG_COURIER, '$convoy_courier').
+-define(TAG_KEEPER_DOWN, '$convoy_keeper_down').

@@ -14,13 +14,13 @@ ref(Node, Id, Creation) -> convoy_test_ids:ref(Node, Id, Creation).
 
 p(I) -> pid(?HERE, I, ?C).
 
-new() -> convoy_inbox_core:new(?HERE).
+new() -> convoy_inbox_core:new().
 
 batch(Node, Entries, C) ->
-    convoy_inbox_core:handle({batch, Node, {tag, Node}, Entries, ?C}, C).
+    convoy_inbox_core:handle({batch, Node, {tag, Node}, Entries, {?HERE, ?C}}, C).
 
 slice(C) ->
-    convoy_inbox_core:handle({slice, ?C}, C).
+    convoy_inbox_core:handle({slice, {?HERE, ?C}}, C).
 
 %% A message whose copy costs about 60,000 words: four to one destination
 %% overrun a slice's 2^18.
@@ -105,7 +105,7 @@ runs_test() ->
     {_, A3} = batch(a@h, [{[p(1), p(1)], 1}, {[p(1), p(1)], 2}], new()),
     ?assertEqual([1, 1, 2, 2], delivered(A3)).
 
-%% Issue 48: a run goes destination by destination only when its destinations
+%% A run goes destination by destination only when its destinations
 %% are distinct pids. A name or an alias may be the same process as a pid of the
 %% list (or two names one process): each entry then goes to all its
 %% destinations before the next, as a loop of `!' would send them.
@@ -132,6 +132,24 @@ runs_only_over_distinct_pids_test() ->
     {_, A4} = convoy_inbox_core:handle({members, {ok, [p(1), name]}}, C3),
     ?assertEqual([{publish, [p(1), name], [2]}, {received, {tag, a@h}, 2}], A4).
 
+%% The node's name and creation come with each input, never kept: a node named
+%% (or renamed) after its inbox started has its pids and aliases delivered to,
+%% not rejected as another node's.
+follows_the_nodes_name_test() ->
+    Entries = [{p(1), 1}, {[p(2), ref(?HERE, 3, ?C)], 2}, {name, 3}],
+    Handle = fun(Here, C) -> convoy_inbox_core:handle({batch, a@h, t, Entries, Here}, C) end,
+    %% under its former name, these are another node's
+    {C1, A1} = Handle({nonode@nohost, 0}, new()),
+    ?assertEqual([{rejected, bad_entry}, {rejected, bad_entry}, {deliver, name, 3},
+                  {received, t, 1}], A1),
+    {_, A2} = Handle({?HERE, ?C}, C1),
+    ?assertEqual([1, 2, 2, 3], delivered(A2)),
+    %% a restart of distribution under the same name: the former creation's are
+    %% undeliverable
+    {_, A3} = Handle({?HERE, ?C + 1}, C1),
+    ?assertEqual([{rejected, undeliverable}, {rejected, undeliverable},
+                  {rejected, undeliverable}, {deliver, name, 3}, {received, t, 3}], A3).
+
 %% On the node itself: plain sends in a row to names and live pids are one action
 %% over the batch's own entries, ended by anything else (an old incarnation's pid,
 %% a batch as a message, the slice's budget), which is handled as before.
@@ -139,7 +157,7 @@ plain_runs_test() ->
     Local = node(),
     Cr = erlang:system_info(creation),
     Handle = fun(Entries, C) ->
-                     convoy_inbox_core:handle({batch, a@h, {tag, a@h}, Entries, Cr}, C)
+                     convoy_inbox_core:handle({batch, a@h, {tag, a@h}, Entries, {Local, Cr}}, C)
              end,
     Me = self(),
     Other = spawn(fun() -> ok end),
@@ -147,16 +165,16 @@ plain_runs_test() ->
     Batch = convoy_wire:batch(a@h, []),
     Entries = [{Me, 1}, {Other, 2}, {Me, 3}, {Old, 4}, {Me, 5}, {Me, Batch}, {name, 7},
                {Me, 8}],
-    {_, A1} = Handle(Entries, convoy_inbox_core:new(Local)),
+    {_, A1} = Handle(Entries, convoy_inbox_core:new()),
     [{deliver_run, 3, Entries}, {rejected, undeliverable}, {deliver, Me, 5},
      {rejected, bad_entry}, {deliver_run, 2, [{name, 7}, {Me, 8}]}, {received, {tag, a@h}, 7}] = A1,
     ?assertEqual([1, 2, 3, 5, 7, 8], delivered(A1)),
     %% the budget ends a run as it ends a slice: 8192 sends, then the rest
     Long = [{Me, I} || I <- lists:seq(1, 10000)],
-    {C2, A2} = Handle(Long, convoy_inbox_core:new(Local)),
+    {C2, A2} = Handle(Long, convoy_inbox_core:new()),
     ?assertMatch([{deliver_run, 8192, Long}, {received, _, 8192}], A2),
     ?assertEqual(lists:seq(1, 8192), delivered(A2)),
-    {C3, A3} = convoy_inbox_core:handle({slice, Cr}, C2),
+    {C3, A3} = convoy_inbox_core:handle({slice, {Local, Cr}}, C2),
     ?assertEqual(lists:seq(8193, 10000), delivered(A3)),
     ?assertNot(convoy_inbox_core:busy(C3)).
 

@@ -196,7 +196,7 @@ batches(Entries, Sizes, Improper) ->
 run(Bound, Streams, Cmds, Races, End) ->
     Planned = [{Node, expand(Node, Items), Sizes, Improper}
                || {Node, {Items, Sizes, Improper}} <- Streams],
-    St0 = #{core => convoy_inbox_core:new(?HERE), bound => Bound, races => Races,
+    St0 = #{core => convoy_inbox_core:new(), bound => Bound, races => Races,
             queues => maps:from_list([{Node, batches(Es, Sizes, Imp)}
                                       || {Node, Es, Sizes, Imp} <- Planned]),
             starts => starts(Planned), senders => senders(Planned), lasts => lasts(Planned), current => #{}, fed => #{},
@@ -235,11 +235,12 @@ cmd(Cmd, St) ->
 
 command({batch, Node}, St = #{queues := Qs}) ->
     case Qs of
-        #{Node := [B | Bs]} -> input({batch, Node, Node, B, ?CREATION}, sent(B, St#{queues := Qs#{Node := Bs}}));
+        #{Node := [B | Bs]} ->
+            input({batch, Node, Node, B, {?HERE, ?CREATION}}, sent(B, St#{queues := Qs#{Node := Bs}}));
         _ -> St
     end;
 command(slice, St) ->
-    input({slice, ?CREATION}, St);
+    input({slice, {?HERE, ?CREATION}}, St);
 command({kill, Node, S}, St = #{dead := Dead, mons := Mons, downs := Downs}) ->
     Pid = sender(Node, S),
     Fired = [M || {M, {P, _}} <- maps:to_list(Mons), P =:= Pid],
