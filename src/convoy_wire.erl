@@ -51,8 +51,9 @@
 %%     start asks for every piece).</li>
 %%   </ul>
 %%   The receiver checks every entry (`entry/3'). A malformed one, a destination
-%%   of another node, a barrier for a third node or a message that is itself a
-%%   batch (it would make the inbox feed itself) is `bad_entry'; a multicast
+%%   of another node, a barrier for a third node or a multicast or publish of a
+%%   message that is itself a batch (to an inbox it would make the inbox feed
+%%   itself, each level multiplying the work) is `bad_entry'; a multicast
 %%   over a limit is `too_costly'; both are counted and nothing of them is sent.
 %%   A pid or alias of an old incarnation of the receiving node (same name,
 %%   another `creation', see `creation/1') is counted `undeliverable' and not sent to:
@@ -258,9 +259,12 @@ negotiate(Theirs) ->
 %% multicast's check visits at most its first 8193 destinations and about
 %% `max_entry_words/0' / destinations words of its message.
 -spec entry(term(), node(), node()) -> checked().
-entry({_To, ?ANY_BATCH}, _From, _Local) ->
-    %% A batch inside a batch would make an inbox feed itself: multicasts of
-    %% batches of multicasts multiply the work of one input with every level.
+entry({Tos, ?ANY_BATCH}, _From, _Local) when is_list(Tos) ->
+    %% A batch multicast (or published) to an inbox would make it feed itself:
+    %% multicasts of batches of multicasts multiply the work of one input with
+    %% every level. A message shaped as a batch in a plain entry is delivered
+    %% (any term is a message): to an inbox, it is a smaller input than the one
+    %% that carried it, as its sender could have sent it there itself.
     {error, bad_entry};
 entry({?TAG_PUBLISH, _Scope, _Group, ?ANY_BATCH}, _From, _Local) ->
     {error, bad_entry}; % as above
@@ -369,7 +373,7 @@ send_cost() -> ?SEND_WORDS.
 %% @doc The plain sends at the head of a batch's `Entries', at most `Max' of them:
 %% entries `{To, Msg}' to a name or to a pid of this node (`Local') of its current
 %% incarnation (`Good', one already found so, or any that `incarnation/2' tells
-%% current by its form), whose message is not a batch. Each passes `entry/3' as
+%% current by its form). Each passes `entry/3' as
 %% `{deliver, To, Msg}' and costs `send_cost/0'; none is rebuilt.
 %% Answers how many, the entries after them and the last pid among them (`Good'
 %% if none).
@@ -378,23 +382,17 @@ send_cost() -> ?SEND_WORDS.
 plain_run(Entries, Max, Good, Local) ->
     plain_run(Entries, Max, Good, Local, 0).
 
-plain_run([{To, Msg} | Rest] = Entries, Max, Good, Local, K)
+plain_run([{To, _Msg} | Rest] = Entries, Max, Good, Local, K)
   when K < Max, is_pid(To), node(To) =:= Local ->
-    case (To =:= Good orelse current_by_form(To)) andalso not is_batch(Msg) of
+    case To =:= Good orelse current_by_form(To) of
         true -> plain_run(Rest, Max, To, Local, K + 1);
         false -> {K, Entries, Good}
     end;
-plain_run([{To, Msg} | Rest] = Entries, Max, Good, Local, K)
+plain_run([{To, _Msg} | Rest], Max, Good, Local, K)
   when K < Max, is_atom(To), To =/= undefined ->
-    case is_batch(Msg) of
-        false -> plain_run(Rest, Max, Good, Local, K + 1);
-        true -> {K, Entries, Good}
-    end;
+    plain_run(Rest, Max, Good, Local, K + 1);
 plain_run(Entries, _Max, Good, _Local, K) ->
     {K, Entries, Good}.
-
-is_batch(?ANY_BATCH) -> true;
-is_batch(_) -> false.
 
 %% @doc What one local send of `Msg' costs its receiver, in word copies (the words
 %% it copies + 32), at most `max_entry_words/0' (a slice sends at least once). Walks

@@ -603,8 +603,9 @@ entries_effect([E | Rest], From, Ctx, Acc) ->
 entries_effect(_Tail, _From, _Ctx, Acc) ->
     reject(malformed_batch, Acc).
 
-%% A batch inside a batch is never delivered (an inbox would feed itself).
-entry_effect({_To, {'$convoy', _, batch, _, _}}, _From, _Ctx, Acc) ->
+%% A batch multicast inside a batch is never delivered (an inbox would feed
+%% itself); in a plain entry it is a message like any other.
+entry_effect({Tos, {'$convoy', _, batch, _, _}}, _From, _Ctx, Acc) when is_list(Tos) ->
     reject(bad_entry, Acc);
 %% A barrier is answered only to a process of the node the batch says it is from.
 entry_effect({'$convoy_barrier', R, _}, From, #{counter := C, sink := S, alias := Al}, Acc)

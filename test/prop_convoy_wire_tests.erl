@@ -190,8 +190,9 @@ proper_list([_ | T]) -> proper_list(T);
 proper_list(_) -> false.
 
 %% A barrier answers only a process of the node the batch came from.
-%% A batch inside a batch: never delivered (the inbox would feed itself).
-expected_entry({_To, {'$convoy', _, batch, _, _}}, _From, _Local) ->
+%% A batch multicast inside a batch: never delivered (an inbox would feed
+%% itself, each level multiplying the work); in a plain entry it is a message.
+expected_entry({To, {'$convoy', _, batch, _, _}}, _From, _Local) when is_list(To) ->
     {error, bad_entry};
 expected_entry({'$convoy_publish', _Scope, _Group, {'$convoy', _, batch, _, _}}, _From, _Local) ->
     {error, bad_entry};
