@@ -81,8 +81,8 @@
 
 %% The small steps of every remote send (measured: `bin/convoy-bench cost').
 -compile({inline, [resolve/1, local_or_remote/2, with_opts/2, slots/2, is_marked/1,
-                   size_kind/1, idle/3, hold/3, mark/1, own/0, skipped/0, now_us/1, gaps/2, kind/1,
-                   hand_over/1, dispose/1, admission/2, context/6]}).
+                   size_kind/1, idle/3, hold/3, mark/1, mark_lane/1, own/0, skipped/0, now_us/1,
+                   gaps/2, kind/1, hand_over/1, dispose/1, admission/2, context/6]}).
 
 %% @doc See `convoy:send/2'.
 -spec send(convoy:dest(), term()) -> ok.
@@ -287,7 +287,7 @@ held_sends(RT, [{Node, Entries, Bytes, {_, Tos} = Group} | Rest], Sends, N, Left
     K = length(Tos),
     case hold_many(RT, Node, K, Bytes) of
         ok ->
-            mark(Node),
+            mark_lane(Node),
             held_sends(RT, Rest, Entries ++ Sends, N + K, Left);
         _FullOrClosed ->
             held_sends(RT, Rest, Sends, N, [Group | Left])
@@ -413,8 +413,10 @@ slots(#runtime{slots = Slots}, L) -> element(L, Slots).
 -define(SKIPPED_KEY, '$convoy_skipped').
 
 %% A marker is `true', or `{pieces, Inbox}' when the sender's last message in
-%% pieces went through the peer's `Inbox' and its delivery was not confirmed
-%% (see `settle/5').
+%% pieces went through the peer's `Inbox', its delivery was not confirmed, and
+%% everything the sender sent to the node since went straight to that inbox (see
+%% `settle/5'). A message handed to the lane turns it into `true'
+%% (`mark_lane/1').
 
 %% @doc Whether the calling process's traffic to `Node' went through a lane or an
 %% inbox since its last barrier (for tests).
@@ -428,11 +430,28 @@ marker(Node) ->
         _ -> false
     end.
 
-%% Marks Node, keeping a `{pieces, Inbox}' marker as it is.
+%% Marks Node for a message sent straight to an inbox, keeping a
+%% `{pieces, Inbox}' marker as it is: the message is in the connection behind
+%% the pieces.
 mark(Node) ->
     case get(?MARKED_KEY) of
         undefined -> put(?MARKED_KEY, #{Node => true});
         #{Node := _} -> ok;
+        Marked -> put(?MARKED_KEY, Marked#{Node => true})
+    end,
+    ok.
+
+%% Marks Node for a message handed to the lane: the marker is `true', whatever
+%% it was. The lane may still hold the message, so nothing may go straight to
+%% the inbox of a `{pieces, Inbox}' marker any more (`behind_pieces/5' would
+%% overtake it). Nor need it: the lane ships to that inbox, behind the pieces,
+%% and whatever confirms the lane's traffic confirms them too (a lane change's
+%% barriers before the node is released in the new lanes, a stop's before the
+%% lane goes, a barrier through the lane's inbox).
+mark_lane(Node) ->
+    case get(?MARKED_KEY) of
+        undefined -> put(?MARKED_KEY, #{Node => true});
+        #{Node := true} -> ok;
         Marked -> put(?MARKED_KEY, Marked#{Node => true})
     end,
     ok.
@@ -892,7 +911,7 @@ kind({large, B}) -> {?TAG_LARGE, B}.
 hand_over(#send{rt = #runtime{lanes = Lanes}, lane = L, node = Node, to = To, msg = Msg,
                 size = Size}) ->
     {Kind, Bytes} = kind(Size),
-    mark(Node),
+    mark_lane(Node),
     erlang:send(element(L, Lanes), {Kind, Node, To, Msg, Bytes}),
     ok.
 
@@ -1265,7 +1284,10 @@ multi(RT, L, Node, Tos, Msg) ->
 %% first confirms `Inbox': a barrier from this process to it is answered only once
 %% it delivered the pieces before it (same sender, same receiver). Without an
 %% answer, the message goes to `Inbox' itself, behind the pieces, and the
-%% marker stays; a node marked unanswered is not waited for again.
+%% marker stays; a node marked unanswered is not waited for again. That send is
+%% behind everything the sender sent since only because all of it went straight
+%% to `Inbox': a message handed to the lane ends the marker (`mark_lane/1'), and
+%% the lane's own confirmations then cover the pieces.
 
 after_pieces(RT, Node, Entry, Next) ->
     case marker(Node) of

@@ -12,7 +12,7 @@
          killed_in_send_many_disposes/1, pieces_across_lanes_changes/1,
          lone_blocked_sender_waits_once/1]).
 %% Run on peer nodes.
--export([collector/0]).
+-export([collector/0, nemesis/1]).
 
 suite() ->
     [{timetrap, {minutes, 5}}].
@@ -121,45 +121,60 @@ poll_encoding(Sender, N) ->
 %%--------------------------------------------------------------------
 %% Pieces across `lanes' changes
 
-%% 8 senders each send rounds of a 5 MB term then 5 small messages while `lanes'
-%% cycles 1..3 every 100 ms: each sender's messages arrive in order.
+%% Senders each send rounds of a large term then 5 small messages while `lanes'
+%% cycles 1..3 every 100 ms and the peer's inboxes are suspended in turn for
+%% 40 ms (so deliveries of messages in pieces go unconfirmed, `sent', and the
+%% node is marked unanswered): each sender's messages arrive in order, and
+%% every message is delivered or counted as dropped. The thresholds are low so
+%% that many messages go in pieces: a binary in an envelope (kind `path') to a
+%% peer with 3 inboxes, a list (encoded) to a peer with 1. The exact case this
+%% once lost order in is `convoy_switch_SUITE:lanes_change_after_pieces_then_lane'.
 pieces_across_lanes_changes(_Config) ->
-    convoy_ct_peers:start_local(#{barrier_timeout => 30}),
-    {_PeerB1, B1} = convoy_ct_peers:convoy_peer(?MODULE, ?CT_PEER_NAME(r3_pieces1), #{}),
-    pieces_in_order(B1),
-    {_PeerB3, B3} = convoy_ct_peers:convoy_peer(?MODULE, ?CT_PEER_NAME(r3_pieces3),
+    convoy_ct_peers:start_local(#{barrier_timeout => 30, large_threshold => 20000,
+                                  chunk_threshold => 100000, chunk_guard => always}),
+    {PeerB3, B3} = convoy_ct_peers:convoy_peer(?MODULE, ?CT_PEER_NAME(r3_pieces3),
                                                 #{lanes => 3}),
-    pieces_in_order(B3).
+    pieces_in_order(PeerB3, B3, 3, {big, binary:copy(<<"p">>, 400000)}),
+    {PeerB1, B1} = convoy_ct_peers:convoy_peer(?MODULE, ?CT_PEER_NAME(r3_pieces1), #{}),
+    pieces_in_order(PeerB1, B1, 1, lists:duplicate(8000, binary:copy(<<"p">>, 48))).
 
-pieces_in_order(B) ->
+pieces_in_order(Peer, B, Inboxes, Big) ->
     Sink = spawn(B, ?MODULE, collector, []),
-    %% a term to encode, not one binary: 5 MB of small binaries in a list
-    Big = lists:duplicate(100000, binary:copy(<<"p">>, 48)),
+    Nemesis = peer:call(Peer, erlang, spawn, [?MODULE, nemesis, [Inboxes]]),
     Cycler = spawn_link(fun() -> cycle_lanes(1) end),
     Self = self(),
-    Rounds = 20,
+    {NS, Rounds} = {4, 300},
     Senders = [spawn_link(fun() ->
                                   [begin
                                        convoy:send(Sink, {n, Id, R * 10, Big}),
                                        [convoy:send(Sink, {n, Id, R * 10 + K}) || K <- lists:seq(1, 5)]
                                    end || R <- lists:seq(1, Rounds)],
                                   Self ! {done, self()}
-                          end) || Id <- lists:seq(1, 8)],
+                          end) || Id <- lists:seq(1, NS)],
     [receive {done, S} -> ok after 120000 -> ct:fail(sender_stuck) end || S <- Senders],
     unlink(Cycler),
     exit(Cycler, kill),
+    Nemesis ! {stop, self()},
+    receive {stopped, Nemesis} -> ok after 10000 -> ct:fail(nemesis_stuck) end,
     ok = convoy:flush(B),
-    Expected = 8 * Rounds * 6,
+    Expected = NS * Rounds * 6,
     {Got, Dropped} = convoy_ct_peers:await(
                        fun() -> {received(Sink), dropped(B)} end,
                        fun({G, D}) -> length(G) + D >= Expected end, 30000),
     ct:pal("~p delivered, ~p dropped; ~p", [length(Got), Dropped,
                                             maps:get(B, maps:get(nodes, convoy:info()))]),
-    Reordered = [{Id, Seqs} || Id <- lists:seq(1, 8),
-                               Seqs <- [[S || {n, I, S} <- Got, I =:= Id]],
-                               Seqs =/= lists:sort(Seqs)],
+    Reordered = [{Id, late(Seqs)} || Id <- lists:seq(1, NS),
+                                     Seqs <- [[S || {n, I, S} <- Got, I =:= Id]],
+                                     Seqs =/= lists:sort(Seqs)],
     ?assertEqual([], Reordered),
     ?assertEqual(Expected, length(Got) + Dropped).
+
+%% How many arrived after a later one.
+late(Seqs) -> late(Seqs, -1, 0).
+
+late([], _Max, N) -> N;
+late([S | Rest], Max, N) when S < Max -> late(Rest, Max, N + 1);
+late([S | Rest], _Max, N) -> late(Rest, S, N).
 
 dropped(Node) ->
     #{nodes := #{Node := #{dropped := Dropped}}} = convoy:info(),
@@ -169,6 +184,19 @@ cycle_lanes(N) ->
     _ = convoy:set_config(#{lanes => N}),
     receive after 100 -> ok end,
     cycle_lanes(N rem 3 + 1).
+
+%% On the peer: suspends one of its inboxes at a time for 40 ms, every 50 ms,
+%% until told to stop (never leaving one suspended).
+nemesis(Inboxes) ->
+    Inbox = convoy_wire:inbox_name(rand:uniform(Inboxes)),
+    _ = sys:suspend(Inbox),
+    receive after 40 -> ok end,
+    _ = sys:resume(Inbox),
+    receive
+        {stop, From} -> From ! {stopped, self()}
+    after 10 ->
+        nemesis(Inboxes)
+    end.
 
 %%--------------------------------------------------------------------
 %% One wait per stall

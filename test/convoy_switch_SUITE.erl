@@ -7,10 +7,12 @@
 
 -include_lib("common_test/include/ct.hrl").
 -include_lib("stdlib/include/assert.hrl").
+-include("../src/convoy_runtime.hrl").
 
 -export([all/0, init_per_testcase/2, end_per_testcase/2]).
 -export([lanes_change_after_unconfirmed_pieces/1, stop_after_unconfirmed_pieces/1,
-         restart_after_unconfirmed_pieces/1]).
+         restart_after_unconfirmed_pieces/1, lanes_change_after_pieces_then_lane/1,
+         stop_after_pieces_then_lane/1]).
 %% Run on peer nodes.
 -export([collector/0]).
 
@@ -21,7 +23,8 @@
 
 all() ->
     [lanes_change_after_unconfirmed_pieces, stop_after_unconfirmed_pieces,
-     restart_after_unconfirmed_pieces].
+     restart_after_unconfirmed_pieces, lanes_change_after_pieces_then_lane,
+     stop_after_pieces_then_lane].
 
 init_per_testcase(_TC, Config) ->
     _ = application:stop(convoy),
@@ -73,6 +76,64 @@ switch_after_pieces(Switch) ->
     Sender ! {send, after_resume, x},
     receive {sent, Sender} -> ok after 10000 -> ct:fail(third_not_sent) end,
     await_received(Sink, [large, small, after_resume]).
+
+%% After the unconfirmed message in pieces, the sender's next message goes to
+%% its lane, which has not shipped it yet (the lane is suspended here, as a lane
+%% waiting out a busy connection or the node's bound would be); then `lanes'
+%% changes (2 -> 1). The message after that must not overtake the one in the old
+%% lane: it waits behind it (the new lane holds the node until the old lane has
+%% shipped and confirmed it), never goes to the old inbox ahead of it.
+lanes_change_after_pieces_then_lane(_Config) ->
+    pieces_then_lane(fun() -> ok = convoy:set_config(#{lanes => 1}) end, fun() -> ok end).
+
+%% The same with a stop of convoy instead of a lanes change: the message after
+%% it is a plain send, which must wait until the lane is gone.
+stop_after_pieces_then_lane(_Config) ->
+    Self = self(),
+    pieces_then_lane(fun() ->
+                             spawn(fun() -> Self ! {stopped, application:stop(convoy)} end),
+                             convoy_ct_peers:await(fun() -> stopping() end, fun(S) -> S end, 10000)
+                     end,
+                     fun() -> receive {stopped, ok} -> ok after 20000 -> ct:fail(no_stop) end end).
+
+pieces_then_lane(Switch, AfterResume) ->
+    start_convoy(?SETTINGS),
+    {PeerB, B} = convoy_ct_peers:convoy_peer(?MODULE, ?CT_PEER_NAME(switch_lane), #{lanes => 2}),
+    Sink = spawn(B, ?MODULE, collector, []),
+    {convoy, _, Inboxes} = convoy_peers:route(B),
+    Inbox = convoy_wire:lane_inbox(2, Inboxes),
+    Sender = sender_on_lane(2, Sink),
+    Lane = lane(2),
+    ok = peer:call(PeerB, sys, suspend, [Inbox]),
+    try
+        Sender ! {send, large, binary:copy(<<"L">>, 10000)},
+        receive {sent, Sender} -> ok after 10000 -> ct:fail(large_not_sent) end,
+        ?assert(is_unconfirmed(Sender, B)),
+        ok = sys:suspend(Lane),
+        try
+            Sender ! {send, in_lane, x},
+            receive {sent, Sender} -> ok after 10000 -> ct:fail(in_lane_not_sent) end,
+            Switch(),
+            Sender ! {send, after_switch, y},
+            %% the sender may wait (for the old lane) until both are resumed
+            receive {sent, Sender} -> ok after 200 -> ok end
+        after
+            sys:resume(Lane)
+        end
+    after
+        peer:call(PeerB, sys, resume, [Inbox])
+    end,
+    AfterResume(),
+    await_received(Sink, [large, in_lane, after_switch]).
+
+stopping() ->
+    case persistent_term:get(?RUNTIME_KEY, undefined) of
+        #runtime{stopping = Stopping} -> Stopping;
+        undefined -> true
+    end.
+
+lane(I) ->
+    element(I, (persistent_term:get(?RUNTIME_KEY))#runtime.lanes).
 
 %% A process whose lane (of 2) is Lane, sending to Sink as told.
 sender_on_lane(Lane, Sink) ->
