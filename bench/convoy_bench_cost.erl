@@ -236,12 +236,9 @@ exchange_server(Mode) ->
     receive {req, From, _Msg} -> exchange_send(Mode, From, resp) end,
     exchange_server(Mode).
 
-%% The step convoy_route's refs/2 takes (its cache key).
+%% The step convoy_route's refs/2 takes (convoy_peers publishes them).
 refs_of(Node) ->
-    case get('$convoy_refs') of
-        #{Node := Refs} -> Refs;
-        _ -> none
-    end.
+    convoy_peers:refs(Node).
 
 exchange_send(convoy, To, Msg) -> convoy:send(To, Msg);
 exchange_send(call, To, Msg) -> convoy_bench_call:send(To, Msg);
@@ -291,7 +288,7 @@ shape_rows(Shape, Sink, P) ->
                   _ = convoy_slots:idle(Slots, V),
                   convoy_slots:dispose(Slots, 1)
           end},
-         {<<"node refs + inbox marker (pdict)">>,
+         {<<"node refs (persistent_term) + inbox marker (pdict)">>,
           fun() -> {refs_of(Node), convoy_route:is_marked(Node)} end},
          {<<"held bound: read + compare_exchange (private word)">>,
           fun() ->

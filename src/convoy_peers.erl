@@ -82,6 +82,13 @@
 -include("convoy_tags.hrl").
 
 -define(TABLE, convoy_nodes).
+%% A row's counters and held array are also published in persistent_term under
+%% `{?REFS, Node}' while the row exists: a sender reads them there without
+%% copying them out of ETS (a copy of each reference bumps a count every sender
+%% shares, and a fresh process pays that on its first send). Put once when the
+%% row is made, erased when it is forgotten (a global GC, at most once per node
+%% per sweep) and at start for a previous instance's rows.
+-define(REFS, convoy_node_refs).
 
 %% A row is forgotten once its node has been gone, holding nothing, with its
 %% counters unchanged, for GRACE: two minutes outlasts a net_ticktime (60 s by
@@ -188,9 +195,9 @@ all() ->
 %% `CALL_TIMEOUT': never raises, as the caller may be a user's process.
 -spec refs(node()) -> {counters:counters_ref(), convoy_held:held()} | undefined.
 refs(Node) when is_atom(Node) ->
-    case lookup(Node) of
-        {_Route, C, H} ->
-            {C, H};
+    case persistent_term:get({?REFS, Node}, none) of
+        {_C, _H} = Refs ->
+            Refs;
         none ->
             try
                 gen_server:call(?MODULE, {refs, Node}, ?CALL_TIMEOUT)
@@ -227,6 +234,7 @@ sweep() ->
 -spec init(pos_integer()) -> {ok, #s{}}.
 init(Inboxes) ->
     _ = ets:new(?TABLE, [named_table, protected, set, {read_concurrency, true}]),
+    _ = [persistent_term:erase(K) || {{?REFS, _} = K, _} <- persistent_term:get()],
     ok = net_kernel:monitor_nodes(true, [{node_type, all}]),
     S = tick(#s{inboxes = Inboxes, history = empty_history(),
                 next_sweep = now_ms() + ?SWEEP_INTERVAL}),
@@ -434,8 +442,7 @@ set_route(Node, Route) ->
         [] when Route =:= plain ->
             ok;
         [] ->
-            {C, H} = convoy_metrics:new_refs(),
-            true = ets:insert(?TABLE, {Node, Route, C, H}),
+            _ = new_row(Node, Route),
             ok
     end.
 
@@ -444,10 +451,14 @@ ensure_row(Node) ->
         [{_, _, C, H}] ->
             {C, H};
         [] ->
-            {C, H} = convoy_metrics:new_refs(),
-            true = ets:insert(?TABLE, {Node, plain, C, H}),
-            {C, H}
+            new_row(Node, plain)
     end.
+
+new_row(Node, Route) ->
+    {C, H} = convoy_metrics:new_refs(),
+    true = ets:insert(?TABLE, {Node, Route, C, H}),
+    ok = persistent_term:put({?REFS, Node}, {C, H}),
+    {C, H}.
 
 connected(Node) ->
     lists:member(Node, nodes(connected)).
@@ -515,6 +526,7 @@ close({Node, C, H, Total}, Now, {Forgotten, S}) ->
         true ->
             ok = convoy_metrics:close(C),
             true = ets:delete(?TABLE, Node),
+            _ = persistent_term:erase({?REFS, Node}),
             S1 = gone(Node, S),
             {[{Node, convoy_metrics:node_counts(C)} | Forgotten],
              S1#s{seen = maps:remove(Node, S1#s.seen)}};

@@ -399,13 +399,11 @@ slots(#runtime{slots = Slots}, L) -> element(L, Slots).
 
 %% The sender's own state is kept in its process dictionary under atom keys (an
 %% atom key hashes and compares at once, where a tuple key per node is walked on
-%% every lookup). Two are maps by node: MARKED_KEY, the nodes this sender's
-%% traffic went to through a lane or an inbox since its last barrier (each
-%% `true', or `{pieces, Inbox}', see `settle/5'); REFS_KEY, each node's counters
-%% and held array. OWN_KEY holds its own part of the adaptive policy
-%% (`convoy_path:own()', see `unmarked_calm/3').
+%% every lookup). MARKED_KEY is a map by node: the nodes this sender's traffic
+%% went to through a lane or an inbox since its last barrier (each `true', or
+%% `{pieces, Inbox}', see `settle/5'). OWN_KEY holds its own part of the
+%% adaptive policy (`convoy_path:own()', see `unmarked_calm/3').
 -define(MARKED_KEY, '$convoy_marked').
--define(REFS_KEY, '$convoy_refs').
 %% The sender's own part of the policy (`convoy_path:own()'): its reused calm and
 %% its last recorded send to each node; and beside it, the records a marked
 %% sender skipped in a row (an integer: no allocation on a flood's sends).
@@ -779,43 +777,27 @@ direct_send(RT, L, Node, To, Msg, Size) ->
         _NoSuspendOrNoConnect -> admit(context(RT, L, Node, To, Msg, Size), lane)
     end.
 
-%% Count a direct send with the node's cached counters (see `refs/2'), checked
-%% by a mark in the counters themselves (`convoy_metrics:add_direct/1').
-count_direct(#runtime{generation = Gen}, Node) ->
-    case get(?REFS_KEY) of
-        #{Node := {Gen, C, _H}} ->
-            case convoy_metrics:add_direct(C) of
-                ok -> ok;
-                closed -> count_direct(element(1, fetch_refs(Gen, Node)))
-            end;
-        _ ->
-            count_direct(element(1, fetch_refs(Gen, Node)))
+%% Count a direct send with the node's counters, checked by a mark in the
+%% counters themselves (`convoy_metrics:add_direct/1'): a row forgotten
+%% meanwhile is fetched again.
+count_direct(RT, Node) ->
+    case convoy_metrics:add_direct(element(1, refs(RT, Node))) of
+        ok -> ok;
+        closed -> erlang:yield(), count_direct(RT, Node)
     end.
 
-%% A node's counters and held array (convoy_held), cached in the sender's process
-%% dictionary for this start of convoy (an ETS lookup per message costs more). A
-%% cached row that convoy_peers has since forgotten is closed for good: taking
-%% room in it answers `closed' (`hold/3'), and `reheld/6' fetches it again, so
-%% the row is not read once more before each hold.
-refs(#runtime{generation = Gen}, Node) ->
-    case get(?REFS_KEY) of
-        #{Node := {Gen, C, H}} -> {C, H};
-        _ -> fetch_refs(Gen, Node)
-    end.
-
-fetch_refs(Gen, Node) ->
-    Cached = case get(?REFS_KEY) of
-                 undefined -> #{};
-                 Refs -> Refs
-             end,
+%% A node's counters and held array (convoy_held), as convoy_peers publishes
+%% them (read in place, never copied: `convoy_peers:refs/1'). A row that
+%% convoy_peers forgets between this read and their use is closed for good:
+%% taking room in it answers `closed' (`hold/3'), and the caller reads the row
+%% again (`reheld/1').
+refs(_RT, Node) ->
     case convoy_peers:refs(Node) of
-        {C, H} ->
-            put(?REFS_KEY, Cached#{Node => {Gen, C, H}}),
-            {C, H};
+        {_C, _H} = Refs ->
+            Refs;
         undefined ->
             %% No convoy_peers (convoy's tree is being torn down): never crash
             %% the caller; these counts are not kept.
-            put(?REFS_KEY, maps:remove(Node, Cached)),
             convoy_metrics:new_refs()
     end.
 
@@ -898,10 +880,9 @@ to_lane(S = #send{rt = RT, node = Node, size = Size}) ->
     end.
 
 %% The row was forgotten (or is being checked by convoy_peers right now: let it
-%% finish): fetch the node's row again.
-reheld(S = #send{rt = #runtime{generation = Gen}, node = Node}) ->
+%% finish): to_lane/1 reads the node's row again.
+reheld(S) ->
     erlang:yield(),
-    _ = fetch_refs(Gen, Node),
     to_lane(S).
 
 kind({small, B}) -> {?TAG_SEND, B};
