@@ -1158,7 +1158,26 @@ own() ->
 %% are seen as before. (A reuse cut short by the sender's marking is counted at
 %% its next unmarked record, once, which only makes that sample look busier.)
 unmarked_calm(RT = #runtime{bypass_after = W, max_delay = 0}, L, Node) when is_integer(W) ->
-    Own0 = own(),
+    case get(?OWN_KEY) of
+        undefined -> first_calm(RT, L, Node);
+        Own0 -> unmarked_calm(RT, L, Node, Own0)
+    end;
+unmarked_calm(RT, L, _Node) ->
+    forced(RT, L).
+
+%% A process's first small send: while convoy holds messages for the node (its
+%% lanes are in use), it takes the lane as busy without reading the lane's calm
+%% or keeping any state for its next sends. Most processes whose first send finds
+%% the node busy send once (the seed's flood of fresh pingers), and that state
+%% would die with them; one that goes on streams into its lane, marked.
+first_calm(RT, L, Node) ->
+    {_C, H} = refs(RT, Node),
+    case convoy_held:is_empty(H) of
+        false -> busy;
+        true -> unmarked_calm(RT, L, Node, convoy_path:own())
+    end.
+
+unmarked_calm(RT, L, Node, Own0) ->
     case convoy_path:reuse(Own0) of
         {Calm, Own} ->
             put(?OWN_KEY, Own),
@@ -1169,9 +1188,7 @@ unmarked_calm(RT = #runtime{bypass_after = W, max_delay = 0}, L, Node) when is_i
             Calm = calm(RT, L, Now, OwnGap, Sends, direct),
             put(?OWN_KEY, convoy_path:found(Own, Calm)),
             Calm
-    end;
-unmarked_calm(RT, L, _Node) ->
-    forced(RT, L).
+    end.
 
 %% A marked sender records at most one small send in SKIP_MAX + 1 on its lane,
 %% the recorded one standing for the skipped ones in the lane's averages (as an
