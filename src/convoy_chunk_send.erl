@@ -54,7 +54,7 @@
 %% </ul>
 -module(convoy_chunk_send).
 
--export([inbox/4, inbox_name/1, send/6, drain_lane/3]).
+-export([inbox/4, inbox_name/1, send/6]).
 
 -export_type([target/0]).
 
@@ -99,14 +99,6 @@ latest_small_send(Slots) ->
 -spec inbox_name(target()) -> atom().
 inbox_name({Inbox, _Vsn}) -> Inbox.
 
-%% @doc Wait until lane `L' has shipped (handed to distribution) everything it
-%% holds for `Node', as `convoy:flush/2' does, for at most `barrier_timeout' ms.
--spec drain_lane(#runtime{}, pos_integer(), node()) -> ok | timeout.
-drain_lane(#runtime{lanes = Lanes, barrier_timeout = T}, L, Node) ->
-    case convoy_lane:flush(element(L, Lanes), Node, T) of
-        ok -> ok;
-        _DownOrTimeout -> timeout
-    end.
 
 %% @doc Send `Msg' to `To' on `Node' in pieces through the inbox of `Target'
 %% (from `inbox/4'). `delivered': the inbox delivered it; `sent': handed over,

@@ -40,7 +40,7 @@
 %% it, so no chunk of a dead lane can arrive after what its replacement ships.
 -module(convoy_lane).
 
--export([start_link/4, flush/3, end_wait/2]).
+-export([start_link/4]).
 -export([init/5, system_continue/3, system_terminate/4, system_get_state/1,
          system_code_change/4]).
 
@@ -105,32 +105,6 @@
           {ok, pid()}.
 start_link(Index, Held, RT, Control) ->
     proc_lib:start_link(?MODULE, init, [self(), Index, Held, RT, Control]).
-
-%% @doc Wait until `Lane' has shipped (handed to distribution) or counted as
-%% dropped everything it held for `Which' (a node, or `all') when asked; `down'
-%% if the lane went first (replaced or stopped), `timeout' after `Timeout' ms.
--spec flush(pid(), node() | all, timeout()) -> ok | down | timeout.
-flush(Lane, Which, Timeout) ->
-    Mon = erlang:monitor(process, Lane, [{alias, demonitor}]),
-    Lane ! {?TAG_FLUSH, Which, Mon, Mon},
-    Result = receive
-                 {Mon, ok} -> ok;
-                 {'DOWN', Mon, process, _, _} -> down
-             after Timeout ->
-                 timeout
-             end,
-    end_wait(Mon, Result =/= ok),
-    Result.
-
-%% @doc End a wait for an answer tagged `Mon', a monitor of the lane with
-%% `{alias, demonitor}': the demonitor deactivates the alias, so no answer comes
-%% after it, and with `Unanswered' (the wait ended without taking its answer) one
-%% that came just before is taken out of the caller's mailbox.
--spec end_wait(reference(), boolean()) -> ok.
-end_wait(Mon, Unanswered) ->
-    erlang:demonitor(Mon, [flush]),
-    _ = Unanswered andalso receive {Mon, _} -> true after 0 -> false end,
-    ok.
 
 -spec init(pid(), pos_integer(), none | all | [node()], #runtime{}, {pid(), reference()}) ->
           no_return().

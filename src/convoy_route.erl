@@ -54,15 +54,11 @@
 -module(convoy_route).
 
 -export([send/2, send/3, send_remote/3, send_many/1, multicast/2, multicast_entry/3, lane_of/1,
-         await_gone/1, is_marked/1]).
+         is_marked/1]).
 
 -include("convoy_runtime.hrl").
 -include("convoy_tags.hrl").
 -include("convoy_policy.hrl").
-
-%% How long a sender waits for its lane when convoy stops (the stop itself is
-%% bounded well below this; see convoy_control).
--define(STOP_WAIT_MS, 30000).
 
 -define(DIRECT_OPTS, [nosuspend, noconnect]).
 
@@ -661,7 +657,7 @@ bypass_by_route(S = #send{rt = RT, lane = L, node = Node, size = Size}, Calm) ->
             %% The lane was idle: what the barrier confirms needs no admission
             %% held across the wait, and a sender killed in it holds none.
             ok = dispose(S),
-            case barrier(RT, L, Node, Inboxes, C, [], none) of
+            case convoy_wait:barrier(RT, L, Node, Inboxes, C, [], none) of
                 ok ->
                     unmark(Node),
                     direct_send(RT, L, Node, S#send.to, S#send.msg, Size);
@@ -683,7 +679,7 @@ bypass_by_route(S = #send{rt = RT, lane = L, node = Node, size = Size}, Calm) ->
 %% (`barrier/7', `owed'), so a sender killed meanwhile does not keep it.
 inbox_then_barrier(S = #send{rt = RT, lane = L, node = Node, to = To, msg = Msg}, Inboxes, C) ->
     mark(Node),
-    case barrier(RT, L, Node, Inboxes, C, [{To, Msg}], owed) of
+    case convoy_wait:barrier(RT, L, Node, Inboxes, C, [{To, Msg}], owed) of
         ok ->
             unmark(Node),
             count_direct(C);
@@ -700,10 +696,7 @@ busy_lane(S = #send{rt = RT, lane = L, node = Node, size = {large, B}}) ->
     case pieces_inbox(RT, L, Node, B) of
         {Target, C} ->
             ok = dispose(S),
-            T0 = erlang:monotonic_time(),
-            Drained = convoy_chunk_send:drain_lane(RT, L, Node),
-            waited(RT, C, Node, drain, T0, Drained),
-            case Drained of
+            case convoy_wait:drain(RT, L, Node, C) of
                 ok -> chunked(S, Target, C);
                 timeout -> admit(S, lane)
             end;
@@ -742,7 +735,7 @@ chunked(S = #send{rt = RT, lane = L, node = Node, to = To, msg = Msg}, Target, C
         sent ->
             %% A wait for the delivery ran out (counted `stalled'): the sender's
             %% next messages must not take another inbox before it (settle/5).
-            unanswered(RT, L, Node, C, wait),
+            convoy_wait:unanswered(RT, L, Node, C, wait),
             set_marker(Node, {pieces, convoy_chunk_send:inbox_name(Target)}),
             count_direct(C);
         refused ->
@@ -751,7 +744,7 @@ chunked(S = #send{rt = RT, lane = L, node = Node, to = To, msg = Msg}, Target, C
         no_answer ->
             %% Its first piece may still be waiting: the lane ships it whole,
             %% behind that piece.
-            unanswered(RT, L, Node, C, wait),
+            convoy_wait:unanswered(RT, L, Node, C, wait),
             admit(S, lane);
         dropped ->
             ok
@@ -928,14 +921,14 @@ overloaded(S = #send{rt = #runtime{overload = error}}, C, _H) ->
 %% killed while it waits holds none. A wait that runs out marks the node (see
 %% `convoy_metrics:unanswered/2'): until it answers again, the next sender over
 %% the bound is refused at once instead of waiting as long again; a wait under
-%% way gives up as soon as the node is so marked (`wait_loop/8'), so a stall
+%% way gives up as soon as the node is so marked (`convoy_wait:room/7'), so a stall
 %% costs a sender one wait, not one per message.
 block(S = #send{rt = RT, lane = L, node = Node, size = Size}, C, H, Timeout) ->
     ok = dispose(S),
     {_Kind, Bytes} = kind(Size),
     T0 = erlang:monotonic_time(),
     Deadline = T0 + erlang:convert_time_unit(Timeout, millisecond, native),
-    Result = wait_room(RT, L, Node, C, H, Bytes, Deadline),
+    Result = convoy_wait:room(RT, L, Node, C, H, Bytes, Deadline),
     Waited = erlang:monotonic_time() - T0,
     convoy_metrics:add(C, blocked_us, erlang:convert_time_unit(Waited, native, microsecond)),
     event(RT, [convoy, overload, blocked], #{duration => Waited},
@@ -943,7 +936,7 @@ block(S = #send{rt = RT, lane = L, node = Node, size = Size}, C, H, Timeout) ->
     case Result of
         ok -> readmitted(S, H, Bytes, Deadline);
         closed -> admit(S, lane); % the row was forgotten: to_lane/1 fetches it again
-        timeout -> unanswered(RT, L, Node, C, room), refused(RT, C);
+        timeout -> convoy_wait:unanswered(RT, L, Node, C, room), refused(RT, C);
         unanswered -> refused(RT, C)
     end.
 
@@ -959,53 +952,6 @@ readmitted(S = #send{rt = RT, lane = L}, H, Bytes, Deadline) ->
             restart(S#send{rt = RT#runtime{block_timeout = Left}});
         _V ->
             hand_over(S)
-    end.
-
-%% A blocked sender registers with its lane once, and again only after a wake-up
-%% that found no room (another sender took it); the lane wakes waiters oldest
-%% first as it frees room. A sender also looks again every 50 ms without asking
-%% the lane (room freed by another lane, a wake-up spent on a sender gone, the
-%% node marked meanwhile).
-wait_room(RT = #runtime{lanes = Lanes}, L, Node, C, H, Bytes, Deadline) ->
-    case hold(RT, H, Bytes) of
-        full ->
-            Lane = element(L, Lanes),
-            Mon = erlang:monitor(process, Lane, [{alias, demonitor}]),
-            Lane ! {?TAG_WAIT, Node, Mon, Bytes},
-            Result = wait_loop(RT, Lane, Mon, Node, C, H, Bytes, Deadline),
-            %% a wake-up may be on its way whatever ended the wait
-            ok = convoy_lane:end_wait(Mon, true),
-            Result;
-        OkOrClosed ->
-            OkOrClosed
-    end.
-
-wait_loop(RT, Lane, Mon, Node, C, H, Bytes, Deadline) ->
-    Left = (erlang:convert_time_unit(Deadline - erlang:monotonic_time(), native, microsecond)
-            + 999) div 1000, % rounded up: never give up before block_timeout
-    receive
-        {Mon, room} ->
-            case hold(RT, H, Bytes) of
-                full ->
-                    Lane ! {?TAG_WAIT, Node, Mon, Bytes},
-                    wait_loop(RT, Lane, Mon, Node, C, H, Bytes, Deadline);
-                OkOrClosed ->
-                    OkOrClosed
-            end;
-        {'DOWN', Mon, process, _, _} ->
-            timeout
-    after max(0, min(Left, 50)) ->
-        case hold(RT, H, Bytes) of
-            full when Left =< 0 ->
-                timeout;
-            full ->
-                case convoy_metrics:may_wait_for_room(C) of
-                    true -> wait_loop(RT, Lane, Mon, Node, C, H, Bytes, Deadline);
-                    false -> unanswered % the node did not answer the lane's probe
-                end;
-            OkOrClosed ->
-                OkOrClosed
-        end
     end.
 
 %% Not sent: the admission disposed of, counted as dropped (send/2, or policy
@@ -1024,73 +970,6 @@ refused(#runtime{refuse = error}, C) ->
 
 event(#runtime{telemetry = On}, Name, Measurements, Meta) ->
     convoy_metrics:emit(On, Name, Measurements, Meta).
-
-%% Send Entries with a barrier behind them to the inbox this sender's lane uses
-%% (never suspending), and wait at most barrier_timeout ms for the barrier's
-%% answer, which comes once the inbox has delivered them and everything this
-%% sender sent before: ok, timeout, or not_sent (the connection was busy or down).
-%% The lane is monitored: if it goes, its inbox may not answer. Demonitoring
-%% deactivates the alias: a later answer is dropped by the runtime, and one that
-%% came just before is taken out of the mailbox (`convoy_lane:end_wait/2'). The answer's tag is the monitor's reference itself, so that every
-%% clause of the receive names it: the compiler then has the receive skip what
-%% was in the mailbox before the monitor was set up. A tag that only contained
-%% the reference made each wait scan the caller's whole mailbox, which for a
-%% server answering a flood holds thousands of requests.
-%% With `owed', the caller's admission is the lane's to dispose of once sent: the
-%% lane is told before the wait and when it ends, and disposes of it then, or
-%% when the caller dies meanwhile (`convoy_lane', `?TAG_OWED').
-barrier(RT = #runtime{lanes = Lanes, barrier_timeout = Timeout}, L, Node, Inboxes, C,
-        Entries, Admission) ->
-    Lane = element(L, Lanes),
-    Mon = erlang:monitor(process, Lane, [{alias, demonitor}]),
-    Inbox = {convoy_wire:lane_inbox(L, Inboxes), Node},
-    Batch = convoy_wire:batch(node(), Entries ++ [convoy_wire:barrier(Mon, Mon)]),
-    Result = case erlang:send(Inbox, Batch, ?DIRECT_OPTS) of
-                 ok ->
-                     _ = Admission =:= owed andalso erlang:send(Lane, {?TAG_OWED, self()}),
-                     T0 = erlang:monotonic_time(),
-                     Answer = receive
-                                  {Mon, convoy_barrier} -> ok;
-                                  {'DOWN', Mon, process, _, _} -> lane_down
-                              after Timeout ->
-                                  timeout
-                              end,
-                     _ = Admission =:= owed andalso erlang:send(Lane, {?TAG_OWED_DONE, self()}),
-                     waited(RT, C, Node, barrier, T0, Answer),
-                     Answer;
-                 _NoSuspendOrNoConnect ->
-                     not_sent
-             end,
-    ok = convoy_lane:end_wait(Mon, Result =:= timeout orelse Result =:= lane_down),
-    case Result of
-        lane_down -> timeout; % not the node's doing: it is not marked
-        _ -> Result
-    end.
-
-%% A caller waited for Node's answer since T0: the time is counted. A wait that
-%% ran out marks the node unanswered, so its senders stop waiting on it until it
-%% answers again (a stall costs each sender one wait, not one per message); it is
-%% counted in `stalled' and reported by an event.
-waited(RT, C, Node, Wait, T0, Result) ->
-    Waited = erlang:monotonic_time() - T0,
-    convoy_metrics:add(C, waited_us, erlang:convert_time_unit(Waited, native, microsecond)),
-    case Result of
-        timeout ->
-            unanswered(RT, lane_of(RT), Node, C, wait),
-            convoy_metrics:add(C, stalled, 1),
-            event(RT, [convoy, node, unanswered], #{duration => Waited},
-                  #{node => Node, wait => Wait});
-        _ ->
-            ok
-    end.
-
-%% Mark Node unanswered (`convoy_metrics:unanswered/2') and ask the sender's lane
-%% to probe it, so the mark clears once the node answers even if no lane ships
-%% to it meanwhile (a lane probing it already ignores the request).
-unanswered(#runtime{lanes = Lanes}, L, Node, C, Why) ->
-    ok = convoy_metrics:unanswered(C, Why),
-    element(L, Lanes) ! {?TAG_PROBE, Node},
-    ok.
 
 %% The lane has disposed of every admission before ours (V). With max_delay set
 %% the user asked for batches: never bypass the lane then.
@@ -1294,7 +1173,7 @@ after_pieces(RT, Node, Entry, Next) ->
     end.
 
 settle(RT, Node, Inbox, Entry, Next) ->
-    case confirm(RT, Node, Inbox) of
+    case convoy_wait:confirm(RT, settle_lane(RT), Node, Inbox, node_counters(Node)) of
         ok ->
             case RT of
                 undefined -> unmark(Node); % nothing of convoy's is left to wait for
@@ -1305,36 +1184,10 @@ settle(RT, Node, Inbox, Entry, Next) ->
             behind_pieces(RT, Node, Inbox, Entry, Next)
     end.
 
-confirm(RT, Node, Inbox) ->
-    C = node_counters(Node),
-    case C =/= undefined andalso convoy_metrics:is_unanswered(C) of
-        true -> timeout; % one wait per stall
-        false -> confirm(RT, Node, Inbox, C)
-    end.
-
-confirm(RT, Node, Inbox, C) ->
-    Alias = alias([explicit_unalias]),
-    Batch = convoy_wire:batch(node(), [convoy_wire:barrier(Alias, Alias)]),
-    Result = case erlang:send({Inbox, Node}, Batch, ?DIRECT_OPTS) of
-                 ok ->
-                     T0 = erlang:monotonic_time(),
-                     Answer = receive
-                                  {Alias, convoy_barrier} -> ok
-                              after barrier_timeout(RT) ->
-                                  timeout
-                              end,
-                     _ = RT =:= undefined orelse C =:= undefined
-                         orelse waited(RT, C, Node, barrier, T0, Answer),
-                     Answer;
-                 _NoSuspendOrNoConnect ->
-                     not_sent
-             end,
-    true = unalias(Alias),
-    receive {Alias, convoy_barrier} -> ok after 0 -> ok end,
-    Result.
-
-barrier_timeout(#runtime{barrier_timeout = T}) -> T;
-barrier_timeout(undefined) -> maps:get(barrier_timeout, convoy_config:defaults()).
+%% The caller's lane, which probes the node if the confirm runs out; with convoy
+%% not running nothing is counted or probed, and any index does.
+settle_lane(undefined) -> 1;
+settle_lane(RT) -> lane_of(RT).
 
 %% The message follows the pieces through their inbox: without waiting (never
 %% suspending) while convoy runs, as a plain send would once it stopped. A full
@@ -1396,19 +1249,7 @@ stopping(RT, Node, Tos, Msg) ->
         false ->
             ok;
         true ->
-            await_gone(element(lane_of(RT), RT#runtime.lanes)),
+            convoy_wait:await_gone(element(lane_of(RT), RT#runtime.lanes)),
             unmark(Node)
     end,
     plain_send(Node, Tos, Msg).
-
-%% @doc Wait until a stopping lane is gone (bounded: a lane that outlives convoy's
-%% shutdown time is killed by its supervisor).
--spec await_gone(pid()) -> ok.
-await_gone(Lane) ->
-    Mon = erlang:monitor(process, Lane),
-    receive
-        {'DOWN', Mon, process, _, _} -> ok
-    after ?STOP_WAIT_MS ->
-        erlang:demonitor(Mon, [flush]),
-        ok
-    end.

@@ -9,7 +9,7 @@ late_answer_taken_test() ->
     Lane = spawn(fun() -> receive stop -> ok end end),
     Mon = erlang:monitor(process, Lane, [{alias, demonitor}]),
     Mon ! {Mon, room},
-    ok = convoy_lane:end_wait(Mon, true),
+    ok = convoy_wait:end_wait(Mon, true),
     Mon ! {Mon, room},
     Lane ! stop,
     ?assertEqual([], element(2, process_info(self(), messages))).
@@ -19,7 +19,7 @@ answered_wait_leaves_mailbox_test() ->
     Lane = spawn(fun() -> receive stop -> ok end end),
     Mon = erlang:monitor(process, Lane, [{alias, demonitor}]),
     self() ! {other, 1},
-    ok = convoy_lane:end_wait(Mon, false),
+    ok = convoy_wait:end_wait(Mon, false),
     Lane ! stop,
     ?assertEqual([{other, 1}], element(2, process_info(self(), messages))),
     receive {other, 1} -> ok end.
