@@ -223,7 +223,9 @@ flush(Which, Timeout) ->
 %% Per node: `accepted' (messages handed to convoy for it), `messages' (handed to
 %% distribution), `batches' (distribution messages sent), `dropped', `buffered'
 %% (accepted but neither sent nor dropped yet), `received' (delivered here from that
-%% node), `direct' (sent by the sender itself while its lane was idle), `refused'
+%% node), `direct' (sent by the sender itself, to the destination or to the
+%% peer's inbox, not through its lane; an unmarked sender's even while its lane
+%% is busy), `refused'
 %% (`{error, overload}' returned by `send/3'), `blocked_us' (time senders waited for
 %% room), `chunked' (of `direct', messages sent in pieces, see `convoy_chunk'),
 %% `stalled' (waits for the node's answer that ran out: a barrier, a lane's

@@ -11,7 +11,7 @@
 %% the peer's `barrier_timeout' at most, see `convoy_chunk''s "Turns"), then
 %% sends the others with at most `chunk_window' unacknowledged (a peer at
 %% protocol version 3 acknowledges every `chunk_window div 2' of them, see
-%% `start/7'), and finally waits for the inbox's `delivered'. Each piece is a
+%% `start/8'), and finally waits for the inbox's `delivered'. Each piece is a
 %% batch of one entry: other traffic to the node travels between them. The
 %% sender does not return before the message is delivered, so its later messages
 %% cannot overtake it, and, since the inbox delivers in order, everything it sent
@@ -193,7 +193,7 @@ start(#runtime{chunk_window = W}, Vsn, {Ref, _Reply}, Keeper, To, Kind, Size, Fi
 first(RT, Dest, Ids, C, Start, Rest) ->
     case put_piece(RT, Dest, Start) of
         ok ->
-            case await(RT, Ids) of
+            case await(RT, Ids, C) of
                 {ack, 0} ->
                     convoy_metrics:add(C, chunked, 1),
                     stream(RT, Dest, Ids, C, 1, Rest, 0, true);
@@ -231,7 +231,7 @@ stream(RT = #runtime{chunk_window = W}, Dest, Ids, C, Seq, [P | Ps] = Pieces, Ac
                 dropped -> dropped
             end;
         false ->
-            case await(RT, Ids) of
+            case await(RT, Ids, C) of
                 {ack, A} ->
                     stream(RT, Dest, Ids, C, Seq, Pieces, max(A, Acked), Paced);
                 timeout ->
@@ -245,7 +245,7 @@ stream(RT = #runtime{chunk_window = W}, Dest, Ids, C, Seq, [P | Ps] = Pieces, Ac
 %% Everything is handed over: wait for the delivery (acks still arriving count as
 %% progress).
 finish(RT, Ids, C) ->
-    case await(RT, Ids) of
+    case await(RT, Ids, C) of
         delivered ->
             delivered;
         {ack, _} ->
@@ -257,15 +257,21 @@ finish(RT, Ids, C) ->
             sent
     end.
 
-await(#runtime{barrier_timeout = T}, {_Ref, Reply}) ->
-    receive
-        {Reply, convoy_piece, Seq} when is_integer(Seq) -> {ack, Seq};
-        {Reply, convoy_piece, delivered} -> delivered;
-        {Reply, convoy_piece, refused} -> refused;
-        {Reply, convoy_piece_down} -> down
-    after T ->
-        timeout
-    end.
+%% A wait for the inbox's answer: its time counts in the node's `waited_us', as
+%% a barrier's does (`convoy_wait').
+await(#runtime{barrier_timeout = T}, {_Ref, Reply}, C) ->
+    T0 = erlang:monotonic_time(),
+    Answer = receive
+                 {Reply, convoy_piece, Seq} when is_integer(Seq) -> {ack, Seq};
+                 {Reply, convoy_piece, delivered} -> delivered;
+                 {Reply, convoy_piece, refused} -> refused;
+                 {Reply, convoy_piece_down} -> down
+             after T ->
+                 timeout
+             end,
+    convoy_metrics:add(C, waited_us, erlang:convert_time_unit(erlang:monotonic_time() - T0,
+                                                              native, microsecond)),
+    Answer.
 
 %% One piece as a batch of one, never suspending the sender: when the
 %% connection is busy, a helper process makes the send (suspended, as `!' would

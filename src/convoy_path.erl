@@ -61,7 +61,7 @@
 -type calm() :: busy | unpaid | quiet | settled.
 %% unanswered: a convoy peer that has not answered a sender's wait (a barrier, a
 %% drain, a piece) since one ran out: its senders go through their lanes, so a
-%% stall costs each of them at most that one wait (`convoy_metrics:unanswered/1').
+%% stall costs each of them at most that one wait (`convoy_metrics:unanswered/2').
 -type route() :: convoy | unanswered | plain | none.
 
 %% A sending process's own state (convoy_route keeps it in the process's

@@ -735,7 +735,7 @@ chunked(S = #send{rt = RT, lane = L, node = Node, to = To, msg = Msg}, Target, C
         sent ->
             %% A wait for the delivery ran out (counted `stalled'): the sender's
             %% next messages must not take another inbox before it (settle/5).
-            convoy_wait:unanswered(RT, L, Node, C, wait),
+            convoy_wait:ran_out(RT, L, Node, C, piece, timeout_native(RT)),
             set_marker(Node, {pieces, convoy_chunk_send:inbox_name(Target)}),
             count_direct(C);
         refused ->
@@ -744,11 +744,15 @@ chunked(S = #send{rt = RT, lane = L, node = Node, to = To, msg = Msg}, Target, C
         no_answer ->
             %% Its first piece may still be waiting: the lane ships it whole,
             %% behind that piece.
-            convoy_wait:unanswered(RT, L, Node, C, wait),
+            convoy_wait:ran_out(RT, L, Node, C, piece, timeout_native(RT)),
             admit(S, lane);
         dropped ->
             ok
     end.
+
+%% The length of a wait for a piece's answer that ran out.
+timeout_native(#runtime{barrier_timeout = T}) ->
+    erlang:convert_time_unit(T, millisecond, native).
 
 %% A large message goes in pieces only to a node that answers: pieces wait for
 %% answers, and a node marked unanswered gets it whole, as `!' would.
@@ -819,7 +823,7 @@ multi_row(Node, _Tos) ->
     node_row(Node).
 
 %% A convoy peer's route: `unanswered' while a wait for its answer that ran out
-%% has not been followed by an answer (see `convoy_metrics:unanswered/1').
+%% has not been followed by an answer (see `convoy_metrics:unanswered/2').
 answering(C) ->
     case convoy_metrics:is_unanswered(C) of
         false -> convoy;

@@ -13,7 +13,7 @@
 -module(convoy_wait).
 
 -export([barrier/7, confirm/5, flush/3, drain/4, room/7, end_wait/2, await_gone/1,
-         unanswered/5]).
+         unanswered/5, ran_out/6]).
 
 -include("convoy_runtime.hrl").
 -include("convoy_tags.hrl").
@@ -225,13 +225,22 @@ waited(RT, L, C, Node, Wait, T0, Result) ->
     convoy_metrics:add(C, waited_us, erlang:convert_time_unit(Waited, native, microsecond)),
     case Result of
         timeout ->
-            unanswered(RT, L, Node, C, wait),
             convoy_metrics:add(C, stalled, 1),
-            convoy_metrics:emit(RT#runtime.telemetry, [convoy, node, unanswered],
-                                #{duration => Waited}, #{node => Node, wait => Wait});
+            ran_out(RT, L, Node, C, Wait, Waited);
         _ ->
             ok
     end.
+
+%% @doc A wait of kind `Wait' for `Node''s answer ran out after `Waited' (native
+%% time units; counted by the wait itself, here or in `convoy_chunk_send' for a
+%% message in pieces): the node is marked unanswered, lane `L' probes it, and
+%% the event is reported.
+-spec ran_out(#runtime{}, pos_integer(), node(), counters:counters_ref(),
+              barrier | drain | piece, integer()) -> ok.
+ran_out(RT, L, Node, C, Wait, Waited) ->
+    ok = unanswered(RT, L, Node, C, wait),
+    convoy_metrics:emit(RT#runtime.telemetry, [convoy, node, unanswered],
+                        #{duration => Waited}, #{node => Node, wait => Wait}).
 
 %% @doc Mark `Node' unanswered (`convoy_metrics:unanswered/2') and ask lane `L' to
 %% probe it, so the mark clears once the node answers even if no lane ships to

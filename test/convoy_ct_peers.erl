@@ -6,7 +6,7 @@
 -module(convoy_ct_peers).
 
 -export([start/3, start_convoy/2, start_local/1, stop_local/0, convoy_peer/3, await_route/2,
-         route_kind/1, await/3,
+         route_kind/1, await/3, with_stopped/2,
          restart_here/0, route_as_version/2, trace_inbox/1, traced/1]).
 
 %% A peer named Name for Suite; Extra: peer:start_options(), `args' appended.
@@ -69,6 +69,14 @@ await_loop(Get, Ok, Deadline) ->
                 false -> receive after 20 -> await_loop(Get, Ok, Deadline) end
             end
     end.
+
+%% Fun's result, run while Peer's OS process is stopped (SIGSTOP); it runs again
+%% (SIGCONT) whatever Fun does.
+-spec with_stopped(peer:server_ref(), fun(() -> T)) -> T.
+with_stopped(Peer, Fun) ->
+    OsPid = peer:call(Peer, os, getpid, []),
+    _ = os:cmd("kill -STOP " ++ OsPid),
+    try Fun() after os:cmd("kill -CONT " ++ OsPid) end.
 
 %% convoy started afresh with its defaults on this node (a test case's start).
 -spec restart_here() -> ok.

@@ -859,13 +859,12 @@ call_waits_for_room(Config) ->
     ?assertEqual({returned, made_it}, flush_until(Node, Caller)),
     #{refused := R1} = maps:get(Node, maps:get(nodes, convoy:info())).
 
-%% The process is blocked in convoy_route waiting for room.
+%% The process is blocked in convoy_wait waiting for room.
 waits_for_room(Pid) ->
     {current_stacktrace, Stack} = process_info(Pid, current_stacktrace),
-    lists:keymember(convoy_route, 1, Stack)
-        andalso lists:any(fun({convoy_route, F, _, _}) -> F =:= wait_loop;
-                             (_) -> false
-                          end, Stack).
+    lists:any(fun({convoy_wait, F, _, _}) -> F =:= room_loop;
+                 (_) -> false
+              end, Stack).
 
 flush_until(Node, Caller = {Pid, Mon}) ->
     ok = convoy:flush(Node),

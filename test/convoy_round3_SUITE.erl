@@ -45,8 +45,8 @@ killed_while_blocked_disposes(_Config) ->
     Sender = spawn(fun() -> [convoy:send(Sink, {n, I}) || I <- lists:seq(1, 10)] end),
     %% five held, the sixth blocked in its wait for room
     convoy_ct_peers:await(fun() -> process_info(Sender, current_function) end,
-                          fun({current_function, {convoy_route, F, _}}) ->
-                                  lists:member(F, [wait_loop, block, wait_room]);
+                          fun({current_function, {convoy_wait, F, _}}) ->
+                                  lists:member(F, [room_loop, room]);
                              (_) -> false
                           end, 10000),
     exit(Sender, kill),
@@ -72,11 +72,11 @@ killed_in_barrier_wait_disposes(_Config) ->
                    end),
     receive marked -> ok after 10000 -> ct:fail(not_marked) end,
     await_received(Sink, 50),
-    with_stopped(PeerB, fun() ->
+    convoy_ct_peers:with_stopped(PeerB, fun() ->
         timer:sleep(5), % the lane settles (SETTLED_US = 1 ms)
         Sender ! go,
         convoy_ct_peers:await(fun() -> process_info(Sender, current_function) end,
-                              fun({current_function, {convoy_route, barrier, _}}) -> true;
+                              fun({current_function, {convoy_wait, barrier, _}}) -> true;
                                  (_) -> false
                               end, 10000),
         exit(Sender, kill),
@@ -209,7 +209,7 @@ lone_blocked_sender_waits_once(_Config) ->
     {PeerB, B} = convoy_ct_peers:convoy_peer(?MODULE, ?CT_PEER_NAME(r3_lone), #{}),
     Sink = spawn(B, ?MODULE, collector, []),
     Self = self(),
-    with_stopped(PeerB, fun() ->
+    convoy_ct_peers:with_stopped(PeerB, fun() ->
         Sender = spawn_link(fun() ->
                                     T0 = erlang:monotonic_time(millisecond),
                                     [convoy:send(Sink, {n, I, binary:copy(<<"b">>, 60000)})
@@ -246,11 +246,6 @@ await_idle_all() ->
                || S <- tuple_to_list(RT#runtime.slots)]
       end,
       fun(Ds) -> lists:all(fun(D) -> D =:= 0 end, Ds) end, 15000).
-
-with_stopped(Peer, Fun) ->
-    OsPid = peer:call(Peer, os, getpid, []),
-    os:cmd("kill -STOP " ++ OsPid),
-    try Fun() after os:cmd("kill -CONT " ++ OsPid) end.
 
 collector() ->
     collector([]).

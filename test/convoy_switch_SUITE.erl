@@ -63,6 +63,10 @@ switch_after_pieces(Switch) ->
         Sender ! {send, large, binary:copy(<<"L">>, 10000)},
         receive {sent, Sender} -> ok after 10000 -> ct:fail(large_not_sent) end,
         ?assert(is_unconfirmed(Sender, B)),
+        %% the wait for the delivery that ran out is counted as a barrier's is
+        #{stalled := Stalled, waited_us := WaitedUs} = maps:get(B, maps:get(nodes, convoy:info())),
+        ?assert(Stalled >= 1),
+        ?assert(WaitedUs >= 90000),
         Switch(),
         Sender ! {send, small, small},
         receive {sent, Sender} -> ok after 10000 -> ct:fail(small_not_sent) end,
