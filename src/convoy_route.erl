@@ -202,9 +202,8 @@ one_by_one(RT, Remote) ->
 %% most max_batch) straight to the inbox the lane ships to, as one batch (rule
 %% 2: what the sender handed over before is in the connection); else, or if the
 %% connection is busy, room per node for all its messages and one hand-over to
-%% the lane. The admissions are disposed of once everything is sent or handed
-%% over (meanwhile the lane is not idle for others). Returns the nodes left to
-%% send one by one.
+%% the lane, the admissions of the messages it does not take disposed of at
+%% once. Returns the nodes left to send one by one.
 together(RT, Nodes) ->
     admit_many(RT, Nodes, fun(L, Slots, V, K) ->
         case may_bypass_many(RT) andalso idle(RT, L, V - K + 1) of
