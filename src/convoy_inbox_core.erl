@@ -458,7 +458,7 @@ run(Entries, _Next, Acc, Each, K, _Budget) ->
     {lists:reverse(Acc), Each, K, Entries}.
 
 %% Whether a run's destinations are provably distinct processes: pids, none
-%% listed twice (issue 48). Distinct terms are not enough: a name or an alias can
+%% listed twice. Distinct terms are not enough: a name or an alias can
 %% be the same process as a pid of the list, and a name can change hands during
 %% the run; a pid that joined a pg group twice is a member twice. Distinct pids
 %% of this node are distinct processes (one of an old incarnation is never sent

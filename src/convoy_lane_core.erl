@@ -289,7 +289,7 @@ ship(Node, Reason, {C = #core{queues = Q, max_batch = MB}, A}) ->
 %% A mark is told from a message by its whole shape, never by its first element
 %% alone: a message's entry is `{To, Msg}' (To a name, which may be any atom,
 %% '$convoy_mark' too) or `{?TAG_LARGE, To, Msg}', so no message is a 3-tuple
-%% opening with ?TAG_MARK (issue 48).
+%% opening with ?TAG_MARK.
 is_mark({?TAG_MARK, _, _}) -> true;
 is_mark(_) -> false.
 

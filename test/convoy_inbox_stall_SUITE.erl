@@ -1,7 +1,7 @@
 %% An inbox that owes a stalled node an answer (a barrier's, a piece's
 %% acknowledgement) or takes a monitor of a process there never waits for that
 %% node's connection: a third node's traffic through the same inbox keeps flowing
-%% (issue 48, defect 2).
+%% (a stalled node owed an answer).
 %%
 %% Three nodes: this one (A, one inbox), B and C. B sends A's inbox a batch that
 %% needs an answer while the inbox is suspended (`sys:suspend/1'), B is stopped

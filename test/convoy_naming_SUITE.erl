@@ -2,7 +2,7 @@
 %% application started, as a plain `mix test' does), and across a restart of
 %% distribution under another name: everything a peer sends to the node's pids,
 %% aliases and registered names arrives, exactly, and nothing is rejected
-%% (issue 48, defect 7).
+%% (convoy started before the node is named).
 %%
 %% The node under test is a peer started without a name (driven over stdio, so
 %% it stays reachable while it has none); this node sends to it through convoy.

@@ -1,4 +1,4 @@
-%% convoy's own tags and user data, with peer nodes (issue 48): a process
+%% convoy's own tags and user data, with peer nodes: a process
 %% registered under one of convoy's tags is sent to like any other, and a
 %% multicast that names one process twice (a name and its pid, a pid and its
 %% alias) delivers to it in the order a loop of `!' would.

@@ -405,7 +405,7 @@ requeued_behind_flush_mark_leaves_test() ->
             {hold, []}],
     ?assertEqual(ok, catch run(Cmds, init(2, 1, all, true), false)).
 
-%% Issue 48: a message to a process registered as '$convoy_mark' (or under
+%% A message to a process registered as '$convoy_mark' (or under
 %% another of convoy's tags) queued with a flush mark behind it is a message like
 %% any other: it ships, the flush is answered, the lane does not crash.
 tag_named_destinations_test() ->
