@@ -36,8 +36,10 @@ end_per_testcase(_TC, _Config) ->
 %% admission is disposed of, the lane goes idle again, and a `lanes' change
 %% completes.
 killed_while_blocked_disposes(_Config) ->
+    %% max_delay set: every message takes the lane (a fresh sender's would
+    %% otherwise go direct while the lane is calm)
     convoy_ct_peers:start_local(#{max_buffered => 5, overload => block,
-                                  block_timeout => 60000}),
+                                  block_timeout => 60000, max_delay => 1000}),
     {_PeerB, B} = convoy_ct_peers:convoy_peer(?MODULE, ?CT_PEER_NAME(r3_block), #{}),
     Sink = spawn(B, ?MODULE, collector, []),
     Lane = lane(1),
