@@ -212,7 +212,7 @@ cause(bad_version) -> "a batch of a protocol version this node does not speak";
 cause(malformed_batch) -> "a batch that is not a list of entries";
 cause(bad_entry) -> "a malformed entry, a destination of another node than this one "
                         "(by name: see node), a barrier or piece for a third node, "
-                        "or a message that is itself a batch";
+                        "or a multicast or publish of a message that is itself a batch";
 cause(bad_hello) -> "a malformed hello or welcome";
 cause(unknown_message) -> "a message no convoy process expects";
 cause(unknown_node) -> "a batch from a node that is not connected";
