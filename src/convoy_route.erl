@@ -288,8 +288,8 @@ held_sends(RT, [{Node, Entries, Bytes, {_, Tos} = Group} | Rest], Sends, N, Left
             held_sends(RT, Rest, Sends, N, [Group | Left])
     end.
 
-hold_many(RT = #runtime{max_buffered = MaxN, max_buffered_bytes = MaxB}, Node, K, Bytes) ->
-    {_C, H} = refs(RT, Node),
+hold_many(#runtime{max_buffered = MaxN, max_buffered_bytes = MaxB}, Node, K, Bytes) ->
+    {_C, H} = refs(Node),
     convoy_held:hold_many(H, K, Bytes, MaxN, MaxB).
 
 %% @doc See `convoy:multicast/2'.
@@ -524,7 +524,7 @@ marked(RT = #runtime{max_buffered = MaxN, max_buffered_bytes = MaxB}, L, Node, T
         closed ->
             remote(refreshed(RT), Node, To, Msg);
         V ->
-            {C, H} = refs(RT, Node),
+            {C, H} = refs(Node),
             case convoy_held:hold_behind(H, Bytes, MaxN, MaxB) of
                 empty ->
                     Calm = unheld_calm(RT, L, Node, V),
@@ -769,17 +769,17 @@ pieces_inbox(RT, L, Node, Bytes) ->
 %% Not admitted: sent now, or the lane takes it (admitted then).
 direct_send(RT, L, Node, To, Msg, Size) ->
     case erlang:send(convoy_wire:address(To, Node), Msg, ?DIRECT_OPTS) of
-        ok -> count_direct(RT, Node);
+        ok -> count_direct_to(Node);
         _NoSuspendOrNoConnect -> admit(context(RT, L, Node, To, Msg, Size), lane)
     end.
 
 %% Count a direct send with the node's counters, checked by a mark in the
 %% counters themselves (`convoy_metrics:add_direct/1'): a row forgotten
 %% meanwhile is fetched again.
-count_direct(RT, Node) ->
-    case convoy_metrics:add_direct(element(1, refs(RT, Node))) of
+count_direct_to(Node) ->
+    case convoy_metrics:add_direct(element(1, refs(Node))) of
         ok -> ok;
-        closed -> erlang:yield(), count_direct(RT, Node)
+        closed -> erlang:yield(), count_direct_to(Node)
     end.
 
 %% A node's counters and held array (convoy_held), as convoy_peers publishes
@@ -787,7 +787,7 @@ count_direct(RT, Node) ->
 %% convoy_peers forgets between this read and their use is closed for good:
 %% taking room in it answers `closed' (`hold/3'), and the caller reads the row
 %% again (`reheld/1').
-refs(_RT, Node) ->
+refs(Node) ->
     case convoy_peers:refs(Node) of
         {_C, _H} = Refs ->
             Refs;
@@ -868,7 +868,7 @@ count_direct(C) ->
 %% ships them in a batch with small ones (see convoy_batch).
 to_lane(S = #send{rt = RT, node = Node, size = Size}) ->
     {_Kind, Bytes} = kind(Size),
-    {C, H} = refs(RT, Node),
+    {C, H} = refs(Node),
     case hold(RT, H, Bytes) of
         ok -> hand_over(S);
         full -> overloaded(S, C, H);
@@ -921,26 +921,17 @@ overloaded(S = #send{rt = #runtime{overload = error}}, C, _H) ->
 %% Wait for room at most Timeout ms. The admission is disposed of before the wait
 %% and taken again once room is found (`readmitted/4'): the message is in no lane
 %% meanwhile, so whether the lane is idle does not matter to it, and a sender
-%% killed while it waits holds none. A wait that runs out marks the node (see
-%% `convoy_metrics:unanswered/2'): until it answers again, the next sender over
-%% the bound is refused at once instead of waiting as long again; a wait under
-%% way gives up as soon as the node is so marked (`convoy_wait:room/7'), so a stall
-%% costs a sender one wait, not one per message.
+%% killed while it waits holds none. A wait that runs out marks the node, and a
+%% wait under way gives up as soon as the node does not answer its lane's probe
+%% (`convoy_wait:room/7'), so a stall costs a sender one wait, not one per
+%% message.
 block(S = #send{rt = RT, lane = L, node = Node, size = Size}, C, H, Timeout) ->
     ok = dispose(S),
     {_Kind, Bytes} = kind(Size),
-    T0 = erlang:monotonic_time(),
-    Deadline = T0 + erlang:convert_time_unit(Timeout, millisecond, native),
-    Result = convoy_wait:room(RT, L, Node, C, H, Bytes, Deadline),
-    Waited = erlang:monotonic_time() - T0,
-    convoy_metrics:add(C, blocked_us, erlang:convert_time_unit(Waited, native, microsecond)),
-    event(RT, [convoy, overload, blocked], #{duration => Waited},
-          #{node => Node, result => Result}),
-    case Result of
-        ok -> readmitted(S, H, Bytes, Deadline);
-        closed -> admit(S, lane); % the row was forgotten: to_lane/1 fetches it again
-        timeout -> convoy_wait:unanswered(RT, L, Node, C, room), refused(RT, C);
-        unanswered -> refused(RT, C)
+    case convoy_wait:room(RT, L, Node, C, H, Bytes, Timeout) of
+        {ok, Deadline} -> readmitted(S, H, Bytes, Deadline);
+        {closed, _} -> admit(S, lane); % the row was forgotten: to_lane/1 fetches it again
+        {_TimeoutOrUnanswered, _} -> refused(RT, C)
     end.
 
 %% Room was taken for the message: it is admitted again and handed to the lane; on
@@ -970,9 +961,6 @@ refused(#runtime{refuse = drop}, C) ->
 refused(#runtime{refuse = error}, C) ->
     convoy_metrics:add(C, refused, 1),
     {error, overload}.
-
-event(#runtime{telemetry = On}, Name, Measurements, Meta) ->
-    convoy_metrics:emit(On, Name, Measurements, Meta).
 
 %% The lane has disposed of every admission before ours (V). With max_delay set
 %% the user asked for batches: never bypass the lane then.
@@ -1053,7 +1041,7 @@ unmarked_calm(RT, L, _Node) ->
 %% the node busy send once (the seed's flood of fresh pingers), and that state
 %% would die with them; one that goes on streams into its lane, marked.
 first_calm(RT, L, Node) ->
-    {_C, H} = refs(RT, Node),
+    {_C, H} = refs(Node),
     case convoy_held:is_empty(H) of
         false -> busy;
         true -> unmarked_calm(RT, L, Node, convoy_path:own())
@@ -1206,7 +1194,7 @@ behind_pieces(RT, Node, Inbox, Entry, Next) ->
         ok when RT =:= undefined ->
             ok;
         ok ->
-            count_direct(RT, Node);
+            count_direct_to(Node);
         nosuspend ->
             refuse_behind_pieces(RT, node_counters(Node));
         noconnect ->

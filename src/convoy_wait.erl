@@ -137,19 +137,35 @@ drain(RT = #runtime{lanes = Lanes, barrier_timeout = T}, L, Node, C) ->
     waited(RT, L, C, Node, drain, T0, Drained),
     Drained.
 
-%% @doc Wait for room for one message of `Bytes' in `Node''s bound (`H', its held
-%% array) until `Deadline' (native monotonic time): `ok' (the room is taken),
-%% `closed' (the node's row was forgotten meanwhile), `timeout', or
-%% `unanswered' (the node was marked as not answering the lane's probe
-%% meanwhile, `convoy_metrics:may_wait_for_room/1': waiting on is pointless).
+%% @doc Wait at most `Timeout' ms for room for one message of `Bytes' in
+%% `Node''s bound (`H', its held array): `ok' (the room is taken), `closed' (the
+%% node's row was forgotten meanwhile), `timeout' (the node is marked, see
+%% `convoy_metrics:unanswered/2': until it answers, the next sender over the
+%% bound is refused at once), or `unanswered' (the node was marked as not
+%% answering the lane's probe meanwhile, `convoy_metrics:may_wait_for_room/1':
+%% waiting on is pointless); with the wait's deadline (native monotonic time),
+%% which bounds what follows it. The time is counted in `blocked_us' and
+%% reported by `[convoy, overload, blocked]'.
 %% The sender registers with its lane once, and again only after a wake-up that
 %% found no room (another sender took it); the lane wakes waiters oldest first as
 %% it frees room. It also looks again every ROOM_LOOK_MS without asking the lane
 %% (room freed by another lane, a wake-up spent on a sender gone, the node
 %% marked meanwhile).
 -spec room(#runtime{}, pos_integer(), node(), counters:counters_ref(), convoy_held:held(),
-           non_neg_integer(), integer()) -> ok | closed | timeout | unanswered.
-room(RT = #runtime{lanes = Lanes}, L, Node, C, H, Bytes, Deadline) ->
+           non_neg_integer(), non_neg_integer()) ->
+          {ok | closed | timeout | unanswered, Deadline :: integer()}.
+room(RT, L, Node, C, H, Bytes, Timeout) ->
+    T0 = erlang:monotonic_time(),
+    Deadline = T0 + erlang:convert_time_unit(Timeout, millisecond, native),
+    Result = room_until(RT, L, Node, C, H, Bytes, Deadline),
+    Waited = erlang:monotonic_time() - T0,
+    convoy_metrics:add(C, blocked_us, erlang:convert_time_unit(Waited, native, microsecond)),
+    convoy_metrics:emit(RT#runtime.telemetry, [convoy, overload, blocked],
+                        #{duration => Waited}, #{node => Node, result => Result}),
+    _ = Result =:= timeout andalso unanswered(RT, L, Node, C, room),
+    {Result, Deadline}.
+
+room_until(RT = #runtime{lanes = Lanes}, L, Node, C, H, Bytes, Deadline) ->
     case hold(RT, H, Bytes) of
         full ->
             Lane = element(L, Lanes),
