@@ -247,7 +247,7 @@ exchange_send(plain, To, Msg) -> To ! Msg.
 shape_rows(Shape, Sink, P) ->
     Msg = message(Shape),
     RT = #runtime{} = persistent_term:get(?RUNTIME_KEY),
-    L = convoy_route:lane_of(RT),
+    L = convoy_send:lane_of(RT),
     Slots = element(L, RT#runtime.slots),
     Lane = element(L, RT#runtime.lanes),
     Node = node(Sink),
@@ -258,7 +258,7 @@ shape_rows(Shape, Sink, P) ->
         [{<<"runtime from persistent_term">>,
           fun() -> persistent_term:get(?RUNTIME_KEY) end},
          {<<"lane of the sender (phash2)">>,
-          fun() -> convoy_route:lane_of(RT) end},
+          fun() -> convoy_send:lane_of(RT) end},
          {<<"size estimate (convoy_size:measure/2)">>,
           fun() -> convoy_size:measure(Msg, 65536) end},
          {<<"calm: clock + lane's last send + own last send (pdict)">>,
@@ -289,7 +289,7 @@ shape_rows(Shape, Sink, P) ->
                   convoy_slots:dispose(Slots, 1)
           end},
          {<<"node refs (persistent_term) + inbox marker (pdict)">>,
-          fun() -> {refs_of(Node), convoy_route:is_marked(Node)} end},
+          fun() -> {refs_of(Node), convoy_sender:is_marked(Node)} end},
          {<<"held bound: read + compare_exchange (private word)">>,
           fun() ->
                   Old = atomics:get(Word, 1),

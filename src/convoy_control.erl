@@ -88,9 +88,9 @@ flush(Which, Timeout) ->
             ok;
         RT = #runtime{stopping = true} ->
             %% The lane ships everything and goes (terminate/2 bounds the wait).
-            convoy_wait:await_gone(element(convoy_route:lane_of(RT), RT#runtime.lanes));
+            convoy_wait:await_gone(element(convoy_send:lane_of(RT), RT#runtime.lanes));
         RT ->
-            case convoy_wait:flush(element(convoy_route:lane_of(RT), RT#runtime.lanes), Which,
+            case convoy_wait:flush(element(convoy_send:lane_of(RT), RT#runtime.lanes), Which,
                                    Timeout) of
                 ok -> ok;
                 %% The lane was replaced (lanes changed) or convoy restarted.

@@ -268,7 +268,7 @@ handle({system, From, Req}, _Now, S) ->
 handle(_Other, _Now, S) ->
     stray(S).
 
-%% A sender's admission held across its wait (`convoy_route:barrier/7'): disposed
+%% A sender's admission held across its wait (`convoy_wait:barrier/7'): disposed
 %% of once, when the wait ends or the sender dies, whichever comes first.
 owed_disposed(Pid, S = #s{owed = Owed, slots = Slots}) ->
     ok = convoy_slots:dispose(Slots, 1),

@@ -37,7 +37,7 @@
 -module(convoy_path).
 
 -export([calm/2, streams/2, unpaid_until/2, pays/3, quiet/2, unadmitted/3, may_bypass/2, bypass/3,
-         multicast/4, pieces/3, constants/0]).
+         multicast/4, pieces/3, decide/4, overload/2, constants/0]).
 %% The sender's own part: one state per sending process.
 -export([own/0, reuse/1, unmarked_record/3, found/2, marked_record/5, skip/1, entry_record/3,
          own_last/2, long_ago/1]).
@@ -187,6 +187,35 @@ pieces(_Bytes, _Threshold, {GuardMs, SinceSmallUs}) -> SinceSmallUs =< GuardMs *
 multicast(large, _Calm, true, convoy) -> inbox;
 multicast(small, Calm, true, convoy) when Calm =/= busy -> inbox;
 multicast(_Size, _Calm, _Idle, _Route) -> lane.
+
+%% @doc The path of an admitted message, from what its sender found: its size,
+%% the lane's calm, the lane's view (`busy' while it holds admissions before the
+%% message's, or when the message may not bypass it; else the node's route) and
+%% whether a large message goes in pieces to the node (`convoy_chunk_send:inbox/4').
+%% Every path but `lane' leaves the lane alone:
+%% <ul>
+%% <li>`direct': the caller sends to the destination (a plain peer: what the lane
+%%   shipped is in the connection already);</li>
+%% <li>`inbox', `inbox_barrier', `barrier_direct': see `bypass/3';</li>
+%% <li>`pieces': in pieces through the lane's inbox, behind what the lane
+%%   shipped; `drain_pieces' the same once the busy lane shipped what it holds
+%%   for the node (the caller waits for that);</li>
+%% <li>`lane': handed to the lane, within the node's bound (`overload/2').</li>
+%% </ul>
+-spec decide(size(), calm(), busy | route(), Pieces :: boolean()) ->
+          direct | inbox | inbox_barrier | barrier_direct | pieces | drain_pieces | lane.
+decide(large, _Calm, busy, true) -> drain_pieces;
+decide(large, _Calm, _Route, true) -> pieces;
+decide(_Size, _Calm, busy, _Pieces) -> lane;
+decide(Size, Calm, Route, _Pieces) -> bypass(Size, Calm, Route).
+
+%% @doc A message the node's bound has no room for, under the `overload' policy
+%% `Policy', `MayWait' unless the node is known not to answer
+%% (`convoy_metrics:may_wait_for_room/1'): the caller waits for room, or the
+%% message is refused (`send/3' reports it) or dropped (`send/2' counts it).
+-spec overload(block | drop | error, MayWait :: boolean()) -> wait | refuse.
+overload(block, true) -> wait;
+overload(_Policy, _MayWait) -> refuse.
 
 %%--------------------------------------------------------------------
 %% The sender's own part

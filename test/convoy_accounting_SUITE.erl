@@ -2,8 +2,10 @@
 %% on two peers: random sequences of sends (small and large, `send/2', `send/3',
 %% `send_many/1', `multicast/2') from one process to three receivers, mixed with
 %% changes of settings (`lanes', `bypass_after', `max_delay', the bound and the
-%% overload policy) and with the sender's lane suspended and resumed so that the
-%% bound is reached. After each sequence and a flush:
+%% overload policy), with the sender's lane suspended and resumed so that the
+%% bound is reached, and with other senders killed while they wait (for room at
+%% the bound, for a barrier, for a message in pieces). After each sequence, once
+%% the lanes have shipped everything:
 %% <ul>
 %% <li>every admission to every lane was disposed of, once (admitted = disposed);</li>
 %% <li>per node, what was accepted was handed to distribution or dropped
@@ -70,6 +72,7 @@ op() ->
                {4, {send_many, list({dest(), size()})}},
                {3, {multicast, non_empty(list(dest())), size()}},
                {2, {burst, dest(), range(1, 300)}},
+               {3, {killed, dest(), range(1, 60), size()}},
                {3, suspend},
                {2, resume},
                {1, {set, lanes, range(1, 3)}},
@@ -142,6 +145,17 @@ op({multicast, Ds0, Size}, Rs, Next) ->
     Numbers = maps:from_list([{lists:nth(D, Rs), maps:get(D, Next1)} || D <- Ds]),
     ok = convoy:multicast([lists:nth(D, Rs) || D <- Ds], {multi, self(), Tag, Numbers, payload(Size)}),
     Next1;
+op({killed, D, K, Size}, Rs, Next) ->
+    %% another sender, killed as soon as it waits (or once it is done): its
+    %% messages are counted by the receiver apart from the numbered ones
+    R = lists:nth(D, Rs),
+    Pid = spawn(fun() ->
+                        [convoy:send(R, {extra, self(), I, payload(Size)})
+                         || I <- lists:seq(1, K)],
+                        receive stop -> ok end
+                end),
+    ok = kill_when_waiting(Pid, erlang:monitor(process, Pid)),
+    Next;
 op({burst, D, K}, Rs, Next) ->
     lists:foldl(fun(_, N) -> op({send, D, small}, Rs, N) end, Next, lists:seq(1, K));
 op(suspend, _Rs, Next) ->
@@ -155,6 +169,18 @@ op(resume, _Rs, Next) ->
 op({set, Key, Value}, _Rs, Next) ->
     ok = set(#{Key => Value}),
     Next.
+
+kill_when_waiting(Pid, Mon) ->
+    case erlang:process_info(Pid, status) of
+        {status, waiting} ->
+            exit(Pid, kill),
+            receive {'DOWN', Mon, process, Pid, _} -> ok end;
+        undefined ->
+            receive {'DOWN', Mon, process, Pid, _} -> ok end;
+        _Running ->
+            erlang:yield(),
+            kill_when_waiting(Pid, Mon)
+    end.
 
 message(D, Size, Rs, Next) ->
     I = maps:get(D, Next, 0) + 1,
@@ -212,18 +238,18 @@ counters(Nodes) ->
                                             buffered => 0, queued => 0})}
                     || N <- Nodes]).
 
-check(Before, After, Receivers, ReceiverNodes, Sent, Refused) ->
-    RT = persistent_term:get(?RUNTIME_KEY),
-    Lanes = [{convoy_slots:admitted(S), convoy_slots:disposed(S)}
-             || S <- tuple_to_list(RT#runtime.slots)],
+check(Before, After0, Receivers, ReceiverNodes, Sent, Refused) ->
+    %% a killed sender's messages may still be in another lane than the sender's
+    {Lanes, After} = settled(ReceiverNodes, 250),
     Delta = fun(N, K) -> maps:get(K, maps:get(N, After)) - maps:get(K, maps:get(N, Before)) end,
     Nodes = lists:usort(ReceiverNodes),
     Got = [report(R) || R <- Receivers],
     Expected = [{N, Delta(N, messages)} || N <- Nodes],
     %% per node: messages sent to one receiver, plus one per multicast copy
-    Delivered = [{N, lists:sum([Single || {{_, _, _, Single, _}, RN} <- lists:zip(Got, ReceiverNodes),
-                                          RN =:= N])
-                     + sets:size(sets:union([Tags || {{_, _, _, _, Tags}, RN}
+    Delivered = [{N, lists:sum([Single + Extra
+                                || {{_, _, _, Single, _, Extra}, RN} <- lists:zip(Got, ReceiverNodes),
+                                   RN =:= N])
+                     + sets:size(sets:union([Tags || {{_, _, _, _, Tags, _}, RN}
                                                          <- lists:zip(Got, ReceiverNodes),
                                                      RN =:= N]))}
                  || N <- Nodes],
@@ -233,16 +259,30 @@ check(Before, After, Receivers, ReceiverNodes, Sent, Refused) ->
             || N <- Nodes, Delta(N, accepted) =/= Delta(N, messages) + Delta(N, dropped)]
         ++ [{still_held, N} || N <- Nodes, maps:get(buffered, maps:get(N, After)) =/= 0
                                    orelse maps:get(queued, maps:get(N, After)) =/= 0]
-        ++ [{out_of_order, I} || {I, {_, Bad, _, _, _}} <- lists:zip([1, 2, 3], Got), Bad =/= 0]
+        ++ [{out_of_order, I} || {I, {_, Bad, _, _, _, _}} <- lists:zip([1, 2, 3], Got), Bad =/= 0]
         ++ [{delivered, Delivered, counted, Expected} || Delivered =/= Expected]
-        ++ [{more_than_sent, I} || {I, {Count, _, _, _, _}} <- lists:zip([1, 2, 3], Got),
+        ++ [{more_than_sent, I} || {I, {Count, _, _, _, _, _}} <- lists:zip([1, 2, 3], Got),
                                    Count > maps:get(I, Sent, 0) - maps:get(I, Refused, 0)],
     case Problems of
         [] -> ok;
-        _ -> {Problems, Lanes}
+        _ -> {Problems, Lanes, After0}
     end.
 
-%% {Count, OutOfOrder, Last, Single, MulticastTags}, once the receiver has had
+%% Every lane's admissions and disposals, and the nodes' counters, once every
+%% admission was disposed of and nothing is held (or after Tries polls).
+settled(Nodes, Tries) ->
+    RT = persistent_term:get(?RUNTIME_KEY),
+    Lanes = [{convoy_slots:admitted(S), convoy_slots:disposed(S)}
+             || S <- tuple_to_list(RT#runtime.slots)],
+    Counters = counters(lists:usort(Nodes)),
+    Held = [N || {N, #{buffered := B, queued := Q}} <- maps:to_list(Counters), B + Q =/= 0],
+    case [A || {A, D} <- Lanes, A =/= D] =:= [] andalso Held =:= [] of
+        true -> {Lanes, Counters};
+        false when Tries =< 0 -> {Lanes, Counters};
+        false -> timer:sleep(20), settled(Nodes, Tries - 1)
+    end.
+
+%% {Count, OutOfOrder, Last, Single, MulticastTags, Extra}, once the receiver has had
 %% nothing new for a while.
 report(R) ->
     report(R, undefined, 0).
@@ -259,19 +299,23 @@ report(R, Last, Quiet) ->
 %% Numbers must go up: a number not above the last one is a reordering or a
 %% duplicate (gaps are messages refused or dropped).
 collector() ->
-    collector({0, 0, 0, 0, sets:new([{version, 2}])}).
+    collector({0, 0, 0, 0, sets:new([{version, 2}]), 0}).
 
-collector(State = {Count, Bad, Last, Single, Tags}) ->
+collector(State = {Count, Bad, Last, Single, Tags, Extra}) ->
     receive
         {report, ReplyTo} ->
             ReplyTo ! {report, self(), State},
             collector(State);
         {seq, _From, I, _Payload} ->
-            collector(number(I, {Count, Bad, Last, Single + 1, Tags}));
+            collector(number(I, {Count, Bad, Last, Single + 1, Tags, Extra}));
         {multi, _From, Tag, Numbers, _Payload} ->
             collector(number(maps:get(self(), Numbers),
-                             {Count, Bad, Last, Single, sets:add_element(Tag, Tags)}))
+                             {Count, Bad, Last, Single, sets:add_element(Tag, Tags), Extra}));
+        {extra, _From, _I, _Payload} ->
+            collector({Count, Bad, Last, Single, Tags, Extra + 1})
     end.
 
-number(I, {Count, Bad, Last, Single, Tags}) when I > Last -> {Count + 1, Bad, I, Single, Tags};
-number(_I, {Count, Bad, Last, Single, Tags}) -> {Count + 1, Bad + 1, Last, Single, Tags}.
+number(I, {Count, Bad, Last, Single, Tags, Extra}) when I > Last ->
+    {Count + 1, Bad, I, Single, Tags, Extra};
+number(_I, {Count, Bad, Last, Single, Tags, Extra}) ->
+    {Count + 1, Bad + 1, Last, Single, Tags, Extra}.

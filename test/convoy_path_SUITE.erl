@@ -52,13 +52,13 @@ idle_after_burst_goes_direct(_Config) ->
     %% (the burst went through the lane, not only direct sends)
     #{accepted := A, direct := D} = maps:get(Node, maps:get(nodes, convoy:info())),
     ?assert(A - D > 0),
-    ?assertEqual(true, convoy_route:is_marked(Node)),
+    ?assertEqual(true, convoy_sender:is_marked(Node)),
     timer:sleep(20), % the lane is calm
     Before = received(Peer),
     round_trip(Echo, 0),
     ?assertEqual(1, received(Peer) - Before),
     %% the barrier behind it has been answered: the sender is no longer marked
-    ?assertEqual(false, convoy_route:is_marked(Node)),
+    ?assertEqual(false, convoy_sender:is_marked(Node)),
     [round_trip(Echo, I) || I <- lists:seq(1, 50)],
     After = received(Peer),
     ct:pal("messages the peer's inbox delivered during 51 idle round trips: ~p",
@@ -93,7 +93,7 @@ streaming_sender_skips_records(_Config) ->
     #runtime{slots = {Slots}} = persistent_term:get(?RUNTIME_KEY),
     Stream = fun(N) -> last_sends_after(Node, Slots, N, 0) end,
     _ = Stream(2000), % a burst: the sender is marked
-    ?assertEqual(true, convoy_route:is_marked(Node)),
+    ?assertEqual(true, convoy_sender:is_marked(Node)),
     Runs0 = Stream(1600),
     Runs = runs(Runs0),
     ct:pal("sends per record while streaming: ~p", [Runs]),
@@ -125,7 +125,7 @@ broadcast_rounds_go_direct(_Config) ->
     {_PeerC, C} = convoy_ct_peers:convoy_peer(?MODULE, ?CT_PEER_NAME(), #{}),
     [ok = convoy:send({nobody, C}, {burst, I}) || I <- lists:seq(1, 20000)],
     ok = convoy:flush(),
-    ?assertEqual(true, convoy_route:is_marked(C)),
+    ?assertEqual(true, convoy_sender:is_marked(C)),
     Direct = fun(Node) -> maps:get(direct, maps:get(Node, maps:get(nodes, convoy:info()))) end,
     {B0, C0} = {Direct(B), Direct(C)},
     Rounds = 2000,
@@ -137,7 +137,7 @@ broadcast_rounds_go_direct(_Config) ->
     ok = convoy:flush(),
     {B1, C1} = {Direct(B) - B0, Direct(C) - C0},
     ct:pal("direct sends in ~p rounds: ~p to B, ~p to C", [Rounds, B1, C1]),
-    ?assertEqual(false, convoy_route:is_marked(C)),
+    ?assertEqual(false, convoy_sender:is_marked(C)),
     ?assert(B1 >= Rounds * 9 div 10),
     ?assert(C1 >= Rounds * 9 div 10).
 
@@ -176,10 +176,10 @@ barrier_wait_keeps_lane_busy(_Config) ->
                fun() ->
                        [ok = convoy:send(Echo, {burst, I}) || I <- lists:seq(1, 5000)],
                        ok = convoy:flush(),
-                       Self ! {marked, self(), convoy_route:is_marked(Node)},
+                       Self ! {marked, self(), convoy_sender:is_marked(Node)},
                        receive go -> ok end,
                        ok = convoy:send(Echo, {ping, Self, 1}),
-                       Self ! {sent, self(), convoy_route:is_marked(Node)}
+                       Self ! {sent, self(), convoy_sender:is_marked(Node)}
                end),
     ?assertEqual(true, receive {marked, Sender, M} -> M after 30000 -> timeout end),
     Inbox = convoy_inbox_1, % the inbox of lane 1's traffic

@@ -350,7 +350,7 @@ direct_count_after_forget(_Config) ->
     Self = self(),
     Sender = spawn_link(fun Loop() ->
                                 receive send -> ok = convoy:send({nobody, Y}, hi) end,
-                                Self ! {sent, convoy_route:is_marked(Y)},
+                                Self ! {sent, convoy_sender:is_marked(Y)},
                                 Loop()
                         end),
     Sender ! send,

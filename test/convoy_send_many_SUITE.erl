@@ -118,7 +118,7 @@ idle_lane_one_batch(_Config) ->
     #{direct := D1} = maps:get(B, maps:get(nodes, convoy:info())),
     ?assertEqual(100, D1 - D0),
     %% the sender went through the inbox: its next messages keep their place
-    ?assert(convoy_route:is_marked(B)),
+    ?assert(convoy_sender:is_marked(B)),
     true = erlang:resume_process(Lane),
     [ok = convoy:send(Col, {seq, self(), I}) || I <- lists:seq(102, 150)],
     ok = convoy:send_many([{Col, {seq, self(), I}} || I <- lists:seq(151, 200)]),

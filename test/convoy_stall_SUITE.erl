@@ -211,7 +211,7 @@ sender(Parent, Kind, Policy, SinkB, SinkC, Payload, Progress) ->
                 marked ->
                     %% a burst through the lane: the sender is marked
                     [ok = send(SinkB, {seq, self(), I, Payload}, Policy) || I <- lists:seq(1, 100)],
-                    true = convoy_route:is_marked(node(SinkB)),
+                    true = convoy_sender:is_marked(node(SinkB)),
                     100;
                 _ ->
                     0
@@ -271,7 +271,7 @@ marked_sender(Sink, Bytes) ->
     Pid = spawn_link(fun() ->
                              [ok = convoy:send(Sink, {seq, self(), I, Payload})
                               || I <- lists:seq(1, 100)],
-                             true = convoy_route:is_marked(node(Sink)),
+                             true = convoy_sender:is_marked(node(Sink)),
                              Self ! {marked, self()},
                              marked_loop(Self, Sink, Payload, 101)
                      end),

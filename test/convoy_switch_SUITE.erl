@@ -155,7 +155,7 @@ sender_loop(Parent, Sink) ->
             Parent ! {sent, self()},
             sender_loop(Parent, Sink);
         {is_marked, Node, ReplyTo} ->
-            ReplyTo ! {is_marked, self(), convoy_route:is_marked(Node)},
+            ReplyTo ! {is_marked, self(), convoy_sender:is_marked(Node)},
             sender_loop(Parent, Sink)
     end.
 

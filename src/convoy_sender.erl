@@ -1,0 +1,275 @@
+%% @private
+%% A sending process's own state, and the lane's calm as that sender finds it.
+%%
+%% The state is one entry of the sender's process dictionary (`?KEY', an atom:
+%% it hashes and compares at once), a `#sender{}' with three parts:
+%% <ul>
+%% <li>`marked': the nodes this sender's traffic went to through a lane or an
+%%   inbox since its last barrier (rule 3 of `convoy_send'), each `true', or
+%%   `{pieces, Inbox}' while its last message in pieces went through the peer's
+%%   `Inbox' unconfirmed and everything it sent to the node since went straight
+%%   to that inbox;</li>
+%% <li>`own': its part of the adaptive policy (`convoy_path:own()': the calm it
+%%   reuses, its last recorded small send to each node);</li>
+%% <li>`skipped': the records a marked sender skipped in a row.</li>
+%% </ul>
+%% A process that never sent remotely has no entry, and the paths that need no
+%% state (a fresh process's first send to a busy node) write none.
+-module(convoy_sender).
+
+-export([marker/1, is_marked/1, mark/1, mark_lane/1, mark_pieces/2, confirmed/1, unmark/1]).
+-export([unmarked_calm/3, marked_calm/3, unheld_calm/4, skipped_record/3, entry_calm/3]).
+
+-export_type([marker/0]).
+
+-include("convoy_runtime.hrl").
+
+-define(KEY, '$convoy_sender').
+
+-type marker() :: false | true | {pieces, atom()}.
+
+-record(sender, {marked = #{} :: #{node() => true | {pieces, atom()}},
+                 own :: convoy_path:own() | undefined,
+                 skipped :: pos_integer() | undefined}).
+
+-compile({inline, [state/0, set_marked/2, slots/2, now_us/1]}).
+
+%%--------------------------------------------------------------------
+%% The marker
+
+state() ->
+    case get(?KEY) of
+        undefined -> #sender{};
+        S -> S
+    end.
+
+%% @doc The calling process's marker for `Node'.
+-spec marker(node()) -> marker().
+marker(Node) ->
+    case get(?KEY) of
+        #sender{marked = #{Node := Marker}} -> Marker;
+        _ -> false
+    end.
+
+%% @doc Whether the calling process's traffic to `Node' went through a lane or
+%% an inbox since its last barrier.
+-spec is_marked(node()) -> boolean().
+is_marked(Node) ->
+    marker(Node) =/= false.
+
+%% @doc Marks `Node' for a message sent straight to an inbox, keeping a
+%% `{pieces, Inbox}' marker as it is: the message is in the connection behind
+%% the pieces.
+-spec mark(node()) -> ok.
+mark(Node) ->
+    case get(?KEY) of
+        #sender{marked = #{Node := _}} -> ok;
+        _ -> set_marked(Node, true)
+    end.
+
+%% @doc Marks `Node' for a message handed to the lane: the marker is `true',
+%% whatever it was. The lane may still hold the message, so nothing may go
+%% straight to the inbox of a `{pieces, Inbox}' marker any more. Nor need it:
+%% the lane ships to that inbox, behind the pieces, and whatever confirms the
+%% lane's traffic confirms them too.
+-spec mark_lane(node()) -> ok.
+mark_lane(Node) ->
+    case get(?KEY) of
+        #sender{marked = #{Node := true}} -> ok;
+        _ -> set_marked(Node, true)
+    end.
+
+%% @doc A message in pieces went through the peer's `Inbox' unconfirmed.
+-spec mark_pieces(node(), atom()) -> ok.
+mark_pieces(Node, Inbox) ->
+    set_marked(Node, {pieces, Inbox}).
+
+%% @doc The pieces' inbox confirmed them; the sender's lane may hold traffic.
+-spec confirmed(node()) -> ok.
+confirmed(Node) ->
+    set_marked(Node, true).
+
+%% @doc A barrier confirmed everything the sender sent to `Node'.
+-spec unmark(node()) -> ok.
+unmark(Node) ->
+    case get(?KEY) of
+        S = #sender{marked = #{Node := _} = Marked} ->
+            put(?KEY, S#sender{marked = maps:remove(Node, Marked)}),
+            ok;
+        _ ->
+            ok
+    end.
+
+set_marked(Node, Marker) ->
+    S = #sender{marked = Marked} = state(),
+    put(?KEY, S#sender{marked = Marked#{Node => Marker}}),
+    ok.
+
+%%--------------------------------------------------------------------
+%% The lane's calm as the sender finds it (its arithmetic: convoy_path)
+
+%% @doc An unmarked sender's small send. A sender that found its lane calm takes
+%% that calm as found for its next CALM_REUSE small sends: they go directly
+%% without the clock or the lane's shared line. A direct send is always safe for
+%% an unmarked sender. The next recorded send stands for the sends taken since
+%% the last one: its gaps count per send, so a sender that starts to stream, or
+%% many that take turns, are seen as before.
+-spec unmarked_calm(#runtime{}, pos_integer(), node()) -> convoy_path:calm().
+unmarked_calm(RT = #runtime{bypass_after = W, max_delay = 0}, L, Node) when is_integer(W) ->
+    case get(?KEY) of
+        undefined -> first_calm(RT, L, Node, #sender{});
+        #sender{own = undefined} = S -> first_calm(RT, L, Node, S);
+        #sender{own = Own} = S -> unmarked_calm(RT, L, Node, S, Own)
+    end;
+unmarked_calm(RT, L, _Node) ->
+    forced(RT, L).
+
+%% A process's first small send: while convoy holds messages for the node, it
+%% takes the lane as busy without reading the lane's calm or keeping state. Most
+%% processes whose first send finds the node busy send once (the seed's flood of
+%% fresh pingers), and that state would die with them; one that goes on streams
+%% into its lane, marked.
+first_calm(RT, L, Node, S) ->
+    case convoy_peers:refs(Node) of
+        {_C, H} ->
+            case convoy_held:is_empty(H) of
+                false -> busy;
+                true -> record_unmarked(RT, L, Node, S, convoy_path:own())
+            end;
+        undefined ->
+            record_unmarked(RT, L, Node, S, convoy_path:own())
+    end.
+
+unmarked_calm(RT, L, Node, S, Own0) ->
+    case convoy_path:reuse(Own0) of
+        {Calm, Own} ->
+            put(?KEY, S#sender{own = Own}),
+            Calm;
+        record ->
+            record_unmarked(RT, L, Node, S, Own0)
+    end.
+
+record_unmarked(RT, L, Node, S, Own0) ->
+    Now = now_us(RT),
+    {OwnGap, Sends, Own} = convoy_path:unmarked_record(Own0, Node, Now),
+    Calm = calm(RT, L, Now, OwnGap, Sends, direct),
+    put(?KEY, S#sender{own = convoy_path:found(Own, Calm)}),
+    Calm.
+
+%% @doc A marked sender's small send on an idle lane. It records at most one
+%% small send in SKIP_MAX + 1 on its lane, the recorded one standing for the
+%% skipped ones in the lane's averages: a sender that streams (its own sends, on
+%% average since its last record, within `bypass_after') keeps the lane without
+%% recording. So a flood's sender reads the clock and writes the lane's shared
+%% line rarely, and the lane's last small send, which tells other senders and
+%% large messages that the lane is in use, stays at most SKIP_MAX + 1 of its
+%% sends old.
+-spec marked_calm(#runtime{}, pos_integer(), node()) -> convoy_path:calm().
+marked_calm(RT = #runtime{bypass_after = W, max_delay = 0}, L, Node) when is_integer(W) ->
+    Now = now_us(RT),
+    S = #sender{own = Own0, skipped = Skipped0} = state(),
+    case convoy_path:marked_record(own(Own0), skipped(Skipped0), Node, Now, W) of
+        {skip, Skipped} ->
+            put(?KEY, S#sender{skipped = Skipped}),
+            busy;
+        {record, OwnGap, Sends, Own} ->
+            put(?KEY, S#sender{own = Own, skipped = undefined}),
+            calm(RT, L, Now, OwnGap, Sends, lane)
+    end;
+marked_calm(RT, L, _Node) ->
+    forced(RT, L).
+
+%% @doc With nothing held for the node, a marked sender's lane as its small send
+%% finds it, `Idle' after its admission or not: busy while the lane still holds
+%% admitted messages (recorded as a skip), else its calm.
+-spec unheld_calm(#runtime{}, pos_integer(), node(), boolean()) -> convoy_path:calm().
+unheld_calm(RT, L, Node, Idle) ->
+    case Idle of
+        false ->
+            skipped_record(RT, L, Node),
+            busy;
+        true ->
+            marked_calm(RT, L, Node)
+    end.
+
+%% @doc A marked sender's small send to its busy lane (the path does not depend
+%% on the lane's calm). A sender that its last clock reading found streaming
+%% skips this one's clock and record too, up to SKIP_MAX in a row; any other
+%% sender records it: the lane's last small send and averages stay as fresh as
+%% its senders' traffic, which the calm of every other sender on the lane reads.
+-spec skipped_record(#runtime{}, pos_integer(), node()) -> ok.
+skipped_record(RT = #runtime{bypass_after = W, max_delay = 0}, L, Node) when is_integer(W) ->
+    S = #sender{skipped = Skipped0} = state(),
+    case convoy_path:skip(Skipped0) of
+        {skip, Skipped} ->
+            put(?KEY, S#sender{skipped = Skipped}),
+            ok;
+        record ->
+            _ = marked_calm(RT, L, Node),
+            ok
+    end;
+skipped_record(RT, L, _Node) ->
+    busy = forced(RT, L),
+    ok.
+
+%% @doc A multicast entry's small send to `Node': recorded on the lane as one
+%% send (an entry reuses no calm and leaves the sender's reuse as it is), and how
+%% calm the lane was before it.
+-spec entry_calm(#runtime{}, pos_integer(), node()) -> convoy_path:calm().
+entry_calm(RT = #runtime{bypass_after = W, max_delay = 0}, L, Node) when is_integer(W) ->
+    Now = now_us(RT),
+    S = #sender{own = Own0} = state(),
+    {OwnGap, Own} = convoy_path:entry_record(own(Own0), Node, Now),
+    put(?KEY, S#sender{own = Own}),
+    calm(RT, L, Now, OwnGap, 1, direct);
+entry_calm(RT, L, _Node) ->
+    forced(RT, L).
+
+own(undefined) -> convoy_path:own();
+own(Own) -> Own.
+
+skipped(undefined) -> 0;
+skipped(N) -> N.
+
+%% The lane's calm at `Now', with the sender's own gap per send already known.
+%% How long the lane has been without a small message depends on where the
+%% sender's unrecorded sends went: `direct' (an unmarked sender's reused calm),
+%% so the lane's gap since its last record counts per send; or `lane' (a marked
+%% sender's skipped records), so its own previous send took the lane at the
+%% latest `OwnGap' ago, as if it had been recorded.
+calm(RT = #runtime{bypass_after = W}, L, Now, OwnGap, Sends, Unrecorded) ->
+    Slots = slots(RT, L),
+    {LaneGap, Gaps} = convoy_slots:since_last_send(Slots, Now, OwnGap, Sends),
+    Gap = case Unrecorded of
+              direct -> LaneGap div Sends;
+              lane -> min(LaneGap, OwnGap)
+          end,
+    case convoy_path:calm(Gap, W) of
+        busy ->
+            case convoy_path:streams(OwnGap, W) of
+                true ->
+                    busy;
+                false ->
+                    convoy_path:pays(convoy_slots:unpaid_until(Slots), Now, gaps(Slots, Gaps))
+            end;
+        quiet ->
+            convoy_path:quiet(convoy_slots:unpaid_until(Slots), gaps(Slots, Gaps));
+        Settled ->
+            Settled
+    end.
+
+%% The gaps as this send updated them, or as the lane holds them.
+gaps(Slots, unread) -> convoy_slots:recent_gaps(Slots);
+gaps(_Slots, Gaps) -> Gaps.
+
+%% Batching forced (`max_delay' set, or `bypass_after' `never'): the lane is
+%% never calm, and no average is read. The small send's time is noted all the
+%% same: a large message that follows goes in pieces behind it
+%% (`convoy_path:pieces/3').
+forced(RT, L) ->
+    ok = convoy_slots:note_small_send(slots(RT, L), now_us(RT)),
+    busy.
+
+slots(#runtime{slots = Slots}, L) -> element(L, Slots).
+
+now_us(#runtime{clock = Clock}) -> convoy_slots:now_us(Clock).
