@@ -1,6 +1,6 @@
 %% @private
 %% The sender's side of a message sent in pieces (`convoy_chunk'): runs in the
-%% caller of `convoy:send/2', which `convoy_route' lets do so only where its
+%% caller of `convoy:send/2', which `convoy_send' lets do so only where its
 %% ordering rules allow a message to go to its lane's inbox (the lane holds
 %% nothing of the sender's).
 %%
@@ -34,7 +34,7 @@
 %% its message up. Bounds:
 %% <ul>
 %% <li>no answer to the first piece within `barrier_timeout' ms: `no_answer'
-%%   (counted `stalled'); `convoy_route' hands the message to the lane whole
+%%   (counted `stalled'); `convoy_send' hands the message to the lane whole
 %%   (behind that piece, in the same inbox; the piece is never completed and is
 %%   discarded when its keeper goes), unless that piece was the whole message:
 %%   then it is `sent';</li>

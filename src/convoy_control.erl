@@ -28,7 +28,7 @@
 %% Stopping (terminate/2) closes every lane and publishes the runtime marked
 %% `stopping'; the lanes retire as in a lane change, with no successors. Senders
 %% with messages in a lane wait for it to finish before sending plainly (see
-%% convoy_route), so order holds across the switch to plain sends. Bounded by
+%% convoy_send), so order holds across the switch to plain sends. Bounded by
 %% `?STOP_MS'; a lane still busy then is shut down by its supervisor, and counts
 %% and logs what it could not ship.
 %%

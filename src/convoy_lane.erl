@@ -65,7 +65,7 @@
 %% terminate/2 and a retired lane end the process: all end by exit on purpose.
 -dialyzer({nowarn_function, [courier/3, connect/2, connector/1, terminate/2, cycle/1]}).
 -define(SEND_OPTS, [nosuspend, noconnect]).
-%% A send or large message as convoy_route hands it over; anything else (anything
+%% A send or large message as convoy_send hands it over; anything else (anything
 %% may reach a registered process) is stray.
 -define(IS_HANDED(Node, To, Bytes),
         is_atom(Node), is_integer(Bytes), Bytes >= 0,
@@ -204,7 +204,7 @@ acts([A | Rest], Now, S) -> acts(Rest, Now, act(A, Now, S)).
 %%--------------------------------------------------------------------
 %% Messages
 
-%% Sends come from convoy_route in this node's processes; the guards keep a
+%% Sends come from convoy_send in this node's processes; the guards keep a
 %% malformed one (anything may reach a registered process) from crashing the lane.
 handle({?TAG_SEND, Node, To, _Msg, Bytes} = M, Now, S) when ?IS_HANDED(Node, To, Bytes) ->
     core({send, M}, Now, S);

@@ -1,10 +1,12 @@
 %% @private
-%% The adaptive policy, pure: which path a remote message takes, decided from
-%% facts the sender gathers, and the sender's own state (`own()': the calm it
-%% reuses, its last send to each node). `convoy_route' reads the facts (its lane's
-%% counters, its own marker and state, the node's route), stores the state and
-%% carries the decision out. Why each path keeps order is in
-%% `convoy_route''s header; in short:
+%% The sender's decisions, pure: which path a remote message takes, decided from
+%% facts the sender gathers (`unadmitted/3' before an admission, `decide/4' after
+%% it, `overload/2' at the node's bound), the adaptive policy's arithmetic, and
+%% the sender's own part of it (`own()': the calm it reuses, its last send to each
+%% node). `convoy_send' reads the facts (its lane's counters, the node's route),
+%% `convoy_sender' keeps the sender's state, and `convoy_send' carries the
+%% decision out. Why each path keeps order is in `convoy_send''s header; in
+%% short:
 %% <ul>
 %% <li>`direct' (a plain send to the destination) needs nothing of the sender's
 %%   own to be waiting: no marker (nothing in an inbox), or, after an admission,

@@ -212,7 +212,7 @@ carry_out(S = #send{rt = RT, lane = L, node = Node, size = Size}, {calm, Calm}, 
               false -> {busy, undefined, none}
           end,
     perform(S, convoy_path:decide(Kind, Calm, element(1, Row), Pieces =/= none), Row, Pieces);
-carry_out(S, lane, _V) ->
+carry_out(S = #send{}, lane, _V) ->
     to_lane(S);
 carry_out(S, {room, _H, _Bytes, _Deadline}, _V) ->
     %% room was taken for it while it held no admission

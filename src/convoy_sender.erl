@@ -19,6 +19,7 @@
 
 -export([marker/1, is_marked/1, mark/1, mark_lane/1, mark_pieces/2, confirmed/1, unmark/1]).
 -export([unmarked_calm/3, marked_calm/3, unheld_calm/4, skipped_record/3, entry_calm/3]).
+-export([parts/0]).
 
 -export_type([marker/0]).
 
@@ -104,6 +105,13 @@ set_marked(Node, Marker) ->
     S = #sender{marked = Marked} = state(),
     put(?KEY, S#sender{marked = Marked#{Node => Marker}}),
     ok.
+
+%% @doc The calling process's state, by part (for tests).
+-spec parts() -> #{marked := #{node() => true | {pieces, atom()}},
+                   own := convoy_path:own() | undefined, skipped := pos_integer() | undefined}.
+parts() ->
+    #sender{marked = Marked, own = Own, skipped = Skipped} = state(),
+    #{marked => Marked, own => Own, skipped => Skipped}.
 
 %%--------------------------------------------------------------------
 %% The lane's calm as the sender finds it (its arithmetic: convoy_path)

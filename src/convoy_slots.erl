@@ -14,7 +14,7 @@
 %%   idle and everything it was given is already in the distribution layer;</li>
 %% <li>last small send: microseconds of the latest small message on this lane, by
 %%   the lanes' clock (`now_us/1'), read by every recorded small send (a
-%%   streaming sender records one in 16, convoy_route) and written only when
+%%   streaming sender records one in 16, convoy_sender) and written only when
 %%   the microsecond has moved on. It starts far in the past, never at 0: a
 %%   monotonic clock can be negative. Beside it on the same line, moving averages
 %%   of the gaps between those sends and of the gaps between each and its

@@ -8,7 +8,7 @@
 %% (`waited/7'), so that its senders stop waiting on it until it answers again.
 %%
 %% Runs in the caller (a user's process). No wait here holds an admission that
-%% only the caller could give back: see `convoy_route' and doc/design.md, "A
+%% only the caller could give back: see `convoy_send' and doc/design.md, "A
 %% sender that dies".
 -module(convoy_wait).
 

@@ -10,7 +10,7 @@
 
 -export([all/0, suite/0, init_per_testcase/2, end_per_testcase/2]).
 -export([order_with_sends/1, one_hand_over/1, idle_lane_one_batch/1, bound_one_by_one/1,
-         large_among_small/1,
+         large_among_small/1, idle_lane_over_max_batch/1,
          bad_destination_sends_nothing/1, not_running_sends_plainly/1,
          lanes_change_keeps_order/1]).
 %% Run on peer nodes.
@@ -20,7 +20,8 @@ suite() ->
     [{timetrap, {minutes, 3}}].
 
 all() ->
-    [order_with_sends, one_hand_over, idle_lane_one_batch, bound_one_by_one, large_among_small,
+    [order_with_sends, one_hand_over, idle_lane_one_batch, idle_lane_over_max_batch,
+     bound_one_by_one, large_among_small,
      bad_destination_sends_nothing, not_running_sends_plainly, lanes_change_keeps_order].
 
 init_per_testcase(_TC, Config) ->
@@ -125,6 +126,33 @@ idle_lane_one_batch(_Config) ->
     ok = convoy:flush(),
     ?assertEqual({200, 0, 0}, await_count(Col, 200)),
     ?assertEqual(lists:seq(1, 200), received(Col)).
+
+%% On an idle lane, a node with more messages than `max_batch' is not sent to
+%% the inbox: after the other node's batch went there, it is admitted again and
+%% handed to the lane at once, in order.
+idle_lane_over_max_batch(_Config) ->
+    convoy_ct_peers:start_local(#{max_batch => 50}),
+    {_PB, B} = convoy_ct_peers:convoy_peer(?MODULE, ?CT_PEER_NAME(many_b), #{}),
+    {_PC, C} = convoy_ct_peers:convoy_peer(?MODULE, ?CT_PEER_NAME(many_c), #{}),
+    ColB = spawn(B, ?MODULE, collector, []),
+    ColC = spawn(C, ?MODULE, collector, []),
+    ok = convoy:flush(),
+    Counts = fun(N) -> maps:with([accepted, direct], maps:get(N, maps:get(nodes, convoy:info())))
+             end,
+    #{accepted := AB0, direct := DB0} = Counts(B),
+    #{accepted := AC0, direct := DC0} = Counts(C),
+    ok = convoy:send_many([{ColB, {seq, self(), I}} || I <- lists:seq(1, 120)]
+                          ++ [{ColC, {seq, self(), I}} || I <- lists:seq(1, 30)]),
+    ok = convoy:flush(),
+    ?assertEqual({120, 0, 0}, await_count(ColB, 120)),
+    ?assertEqual({30, 0, 0}, await_count(ColC, 30)),
+    ?assertEqual(lists:seq(1, 120), received(ColB)),
+    #{accepted := AB1, direct := DB1} = Counts(B),
+    #{accepted := AC1, direct := DC1} = Counts(C),
+    ?assertEqual({120, 0}, {AB1 - AB0, DB1 - DB0}), % through the lane
+    ?assertEqual({30, 30}, {AC1 - AC0, DC1 - DC0}),  % one batch to the inbox
+    [{A, A}] = [{convoy_slots:admitted(S), convoy_slots:disposed(S)}
+                || S <- tuple_to_list((persistent_term:get(?RUNTIME_KEY))#runtime.slots)].
 
 %% Over the node's bound, send_many drops exactly what sends one by one would
 %% drop (the first messages that fit go, the rest are counted as dropped), and

@@ -1,0 +1,297 @@
+%% Every ending of a remote send is taken, and the message arrives: each case sets
+%% up the facts of one outcome of the sender's pure decisions (`convoy_path':
+%% `unadmitted/3' before an admission, `decide/4' after it, `overload/2' at the
+%% node's bound), traces what they returned in the sending process, and checks
+%% that the outcome was taken and the messages were delivered in order.
+%% doc/design.md ("The endings of a send") lists the outcomes with these cases.
+-module(convoy_endings_SUITE).
+
+-include_lib("common_test/include/ct.hrl").
+-include_lib("stdlib/include/assert.hrl").
+-include_lib("convoy/src/convoy_runtime.hrl").
+
+-export([all/0, suite/0, init_per_testcase/2, end_per_testcase/2]).
+-export([unadmitted_direct/1, direct_to_plain_peer/1, inbox/1, inbox_barrier/1,
+         barrier_direct/1, pieces/1, drain_pieces/1, lane/1, flood_lane/1, wait_for_room/1,
+         refused/1]).
+%% Run on the peers.
+-export([sink/0]).
+
+-define(BURST, 2000).
+-define(LARGE, binary:copy(<<"L">>, 70000)).    % over large_threshold (65536)
+-define(HUGE, binary:copy(<<"H">>, 200000)).    % over the cases' chunk_threshold
+
+suite() ->
+    [{timetrap, {seconds, 120}}].
+
+all() ->
+    [unadmitted_direct, direct_to_plain_peer, inbox, inbox_barrier, barrier_direct, pieces,
+     drain_pieces, lane, flood_lane, wait_for_room, refused].
+
+init_per_testcase(_TC, Config) ->
+    ok = convoy_ct_peers:restart_here(),
+    Config.
+
+end_per_testcase(_TC, _Config) ->
+    _ = application:stop(convoy),
+    ok.
+
+%%--------------------------------------------------------------------
+%% The cases
+
+%% A fresh process's small message to an idle node: sent directly, no admission.
+unadmitted_direct(_Config) ->
+    {_Peer, Node} = convoy_ct_peers:convoy_peer(?MODULE, ?CT_PEER_NAME(), #{}),
+    Sink = sink_on(Node),
+    Taken = in_fresh(fun() -> ok = convoy:send(Sink, {m, 1}) end),
+    ?assert(lists:member({unadmitted, direct}, Taken), Taken),
+    ?assertEqual([{m, 1}], received(Sink, 1)).
+
+%% (each case's burst arrives whole and in order before the message under test)
+in_order(Got) ->
+    Burst = [M || {b, _} = M <- Got],
+    ?assertEqual([{b, I} || I <- lists:seq(1, ?BURST)], Burst).
+
+%% A marked sender, its lane idle and settled, to a node without convoy: what the
+%% lane shipped is in the connection, the message goes directly.
+direct_to_plain_peer(_Config) ->
+    {_Peer, Node} = convoy_ct_peers:start(?MODULE, ?CT_PEER_NAME(), #{}),
+    ok = convoy:set_config(#{bypass_after => 5}),
+    Sink = sink_on(Node),
+    convoy_ct_peers:await_route(Node, plain),
+    Taken = in_fresh(fun() ->
+                             marked(Sink, Node),
+                             timer:sleep(20),
+                             ok = convoy:send(Sink, {m, last})
+                     end),
+    ?assert(lists:member({decide, direct}, Taken), Taken),
+    Got = received(Sink, ?BURST + 1),
+    in_order(Got),
+    ?assertEqual({m, last}, lists:last(Got)).
+
+%% A marked sender whose idle lane took a small message from another sender just
+%% before (quiet, not settled): a batch of one to the inbox, the sender stays
+%% marked. The timing is the host's: tried until taken.
+inbox(_Config) ->
+    {_Peer, Node} = convoy_ct_peers:convoy_peer(?MODULE, ?CT_PEER_NAME(), #{}),
+    Sink = sink_on(Node),
+    Other = sink_on(Node),
+    Taken = in_fresh(fun() -> inbox_tries(Sink, Other, Node, 10) end),
+    ?assert(lists:member({decide, inbox}, Taken), Taken),
+    Got = received(Sink, 10 * (?BURST + 1)),
+    ?assertEqual([{m, I} || I <- lists:seq(10, 1, -1)], [M || {m, _} = M <- Got]).
+
+inbox_tries(_Sink, _Other, _Node, 0) ->
+    ok;
+inbox_tries(Sink, Other, Node, Tries) ->
+    ok = convoy:set_config(#{bypass_after => 20}), % a burst streams into the lane
+    marked(Sink, Node),
+    ok = convoy:set_config(#{bypass_after => 0}),  % anything within 1 ms is quiet
+    timer:sleep(5),
+    %% another process's first send records the lane's last small send, no admission
+    {Pid, Mon} = spawn_monitor(fun() -> ok = convoy:send(Other, {o, 1}) end),
+    receive {'DOWN', Mon, process, Pid, normal} -> ok end,
+    ok = convoy:send(Sink, {m, Tries}),
+    inbox_tries(Sink, Other, Node, Tries - 1).
+
+%% A marked sender whose lane has been calm for a while: the message goes to the
+%% inbox with a barrier behind it, whose answer unmarks the sender.
+inbox_barrier(_Config) ->
+    {_Peer, Node} = convoy_ct_peers:convoy_peer(?MODULE, ?CT_PEER_NAME(), #{}),
+    ok = convoy:set_config(#{bypass_after => 5}),
+    Sink = sink_on(Node),
+    Taken = in_fresh(fun() ->
+                             marked(Sink, Node),
+                             timer:sleep(20),
+                             ok = convoy:send(Sink, {m, last}),
+                             false = convoy_sender:is_marked(Node)
+                     end),
+    ?assert(lists:member({decide, inbox_barrier}, Taken), Taken),
+    Got = received(Sink, ?BURST + 1),
+    in_order(Got),
+    ?assertEqual({m, last}, lists:last(Got)).
+
+%% A marked sender's large message on an idle lane: a barrier confirms the inbox,
+%% then the message goes directly (copied once, as `!' copies it).
+barrier_direct(_Config) ->
+    {_Peer, Node} = convoy_ct_peers:convoy_peer(?MODULE, ?CT_PEER_NAME(), #{}),
+    Sink = sink_on(Node),
+    Taken = in_fresh(fun() ->
+                             marked(Sink, Node),
+                             ok = convoy:send(Sink, {m, ?LARGE}),
+                             false = convoy_sender:is_marked(Node)
+                     end),
+    ?assert(lists:member({decide, barrier_direct}, Taken), Taken),
+    Got = received(Sink, ?BURST + 1),
+    in_order(Got),
+    ?assertEqual({m, ?LARGE}, lists:last(Got)).
+
+%% A marked sender's message over chunk_threshold on an idle lane: in pieces
+%% through the lane's inbox.
+pieces(_Config) ->
+    {_Peer, Node} = convoy_ct_peers:convoy_peer(?MODULE, ?CT_PEER_NAME(), #{}),
+    ok = convoy:set_config(#{chunk_threshold => 100000, chunk_guard => always}),
+    Sink = sink_on(Node),
+    Taken = in_fresh(fun() ->
+                             marked(Sink, Node),
+                             ok = convoy:send(Sink, {m, ?HUGE})
+                     end),
+    ?assert(lists:member({decide, pieces}, Taken), Taken),
+    Got = received(Sink, ?BURST + 1),
+    in_order(Got),
+    ?assertEqual({m, ?HUGE}, lists:last(Got)).
+
+%% The same with batching forced (max_delay): the lane is busy, so the sender
+%% waits for it to ship what it holds for the node, then sends the pieces.
+drain_pieces(_Config) ->
+    {_Peer, Node} = convoy_ct_peers:convoy_peer(?MODULE, ?CT_PEER_NAME(), #{}),
+    ok = convoy:set_config(#{chunk_threshold => 100000, chunk_guard => always,
+                             max_delay => 1}),
+    Sink = sink_on(Node),
+    Taken = in_fresh(fun() ->
+                             ok = convoy:send(Sink, {m, first}),
+                             ok = convoy:send(Sink, {m, ?HUGE})
+                     end),
+    ?assert(lists:member({decide, drain_pieces}, Taken), Taken),
+    ?assertEqual([{m, first}, {m, ?HUGE}], received(Sink, 2)).
+
+%% With batching forced and no pieces, a marked sender's large message goes to
+%% the lane whole.
+lane(_Config) ->
+    {_Peer, Node} = convoy_ct_peers:convoy_peer(?MODULE, ?CT_PEER_NAME(), #{}),
+    ok = convoy:set_config(#{max_delay => 1}),
+    Sink = sink_on(Node),
+    Taken = in_fresh(fun() ->
+                             ok = convoy:send(Sink, {m, first}),
+                             ok = convoy:send(Sink, {m, ?LARGE})
+                     end),
+    ?assert(lists:member({decide, lane}, Taken), Taken),
+    ?assertEqual([{m, first}, {m, ?LARGE}], received(Sink, 2)).
+
+%% A flood: while anything is held for the node, a marked sender's small message
+%% goes to the lane without asking `decide/4' (the read that takes its room
+%% answers that the lane is busy), and the lane ships most of them in batches.
+flood_lane(_Config) ->
+    {_Peer, Node} = convoy_ct_peers:convoy_peer(?MODULE, ?CT_PEER_NAME(), #{}),
+    Sink = sink_on(Node),
+    _ = in_fresh(fun() -> marked(Sink, Node) end),
+    in_order(received(Sink, ?BURST)),
+    #{accepted := A, direct := D, batches := B} = maps:get(Node, maps:get(nodes, convoy:info())),
+    ?assert(A - D > B, {A, D, B}).
+
+%% At the node's bound under `block', the sender waits for room (holding no
+%% admission), then hands the message to the lane.
+wait_for_room(_Config) ->
+    {_Peer, Node} = convoy_ct_peers:convoy_peer(?MODULE, ?CT_PEER_NAME(), #{}),
+    ok = convoy:set_config(#{max_buffered => 5, overload => block, block_timeout => 5000,
+                             max_delay => 1}),
+    Sink = sink_on(Node),
+    [Lane] = lanes(),
+    Self = self(),
+    %% (only the process that suspended the lane may resume it)
+    spawn(fun() ->
+                  true = erlang:suspend_process(Lane),
+                  Self ! suspended,
+                  timer:sleep(200),
+                  true = erlang:resume_process(Lane)
+          end),
+    receive suspended -> ok end,
+    Taken = in_fresh(fun() -> [ok = convoy:send(Sink, {m, I}) || I <- lists:seq(1, 10)] end),
+    ?assert(lists:member({overload, wait}, Taken), Taken),
+    ?assertEqual([{m, I} || I <- lists:seq(1, 10)], received(Sink, 10)).
+
+%% At the bound under `error', `send/3' is refused and says so; nothing else is
+%% lost.
+refused(_Config) ->
+    {_Peer, Node} = convoy_ct_peers:convoy_peer(?MODULE, ?CT_PEER_NAME(), #{}),
+    ok = convoy:set_config(#{max_buffered => 5, max_delay => 1}),
+    Sink = sink_on(Node),
+    [Lane] = lanes(),
+    true = erlang:suspend_process(Lane),
+    Self = self(),
+    Taken = in_fresh(fun() ->
+                             R = [convoy:send(Sink, {m, I}, #{overload => error})
+                                  || I <- lists:seq(1, 10)],
+                             Self ! {results, R}
+                     end),
+    true = erlang:resume_process(Lane),
+    Results = receive {results, R} -> R end,
+    ?assert(lists:member({overload, refuse}, Taken), Taken),
+    Sent = [{m, I} || {I, ok} <- lists:zip(lists:seq(1, 10), Results)],
+    ?assert(length(Sent) < 10),
+    ?assertEqual(Sent, received(Sink, length(Sent))).
+
+%%--------------------------------------------------------------------
+%% Helpers
+
+%% A burst through the lane marks the sender; then its lane ships it all.
+marked(Sink, Node) ->
+    [ok = convoy:send(Sink, {b, I}) || I <- lists:seq(1, ?BURST)],
+    ok = convoy:flush(),
+    true = convoy_sender:is_marked(Node),
+    ok.
+
+%% Fun run in a fresh process; what the sender's decisions returned there, in
+%% order, as `{unadmitted | decide | overload, Outcome}'.
+in_fresh(Fun) ->
+    Self = self(),
+    {Pid, Mon} = spawn_monitor(fun() -> Self ! {taken, self(), traced(Fun)} end),
+    receive
+        {taken, Pid, Taken} -> erlang:demonitor(Mon, [flush]), Taken;
+        {'DOWN', Mon, process, Pid, Reason} -> ct:fail({sender_died, Reason})
+    end.
+
+traced(Fun) ->
+    Tracer = spawn_link(fun() -> collect([]) end),
+    Match = [{'_', [], [{return_trace}]}],
+    [_ = erlang:trace_pattern(MFA, Match, [local])
+     || MFA <- [{convoy_path, unadmitted, 3}, {convoy_path, decide, 4},
+                {convoy_path, overload, 2}]],
+    1 = erlang:trace(self(), true, [call, {tracer, Tracer}]),
+    try
+        Fun()
+    after
+        erlang:trace(self(), false, [call])
+    end,
+    Ref = erlang:trace_delivered(self()),
+    receive {trace_delivered, _, Ref} -> ok end,
+    Tracer ! {get, self()},
+    receive {decisions, Taken} -> Taken end.
+
+collect(Acc) ->
+    receive
+        {trace, _, return_from, {convoy_path, F, _}, Outcome} ->
+            collect([{name(F), Outcome} | Acc]);
+        {trace, _, call, _} ->
+            collect(Acc);
+        {get, From} ->
+            From ! {decisions, lists:reverse(Acc)}
+    end.
+
+name(unadmitted) -> unadmitted;
+name(decide) -> decide;
+name(overload) -> overload.
+
+lanes() ->
+    #runtime{lanes = Lanes} = persistent_term:get(?RUNTIME_KEY),
+    tuple_to_list(Lanes).
+
+sink_on(Node) ->
+    spawn(Node, ?MODULE, sink, []).
+
+%% The messages a sink got, once it has N of them (in arrival order).
+received(Sink, N) ->
+    convoy_ct_peers:await(fun() -> got(Sink) end, fun(Got) -> length(Got) >= N end, 20000).
+
+got(Sink) ->
+    Sink ! {get, self()},
+    receive {got, Sink, Got} -> Got after 5000 -> ct:fail(sink_silent) end.
+
+sink() ->
+    sink([]).
+
+sink(Acc) ->
+    receive
+        {get, From} -> From ! {got, self(), lists:reverse(Acc)}, sink(Acc);
+        M -> sink([M | Acc])
+    end.
