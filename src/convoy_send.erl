@@ -66,7 +66,10 @@
                nodes :: [{node(), list(), non_neg_integer(), {node(), list()}}],
                count :: pos_integer()}).
 
--compile({inline, [slots/2, size_kind/1, idle/3, context/6, count_direct/1, hold/3]}).
+%% The bracket and a flood's path through it are inlined: every message of a
+%% flood takes them (measured: reductions per send, `bin/convoy-bench cost').
+-compile({inline, [slots/2, size_kind/1, idle/3, context/6, count_direct/1, hold/3,
+                   bracket/2, bracket/4, carry_out/3, held/4]}).
 
 %%--------------------------------------------------------------------
 %% One message
@@ -172,9 +175,13 @@ bracket(Job, Plan, Slots, K) ->
         true ->
             again(Job, Plan);
         false ->
-            {Handed, Then} = carry_out(Job, Plan, V),
-            ok = convoy_slots:dispose(Slots, K - Handed),
-            then(Job, Then)
+            case carry_out(Job, Plan, V) of
+                {K, ok} ->
+                    ok; % all handed to the lane (a flood's every message)
+                {Handed, Then} ->
+                    ok = convoy_slots:dispose(Slots, K - Handed),
+                    then(Job, Then)
+            end
     end.
 
 %% What an admitted job does now: `{Handed, Then}'.
@@ -200,18 +207,9 @@ carry_out(S = #send{rt = RT = #runtime{max_buffered = MaxN, max_buffered_bytes =
             held(Held, S, C, H)
     end;
 carry_out(S, marked, V) ->
-    carry_out(S, {calm, busy}, V); % a large one
-carry_out(S = #send{rt = RT, lane = L, node = Node, size = Size}, {calm, Calm}, V) ->
-    Kind = size_kind(Size),
-    Pieces = case Size of
-                 {large, B} -> pieces_inbox(RT, L, Node, B);
-                 _ -> none
-             end,
-    Row = case convoy_path:may_bypass(Kind, Calm) andalso idle(RT, L, V) of
-              true -> node_row(Node);
-              false -> {busy, undefined, none}
-          end,
-    perform(S, convoy_path:decide(Kind, Calm, element(1, Row), Pieces =/= none), Row, Pieces);
+    calm_path(S, busy, V); % a large one
+carry_out(S, {calm, Calm}, V) ->
+    calm_path(S, Calm, V);
 carry_out(S = #send{}, lane, _V) ->
     to_lane(S);
 carry_out(S, {room, _H, _Bytes, _Deadline}, _V) ->
@@ -226,6 +224,20 @@ carry_out(#many{nodes = Nodes, rt = RT, lane = L, count = K}, together, V) ->
     end;
 carry_out(#many{rt = RT, lane = L, nodes = Nodes}, lane, _V) ->
     hand_over_many(RT, L, Nodes).
+
+%% An admitted message whose sender found the lane's calm: the lane's view and
+%% whether a large one goes in pieces, then `convoy_path:decide/4'.
+calm_path(S = #send{rt = RT, lane = L, node = Node, size = Size}, Calm, V) ->
+    Kind = size_kind(Size),
+    Pieces = case Size of
+                 {large, B} -> pieces_inbox(RT, L, Node, B);
+                 _ -> none
+             end,
+    Row = case convoy_path:may_bypass(Kind, Calm) andalso idle(RT, L, V) of
+              true -> node_row(Node);
+              false -> {busy, undefined, none}
+          end,
+    perform(S, convoy_path:decide(Kind, Calm, element(1, Row), Pieces =/= none), Row, Pieces).
 
 %% What is left once the admissions the lane did not take are disposed of.
 then(_Job, ok) ->
