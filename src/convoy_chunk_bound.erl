@@ -1,31 +1,31 @@
 %% @private
 %% The bound on a peer node's partial messages in pieces (`max_reassembly_bytes'),
-%% shared by this node's inboxes, and the only module touching it.
+%% shared by this node's inboxes: the only module touching its table (the
+%% arrays in it are `convoy_held''s).
 %%
 %% A node's messages in pieces reach whichever inbox their senders' lanes use,
 %% so every inbox may hold partials of the same node. Per node, a row of the
 %% public table `convoy_reassembly' (created by `convoy_inbox_sup', which
-%% outlives its inboxes) holds an `atomics' array: one slot per inbox, the bytes
-%% its partials of that node reserve, written only by that inbox (through this
-%% module, in the inbox's process), and one more slot, the mark of a row being
-%% forgotten.
+%% outlives its inboxes) holds the node's shares (`convoy_held:shares()'): one
+%% per inbox, the bytes its partials of that node reserve, written only by that
+%% inbox (through this module, in the inbox's process), and the mark of a row
+%% being forgotten.
 %%
 %% Taking room (a start): the inbox decides against the room the other inboxes
-%% leave (`room/3'), writes its new total to its slot, then reads the slots and
-%% the mark (`reserve/5'): it keeps the start only if the sum is within the bound
-%% and the row is not being forgotten, else it writes its old total back and
-%% refuses. Atomic operations are mutually ordered, so of two inboxes claiming
-%% at once the one that reads last sees both claims: both may refuse, never
-%% both keep, and a node's reserved bytes never exceed the bound. Giving room
-%% back is one write (`release/3').
+%% leave (`room/3'), then claims its new total (`reserve/5'): it keeps the start
+%% only if the shares stay within the bound and the row is not being forgotten,
+%% else its share is put back and it refuses (`convoy_held:claim_share/5': of
+%% two inboxes claiming at once both may refuse, never both keep, and a node's
+%% reserved bytes never exceed the bound). Giving room back is one write
+%% (`release/3').
 %%
 %% A restarted inbox holds nothing: it zeroes its slot in every row
 %% (`join/2'), so what its previous run reserved goes with it.
 %%
 %% Forgetting a node that is gone (`forget/1', by each inbox at the node's
-%% nodedown): the row is deleted if every slot is 0. The forgetter raises the
-%% mark before it reads the slots (counted, so that two forgetters do not clear
-%% each other's) and lowers it if it keeps the row; a claimer reads the mark
+%% nodedown): the row is deleted if no inbox reserves anything in it. The
+%% forgetter raises the mark before it reads the shares and lowers it if it
+%% keeps the row (`convoy_held:try_close_shares/1'); a claimer reads the mark
 %% after its claim, so a row is never deleted under a reservation, and an inbox
 %% that reserves bytes in a row always finds it.
 %%
@@ -52,7 +52,8 @@ new_table() ->
 %% @doc Inbox `Index' of `Inboxes', (re)started: its slot, reserving nothing.
 -spec join(pos_integer(), pos_integer()) -> slot().
 join(Index, Inboxes) ->
-    ok = ets:foldl(fun({_Node, Slots}, ok) -> atomics:put(Slots, Index, 0) end, ok, ?TABLE),
+    ok = ets:foldl(fun({_Node, Shares}, ok) -> convoy_held:set_share(Shares, Index, 0) end,
+                   ok, ?TABLE),
     {Index, Inboxes}.
 
 %% @doc The bytes this inbox may reserve for `Node''s partials, its own included:
@@ -61,33 +62,21 @@ join(Index, Inboxes) ->
 room(_Slot, _Node, infinity) ->
     infinity;
 room({Index, _} = Slot, Node, Bound) ->
-    Slots = row(Slot, Node),
-    max(0, Bound - (sum(Slots) - atomics:get(Slots, Index))).
+    max(0, Bound - convoy_held:others_share(row(Slot, Node), Index)).
 
 %% @doc This inbox's reservation for `Node' becomes `Held' bytes (more than
 %% `Old', what it reserves now) if the node's reservations in all inboxes stay
 %% within `Bound': true; otherwise false, and nothing changed.
 -spec reserve(slot(), node(), non_neg_integer(), non_neg_integer(), bound()) -> boolean().
 reserve({Index, _} = Slot, Node, Old, Held, Bound) ->
-    Slots = row(Slot, Node),
-    atomics:put(Slots, Index, Held),
-    case atomics:get(Slots, mark(Slots)) =:= 0 andalso fits(sum(Slots), Bound) of
-        true ->
-            true;
-        false ->
-            atomics:put(Slots, Index, Old),
-            false
-    end.
-
-fits(_Bytes, infinity) -> true;
-fits(Bytes, Bound) -> Bytes =< Bound.
+    convoy_held:claim_share(row(Slot, Node), Index, Old, Held, Bound).
 
 %% @doc This inbox's reservation for `Node' becomes `Held' bytes, no more than
 %% before.
 -spec release(slot(), node(), non_neg_integer()) -> ok.
 release({Index, _}, Node, Held) ->
     case ets:lookup(?TABLE, Node) of
-        [{_, Slots}] -> atomics:put(Slots, Index, Held);
+        [{_, Shares}] -> convoy_held:set_share(Shares, Index, Held);
         [] -> ok % it reserves nothing there
     end.
 
@@ -95,16 +84,9 @@ release({Index, _}, Node, Held) ->
 -spec forget(node()) -> ok.
 forget(Node) ->
     case ets:lookup(?TABLE, Node) of
-        [{_, Slots} = Row] ->
-            Mark = mark(Slots),
-            atomics:add(Slots, Mark, 1),
-            case sum(Slots) of
-                0 ->
-                    true = ets:delete_object(?TABLE, Row),
-                    ok;
-                _ ->
-                    atomics:sub(Slots, Mark, 1)
-            end;
+        [{_, Shares} = Row] ->
+            _ = convoy_held:try_close_shares(Shares) andalso ets:delete_object(?TABLE, Row),
+            ok;
         [] ->
             ok
     end.
@@ -114,25 +96,18 @@ forget(Node) ->
 -spec reserved(node()) -> non_neg_integer().
 reserved(Node) ->
     case ets:lookup(?TABLE, Node) of
-        [{_, Slots}] -> sum(Slots);
+        [{_, Shares}] -> convoy_held:shares(Shares);
         [] -> 0
     end.
 
 row({_, Inboxes} = Slot, Node) ->
     case ets:lookup(?TABLE, Node) of
-        [{_, Slots}] ->
-            Slots;
+        [{_, Shares}] ->
+            Shares;
         [] ->
-            Slots = atomics:new(Inboxes + 1, [{signed, false}]),
-            case ets:insert_new(?TABLE, {Node, Slots}) of
-                true -> Slots;
+            Shares = convoy_held:new_shares(Inboxes),
+            case ets:insert_new(?TABLE, {Node, Shares}) of
+                true -> Shares;
                 false -> row(Slot, Node) % another inbox made it first
             end
     end.
-
-%% The slots of the inboxes come first; the mark is the last one.
-mark(Slots) ->
-    maps:get(size, atomics:info(Slots)).
-
-sum(Slots) ->
-    lists:sum([atomics:get(Slots, I) || I <- lists:seq(1, mark(Slots) - 1)]).
