@@ -221,17 +221,17 @@ shares(S) ->
     lists:sum([atomics:get(S, I) || I <- lists:seq(1, mark(S) - 1)]).
 
 %% @doc The row may be forgotten: true if no inbox reserves anything, and then
-%% the mark stays raised, so a claim from then on is refused. The mark is
-%% counted, so that two forgetters do not clear each other's.
+%% the mark stays raised, so a claim from then on is refused. Called by one
+%% process only (the table's owner), so the mark is a flag.
 -spec try_close_shares(shares()) -> boolean().
 try_close_shares(S) ->
     Mark = mark(S),
-    atomics:add(S, Mark, 1),
+    atomics:put(S, Mark, 1),
     case shares(S) of
         0 ->
             true;
         _ ->
-            atomics:sub(S, Mark, 1),
+            atomics:put(S, Mark, 0),
             false
     end.
 
