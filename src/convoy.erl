@@ -241,23 +241,7 @@ flush(Which, Timeout) ->
 %% holds nothing and has had no traffic for two minutes leaves `nodes'; its final
 %% counters are added to `forgotten'.
 -spec info() -> info().
-info() ->
-    case convoy_control:status() of
-        not_running ->
-            #{running => false, settings => #{}, nodes => #{}, lanes => [],
-              forgotten => convoy_peers:forgotten(), rejected => #{}, lost => 0,
-              channels => convoy_channel:stats()};
-        #{settings := Settings, lanes := Lanes} ->
-            #{running => true,
-              settings => Settings,
-              nodes => maps:from_list([{N, convoy_metrics:node_report(Route, C, H)}
-                                       || {N, {Route, C, H}} <- convoy_peers:all()]),
-              lanes => Lanes,
-              forgotten => convoy_peers:forgotten(),
-              rejected => convoy_metrics:rejected(),
-              lost => convoy_metrics:lost(),
-              channels => convoy_channel:stats()}
-    end.
+info() -> convoy_info:report().
 
 %% @doc Change settings at run time; keys as in `options()'. Nothing is lost or
 %% reordered, including when `lanes' changes (the number of inboxes stays as it was

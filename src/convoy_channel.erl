@@ -327,9 +327,7 @@ remaining(Deadline) ->
     erlang:convert_time_unit(Native, native, millisecond).
 
 record_wait(Consumer, Dur, Result) ->
-    Stats = stats_ref(),
-    counters:add(Stats, 1, 1),
-    counters:add(Stats, 2, Dur),
+    ok = convoy_metrics:add_wait(stats_ref(), Dur),
     convoy_metrics:event([convoy, channel, waited], #{duration => Dur},
                          #{consumer => Consumer, result => Result}).
 
@@ -387,20 +385,21 @@ info(Ch) ->
 %% @doc Node-wide totals since the node started: how many `send/2' calls waited
 %% for credit and for how long, over all channels.
 %%
-%% Kept in a `counters' array (write concurrency: producers on different
-%% schedulers do not contend) stored in `persistent_term', created on the first
-%% wait. It does not belong to convoy's supervision tree, so channels work and are
-%% counted whether or not convoy is running, and restarting convoy keeps the
-%% totals. The one-time creation runs under a node-local `global:trans/3' lock so
-%% that two first waits cannot each install an array and lose counts (and a
-%% `persistent_term' key is never replaced, which would cost a global GC).
+%% Kept in a `counters' array (`convoy_metrics:new_waits/0') stored in
+%% `persistent_term', created on the first wait. It does not belong to convoy's
+%% supervision tree, so channels work and are counted whether or not convoy is
+%% running, and restarting convoy keeps the totals. The one-time creation runs
+%% under a node-local `global:trans/3' lock so that two first waits cannot each
+%% install an array and lose counts (and a `persistent_term' key is never
+%% replaced, which would cost a global GC).
 -spec stats() -> #{waits := non_neg_integer(), wait_time_us := non_neg_integer()}.
 stats() ->
     case persistent_term:get(?STATS_KEY, undefined) of
         undefined ->
             #{waits => 0, wait_time_us => 0};
         C ->
-            #{waits => counters:get(C, 1), wait_time_us => us(counters:get(C, 2))}
+            {Waits, Time} = convoy_metrics:waits(C),
+            #{waits => Waits, wait_time_us => us(Time)}
     end.
 
 stats_ref() ->
@@ -417,7 +416,7 @@ stats_ref() ->
 create_stats() ->
     case persistent_term:get(?STATS_KEY, undefined) of
         undefined ->
-            C = counters:new(2, [write_concurrency]),
+            C = convoy_metrics:new_waits(),
             persistent_term:put(?STATS_KEY, C),
             C;
         C ->

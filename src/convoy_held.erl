@@ -37,17 +37,24 @@
 %% as holding nothing; a holder of cached references learns it from `hold/4'
 %% (`closed') and fetches them again. Only what was held is ever released, so a
 %% closed array is never released.
+%%
+%% Also here, each node's shares of the bound on its partial messages in pieces
+%% (`convoy_chunk_bound' keeps the rows and says how inboxes use them): an
+%% `atomics' array with one slot per inbox, the bytes that inbox's partials of
+%% the node reserve, and a last slot, the mark of a row being forgotten.
 -module(convoy_held).
 
 -export([new/0, hold/4, hold_behind/4, hold_many/5, release/3, has_room/4, read/1, is_empty/1, try_close/1]).
+-export([new_shares/1, others_share/2, claim_share/5, set_share/3, shares/1, try_close_shares/1]).
 
 -ifdef(TEST).
 -export([ceiling/0, set/3, is_closed/1]).
 -endif.
 
--export_type([held/0, bound/0]).
+-export_type([held/0, bound/0, shares/0]).
 
 -opaque held() :: atomics:atomics_ref().
+-opaque shares() :: atomics:atomics_ref().
 -type bound() :: pos_integer() | infinity.
 
 -define(SLOT, 1).
@@ -174,6 +181,63 @@ is_empty(H) ->
 -spec try_close(held()) -> boolean().
 try_close(H) ->
     atomics:compare_exchange(H, ?SLOT, 0, ?CLOSED_BIT) =:= ok.
+
+%%--------------------------------------------------------------------
+%% Shares of the bound on partial messages
+
+%% @doc A node's shares, for `Inboxes' inboxes: nothing reserved, not marked.
+-spec new_shares(pos_integer()) -> shares().
+new_shares(Inboxes) -> atomics:new(Inboxes + 1, [{signed, false}]).
+
+%% @doc Bytes reserved by the inboxes other than `Index'.
+-spec others_share(shares(), pos_integer()) -> non_neg_integer().
+others_share(S, Index) -> shares(S) - atomics:get(S, Index).
+
+%% @doc Inbox `Index''s share becomes `Held' (more than `Old', its share now) if
+%% the shares stay within `Bound' and the row is not being forgotten: true;
+%% otherwise it is `Old' again: false. The share is written before the others
+%% and the mark are read: of two inboxes claiming at once the one that reads
+%% last sees both claims (both may refuse, never both keep), and a forgetter
+%% that marks before it reads (`try_close_shares/1') sees the claim or is seen.
+-spec claim_share(shares(), pos_integer(), non_neg_integer(), non_neg_integer(), bound()) ->
+          boolean().
+claim_share(S, Index, Old, Held, Bound) ->
+    atomics:put(S, Index, Held),
+    case atomics:get(S, mark(S)) =:= 0 andalso within(shares(S), Bound) of
+        true ->
+            true;
+        false ->
+            atomics:put(S, Index, Old),
+            false
+    end.
+
+%% @doc Inbox `Index''s share becomes `Held' (a release, or 0 at its start).
+-spec set_share(shares(), pos_integer(), non_neg_integer()) -> ok.
+set_share(S, Index, Held) -> atomics:put(S, Index, Held).
+
+%% @doc Bytes reserved by all inboxes.
+-spec shares(shares()) -> non_neg_integer().
+shares(S) ->
+    lists:sum([atomics:get(S, I) || I <- lists:seq(1, mark(S) - 1)]).
+
+%% @doc The row may be forgotten: true if no inbox reserves anything, and then
+%% the mark stays raised, so a claim from then on is refused. Called by one
+%% process only (the table's owner), so the mark is a flag.
+-spec try_close_shares(shares()) -> boolean().
+try_close_shares(S) ->
+    Mark = mark(S),
+    atomics:put(S, Mark, 1),
+    case shares(S) of
+        0 ->
+            true;
+        _ ->
+            atomics:put(S, Mark, 0),
+            false
+    end.
+
+%% The inboxes' slots come first; the mark is the last one.
+mark(S) ->
+    maps:get(size, atomics:info(S)).
 
 -ifdef(TEST).
 %% Whether the row was forgotten (senders learn it from `hold/4').

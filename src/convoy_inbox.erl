@@ -42,7 +42,7 @@
 %% this node in what is stored (decoded on arrival) follow the name.
 -module(convoy_inbox).
 
--export([start_link/2, init/3, system_continue/3, system_terminate/4,
+-export([start_link/1, init/2, system_continue/3, system_terminate/4,
          system_get_state/1, system_code_change/4]).
 
 -include("convoy_runtime.hrl").
@@ -62,15 +62,15 @@
             %% the node whose batch the input at hand concerns (for the log)
             from = none :: node() | none}).
 
-%% @doc Inbox `Index' of `Inboxes'.
--spec start_link(pos_integer(), pos_integer()) -> {ok, pid()}.
-start_link(Index, Inboxes) ->
-    proc_lib:start_link(?MODULE, init, [self(), Index, Inboxes]).
+%% @doc Inbox `Index'.
+-spec start_link(pos_integer()) -> {ok, pid()}.
+start_link(Index) ->
+    proc_lib:start_link(?MODULE, init, [self(), Index]).
 
--spec init(pid(), pos_integer(), pos_integer()) -> no_return().
-init(Parent, Index, Inboxes) ->
+-spec init(pid(), pos_integer()) -> no_return().
+init(Parent, Index) ->
     register(convoy_wire:inbox_name(Index), self()),
-    Slot = convoy_chunk_bound:join(Index, Inboxes),
+    Slot = convoy_chunk_bound:join(Index),
     process_flag(message_queue_data, off_heap),
     process_flag(trap_exit, true),
     ok = net_kernel:monitor_nodes(true),

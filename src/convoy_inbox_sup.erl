@@ -1,8 +1,6 @@
 %% @private
 %% The inboxes, `convoy_inbox_1..N', N fixed when convoy starts. An inbox holds no
-%% state worth keeping, so one that fails is simply restarted. This process owns
-%% the table of the bytes the inboxes reserve for partial messages per node
-%% (`convoy_chunk_bound'): it outlives every inbox, and goes with them all.
+%% state worth keeping, so one that fails is simply restarted.
 -module(convoy_inbox_sup).
 -behaviour(supervisor).
 
@@ -15,7 +13,6 @@ start_link(N) ->
 %% @private
 -spec init(pos_integer()) -> {ok, {supervisor:sup_flags(), [supervisor:child_spec()]}}.
 init(N) ->
-    ok = convoy_chunk_bound:new_table(),
-    Children = [#{id => {convoy_inbox, I}, start => {convoy_inbox, start_link, [I, N]}}
+    Children = [#{id => {convoy_inbox, I}, start => {convoy_inbox, start_link, [I]}}
                 || I <- lists:seq(1, N)],
     {ok, {#{strategy => one_for_one, intensity => 10, period => 10}, Children}}.

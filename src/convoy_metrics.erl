@@ -6,7 +6,8 @@
 %% only writer: it creates a row when someone first asks for the node's references
 %% (`convoy_peers:refs/1') and forgets it once the node is gone and idle (see
 %% `convoy_peers'). Node-independent rejections (bad input) live in one `atomics'
-%% array so the first of each kind can be logged.
+%% array so the first of each kind can be logged. Credit channels' waits are
+%% counted node-wide here too (`convoy_channel' keeps the array).
 %% Every telemetry event goes through `emit/4' or `event/3', so the `telemetry'
 %% setting holds for all of them. Events are emitted per batch or per episode,
 %% never per message, and only when the `telemetry' module is loaded: there is no
@@ -16,7 +17,7 @@
 -export([init/0, lost/1, lost/0, new_refs/0, add/3, add_direct/1, close/1,
          unanswered/2, escalate/1, is_unanswered/1, may_wait_for_room/1, answered/1,
          node_info/1, node_counts/1, node_report/3, held/1, rejected/1, rejected/2, rejected/0, emit/4,
-         event/3]).
+         event/3, new_waits/0, add_wait/2, waits/1]).
 
 -export_type([counter/0, rejection/0]).
 
@@ -232,6 +233,23 @@ rejected() ->
     Ref = persistent_term:get(?REJECTED),
     maps:from_list(lists:zip(?REJECTIONS,
                              [atomics:get(Ref, I) || I <- lists:seq(1, length(?REJECTIONS))])).
+
+%% @doc Fresh node-wide counters of `convoy_channel''s waits for credit. Write
+%% concurrency: producers on different schedulers do not contend.
+-spec new_waits() -> counters:counters_ref().
+new_waits() ->
+    counters:new(2, [write_concurrency]).
+
+%% @doc Count one wait for credit that took `Dur' (native time units).
+-spec add_wait(counters:counters_ref(), integer()) -> ok.
+add_wait(Ref, Dur) ->
+    counters:add(Ref, 1, 1),
+    counters:add(Ref, 2, Dur).
+
+%% @doc Waits for credit counted and their total time (native time units).
+-spec waits(counters:counters_ref()) -> {non_neg_integer(), integer()}.
+waits(Ref) ->
+    {counters:get(Ref, 1), counters:get(Ref, 2)}.
 
 %% @doc Emit a telemetry event when the `telemetry' setting (`On', from a runtime
 %% the caller holds) is true and the `telemetry' module is loaded.

@@ -1,7 +1,8 @@
 %% @private
-%% Top supervisor. one_for_all: the lanes, their counters and the peer table only
-%% make sense together. `convoy_calls', an optimisation of calls, is restarted on
-%% its own by `convoy_calls_sup', a transient child: when that gives up (it
+%% Top supervisor. one_for_all: the lanes, their counters, the peer table and the
+%% table of bytes reserved for partial messages only make sense together.
+%% `convoy_calls', an optimisation of calls, is restarted on its own by
+%% `convoy_calls_sup', a transient child: when that gives up (it
 %% stops with `shutdown') convoy goes on without it, so no failure of
 %% convoy_calls restarts the rest. Nothing in convoy crashes on input or on a
 %% lane's death (a lane is replaced by convoy_control), so a restart here means
@@ -38,6 +39,7 @@ init(Config = #{lanes := Lanes}) ->
     ok = convoy_metrics:init(),
     Children =
         [#{id => convoy_peers, start => {convoy_peers, start_link, [Lanes]}},
+         #{id => convoy_chunk_bound, start => {convoy_chunk_bound, start_link, [Lanes]}},
          #{id => convoy_inbox_sup, start => {convoy_inbox_sup, start_link, [Lanes]},
            type => supervisor},
          #{id => convoy_lane_sup, start => {convoy_lane_sup, start_link, []},
@@ -80,6 +82,6 @@ await_down({Mon, Pid}, Deadline) ->
     end.
 
 is_convoy_name(Name) ->
-    lists:member(Name, [convoy_peers, convoy_inbox_sup, convoy_lane_sup, convoy_calls_sup,
-                        convoy_calls, convoy_control])
+    lists:member(Name, [convoy_peers, convoy_chunk_bound, convoy_inbox_sup, convoy_lane_sup,
+                        convoy_calls_sup, convoy_calls, convoy_control])
         orelse lists:prefix("convoy_inbox_", atom_to_list(Name)).

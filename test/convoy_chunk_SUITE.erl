@@ -351,7 +351,7 @@ send_and_stay(Lists) ->
 %% at inbox 1 leaves no room for 1 MB at inbox 2 (refused, counted), and the
 %% other way round once the first holder is gone; 12 starts of 500 KB at once,
 %% at both inboxes, keep at most 6; an inbox restarted gives back what its
-%% previous run reserved.
+%% previous run reserved. The table of reservations has one writer, its owner.
 bound_shared_by_inboxes(_Config) ->
     ok = application:stop(convoy),
     ok = application:set_env(convoy, lanes, 2),
@@ -386,6 +386,8 @@ shared_bound() ->
     ?assert(Kept =< 6),
     ?assertEqual(Kept * 500000, reserved(A)),
     ?assertEqual(reserved(A), convoy_chunk_bound:reserved(A)),
+    ?assertEqual({whereis(convoy_chunk_bound), protected},
+                 {ets:info(convoy_reassembly, owner), ets:info(convoy_reassembly, protection)}),
     Old = [whereis(I) || {I, _} <- Inboxes],
     [exit(P, kill) || P <- Old],
     New = await(fun() -> [whereis(I) || {I, _} <- Inboxes] end,

@@ -1,4 +1,5 @@
-%% convoy_held: room within the bounds, release, and the forgetting protocol.
+%% convoy_held: room within the bounds, release, and the forgetting protocol; the
+%% reassembly bound's shares.
 -module(convoy_held_tests).
 
 -include_lib("eunit/include/eunit.hrl").
@@ -101,6 +102,24 @@ release_runs_test() ->
     ?assert(convoy_held:has_room(H, 80, 3, 100)),
     ok = convoy_held:release(H, 1, 20),
     ?assert(convoy_held:is_empty(H)).
+
+%% A claim is kept within the bound and put back past it; a row with a share
+%% is not closed, and a closed row refuses every claim.
+shares_test() ->
+    S = convoy_held:new_shares(2),
+    ?assert(convoy_held:claim_share(S, 1, 0, 60, 100)),
+    ?assertEqual(60, convoy_held:others_share(S, 2)),
+    ?assertNot(convoy_held:claim_share(S, 2, 0, 50, 100)),
+    ?assertEqual(0, convoy_held:others_share(S, 1)),
+    ?assert(convoy_held:claim_share(S, 2, 0, 40, 100)),
+    ?assert(convoy_held:claim_share(S, 2, 40, 400, infinity)),
+    ?assertEqual(460, convoy_held:shares(S)),
+    ?assertNot(convoy_held:try_close_shares(S)),
+    ok = convoy_held:set_share(S, 1, 0),
+    ok = convoy_held:set_share(S, 2, 0),
+    ?assert(convoy_held:try_close_shares(S)),
+    ?assertNot(convoy_held:claim_share(S, 1, 0, 1, infinity)),
+    ?assertEqual(0, convoy_held:shares(S)).
 
 %% The fields' widths bound what is held, whatever the configured bounds; the byte
 %% field full does not spill into the message count.
