@@ -114,9 +114,15 @@ unmarked(RT, L, Node, To, Msg, Size) ->
                {large, _} -> busy; % not a small send: the lane's calm is not touched
                _ -> convoy_sender:unmarked_calm(RT, L, Node)
            end,
-    case convoy_path:unadmitted(size_kind(Size), Calm, false) of
-        direct -> direct(RT, L, Node, To, Msg, Size);
-        admit -> bracket(context(RT, L, Node, To, Msg, Size), {calm, Calm})
+    case Calm of
+        {held, C, H} ->
+            %% a first send while the node has messages held: the lane
+            bracket(context(RT, L, Node, To, Msg, Size), {held, C, H});
+        _ ->
+            case convoy_path:unadmitted(size_kind(Size), Calm, false) of
+                direct -> direct(RT, L, Node, To, Msg, Size);
+                admit -> bracket(context(RT, L, Node, To, Msg, Size), {calm, Calm})
+            end
     end.
 
 context(RT, L, Node, To, Msg, Size) ->
@@ -205,6 +211,11 @@ carry_out(S = #send{rt = RT = #runtime{max_buffered = MaxN, max_buffered_bytes =
         Held ->
             convoy_sender:skipped_record(RT, L, Node),
             held(Held, S, C, H)
+    end;
+carry_out(S = #send{rt = RT, size = {small, Bytes}}, {held, C, H}, _V) ->
+    case hold(RT, H, Bytes) of
+        ok -> hand_over(S);
+        Other -> held(Other, S, C, H)
     end;
 carry_out(S, marked, V) ->
     calm_path(S, busy, V); % a large one

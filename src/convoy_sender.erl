@@ -121,8 +121,10 @@ parts() ->
 %% without the clock or the lane's shared line. A direct send is always safe for
 %% an unmarked sender. The next recorded send stands for the sends taken since
 %% the last one: its gaps count per send, so a sender that starts to stream, or
-%% many that take turns, are seen as before.
--spec unmarked_calm(#runtime{}, pos_integer(), node()) -> convoy_path:calm().
+%% many that take turns, are seen as before. A process's first send to a node for
+%% which convoy holds messages answers `{held, C, H}' (`first_calm/4').
+-spec unmarked_calm(#runtime{}, pos_integer(), node()) ->
+          convoy_path:calm() | {held, counters:counters_ref(), convoy_held:held()}.
 unmarked_calm(RT = #runtime{bypass_after = W, max_delay = 0}, L, Node) when is_integer(W) ->
     case get(?KEY) of
         undefined -> first_calm(RT, L, Node, #sender{});
@@ -133,15 +135,16 @@ unmarked_calm(RT, L, _Node) ->
     forced(RT, L).
 
 %% A process's first small send: while convoy holds messages for the node, it
-%% takes the lane as busy without reading the lane's calm or keeping state. Most
-%% processes whose first send finds the node busy send once (the seed's flood of
-%% fresh pingers), and that state would die with them; one that goes on streams
-%% into its lane, marked.
+%% takes the lane as busy without reading the lane's calm or keeping state, and
+%% with the node's refs (`{held, C, H}') its room is taken without reading them
+%% again. Most processes whose first send finds the node busy send once (the
+%% seed's flood of fresh pingers), and that state would die with them; one that
+%% goes on streams into its lane, marked.
 first_calm(RT, L, Node, S) ->
     case convoy_peers:refs(Node) of
-        {_C, H} ->
+        {C, H} ->
             case convoy_held:is_empty(H) of
-                false -> busy;
+                false -> {held, C, H};
                 true -> record_unmarked(RT, L, Node, S, convoy_path:own())
             end;
         undefined ->
