@@ -12,7 +12,8 @@
 
 -export([all/0, suite/0, init_per_testcase/2, end_per_testcase/2]).
 -export([unadmitted_direct/1, direct_to_plain_peer/1, inbox/1, inbox_barrier/1,
-         barrier_direct/1, pieces/1, drain_pieces/1, lane/1, flood_lane/1, wait_for_room/1,
+         barrier_direct/1, pieces/1, drain_pieces/1, lane/1, flood_lane/1,
+         first_send_to_busy_node/1, wait_for_room/1,
          refused/1]).
 %% Run on the peers.
 -export([sink/0]).
@@ -26,7 +27,7 @@ suite() ->
 
 all() ->
     [unadmitted_direct, direct_to_plain_peer, inbox, inbox_barrier, barrier_direct, pieces,
-     drain_pieces, lane, flood_lane, wait_for_room, refused].
+     drain_pieces, lane, flood_lane, first_send_to_busy_node, wait_for_room, refused].
 
 init_per_testcase(_TC, Config) ->
     ok = convoy_ct_peers:restart_here(),
@@ -178,6 +179,28 @@ flood_lane(_Config) ->
     in_order(received(Sink, ?BURST)),
     #{accepted := A, direct := D, batches := B} = maps:get(Node, maps:get(nodes, convoy:info())),
     ?assert(A - D > B, {A, D, B}).
+
+%% A process's first small message while convoy holds messages for the node goes
+%% to the lane, behind them, without reading the lane's calm: it is marked, and
+%% neither decision is asked.
+first_send_to_busy_node(_Config) ->
+    {_Peer, Node} = convoy_ct_peers:convoy_peer(?MODULE, ?CT_PEER_NAME(), #{}),
+    ok = convoy:set_config(#{max_batch => 5}),
+    Sink = sink_on(Node),
+    [Lane] = lanes(),
+    true = erlang:suspend_process(Lane),
+    %% more than max_batch: to the lane, which holds them
+    ok = convoy:send_many([{Sink, {b, I}} || I <- lists:seq(1, 10)]),
+    Direct = fun() -> maps:get(direct, maps:get(Node, maps:get(nodes, convoy:info()))) end,
+    D0 = Direct(),
+    Taken = in_fresh(fun() ->
+                             ok = convoy:send(Sink, {m, first}),
+                             true = convoy_sender:is_marked(Node)
+                     end),
+    ?assertEqual(D0, Direct()), % not sent by the sender itself
+    true = erlang:resume_process(Lane),
+    ?assertEqual([], Taken),
+    ?assertEqual([{b, I} || I <- lists:seq(1, 10)] ++ [{m, first}], received(Sink, 11)).
 
 %% At the node's bound under `block', the sender waits for room (holding no
 %% admission), then hands the message to the lane.
