@@ -54,17 +54,26 @@ elixir: deps
 	  mix test </dev/null 2>&1
 
 # The Phoenix.PubSub adapter, integrations/phoenix_pubsub_convoy: phoenix_pubsub's
-# own adapter suite and multi-node tests. No Hex is needed: phoenix_pubsub is a
-# path dependency on the copy in shared/vendor beside this repository (set
-# PHOENIX_PUBSUB_PATH to use another checkout of it).
+# own adapter suite and multi-node tests. phoenix_pubsub is the copy in
+# shared/vendor beside this repository when it is there (set PHOENIX_PUBSUB_PATH
+# to use another checkout of it), else it is fetched from Hex; the step says which.
 PHOENIX_PUBSUB_PATH ?= $(abspath $(CURDIR)/../shared/vendor/phoenix_pubsub)
+PHOENIX_ENV = MIX_ENV=test MIX_HOME="$$PWD/_build/mix" \
+  MIX_REBAR3="$$(command -v $(REBAR))" REBAR_BASE_DIR="$$PWD/_build/rebar3"
 
 phoenix: deps
 	@command -v mix >/dev/null || { echo "mix not found: install Elixir (apt-get install elixir)"; exit 1; }
-	@test -f "$(PHOENIX_PUBSUB_PATH)/mix.exs" || { echo "phoenix_pubsub not found at $(PHOENIX_PUBSUB_PATH): set PHOENIX_PUBSUB_PATH"; exit 1; }
-	cd integrations/phoenix_pubsub_convoy && MIX_ENV=test MIX_HOME="$$PWD/_build/mix" HEX_OFFLINE=1 \
-	  MIX_REBAR3="$$(command -v $(REBAR))" REBAR_BASE_DIR="$$PWD/_build/rebar3" \
-	  PHOENIX_PUBSUB_PATH="$(PHOENIX_PUBSUB_PATH)" mix test </dev/null 2>&1
+	@cd integrations/phoenix_pubsub_convoy && \
+	if test -f "$(PHOENIX_PUBSUB_PATH)/mix.exs"; then \
+	  echo "phoenix_pubsub: the copy at $(PHOENIX_PUBSUB_PATH)"; \
+	  $(PHOENIX_ENV) HEX_OFFLINE=1 PHOENIX_PUBSUB_PATH="$(PHOENIX_PUBSUB_PATH)" mix test </dev/null 2>&1; \
+	else \
+	  echo "phoenix_pubsub: no copy at $(PHOENIX_PUBSUB_PATH), from Hex"; \
+	  { $(PHOENIX_ENV) mix local.hex --force --if-missing >/dev/null 2>&1 && \
+	    $(PHOENIX_ENV) PHOENIX_PUBSUB_PATH= mix deps.get </dev/null >/dev/null 2>&1; } || \
+	  { echo "phoenix_pubsub: neither a copy at PHOENIX_PUBSUB_PATH ($(PHOENIX_PUBSUB_PATH)) nor Hex (unreachable): set PHOENIX_PUBSUB_PATH to a checkout of phoenix_pubsub 2.x"; exit 1; }; \
+	  $(PHOENIX_ENV) PHOENIX_PUBSUB_PATH= mix test </dev/null 2>&1; \
+	fi
 
 # The same build without the tests: phoenix_pubsub and the adapter compiled into
 # integrations/phoenix_pubsub_convoy/_build/test/lib/*/ebin, where the bench
