@@ -186,9 +186,9 @@ pieces(_Bytes, _Threshold, {GuardMs, SinceSmallUs}) -> SinceSmallUs =< GuardMs *
 %% more than its distribution connection buffers before it is busy (`ConnBytes',
 %% the runtime's `dist_buf_busy_limit'). A large message reaches a lane when the
 %% connection is full, and the lane cannot ship faster than the connection takes
-%% it: a deeper backlog holds memory and costs the lane's heap its collections,
-%% never throughput (doc/decisions.md). A message alone may still exceed the
-%% bound (`convoy_held').
+%% it: a deeper backlog only held memory and made the lane's heap collections
+%% decide a stream's pace (doc/decisions.md). A message alone may still exceed
+%% the bound (`convoy_held').
 -spec held_bytes(non_neg_integer(), non_neg_integer() | infinity, pos_integer() | infinity,
                  pos_integer()) -> pos_integer() | infinity.
 held_bytes(Bytes, LargeThreshold, infinity, ConnBytes)
