@@ -84,6 +84,8 @@ usage() ->
      "           (the sender's time per message); an atom and the event shape\n"
      "  oneway8  8 senders at once, 125 k messages each to their own remote process\n"
      "  sizes    one-way msg/s and MB/s, 16 B .. 1 MB\n"
+     "  large    one sender, 15 k {msg, {big, Bin}} (Bin 64 KiB) to a remote process\n"
+     "           with a default mailbox, msg/s\n"
      "  pairs    1..1024 request/response pairs: rt/s and p50/p99/p99.9; the event\n"
      "           shape at 1, 4, 64 and 256 pairs, and at 16 and 64 pairs 0-2 ms apart\n"
      "           (each client waits a random 0 to 2 x pace_ms after each answer)\n"

@@ -118,6 +118,16 @@ measure(oneway8, #{n := N, senders := K, shape := Shape}, Ctx = #{mode := M}) ->
 measure(sizes, #{size := Size, count := N}, Ctx) ->
     {Rate, _} = oneway(Ctx, N, {data, binary:copy(<<"x">>, Size)}),
     #{msg_s => Rate, mb_s => Rate * Size / 1.0e6};
+%% A large message an application sends, to a sink with a default mailbox unless
+%% `off_heap' is set.
+measure(large, #{n := N, size := Size, off_heap := OffHeap}, Ctx) ->
+    Msg = {msg, {big, binary:copy(<<"x">>, Size)}},
+    SinkOpts = case OffHeap of
+                   0 -> [];
+                   _ -> ?SINK_OPTS
+               end,
+    {Rate, _} = oneway(Ctx, N, {data, Msg}, SinkOpts),
+    #{msg_s => Rate, mb_s => Rate * Size / 1.0e6};
 measure(pairs, #{pairs := C, payload := Bytes, shape := Shape} = P, Ctx = #{mode := M}) ->
     Servers = erpc:call(sink(Ctx), ?MODULE, spawn_servers, [M, C]),
     Payload = binary:copy(<<"p">>, Bytes),
@@ -291,8 +301,12 @@ us(Native) -> erlang:convert_time_unit(Native, native, nanosecond) / 1000.
 %% the first send to the consumer's answer, and the sender's time (native units)
 %% from the first send to the return of the last. Checks that nothing was lost.
 %% `What' is a message shape (`atom', `event') or `{data, Term}' (always Term).
-oneway(Ctx = #{mode := M}, N, What) ->
-    C = spawn_opt(sink(Ctx), ?MODULE, consumer, [M, 0], ?SINK_OPTS),
+oneway(Ctx, N, What) ->
+    oneway(Ctx, N, What, ?SINK_OPTS).
+
+%% The same to a consumer spawned with `SinkOpts'.
+oneway(Ctx = #{mode := M}, N, What, SinkOpts) ->
+    C = spawn_opt(sink(Ctx), ?MODULE, consumer, [M, 0], SinkOpts),
     T0 = erlang:monotonic_time(),
     send_all(M, C, What, N),
     Ts = erlang:monotonic_time(),

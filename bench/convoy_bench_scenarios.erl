@@ -13,6 +13,10 @@
 %% `pubsub' (default false): the scenario measures Phoenix.PubSub's adapters, so
 %% it runs the `pg2' variant (the baseline) and the convoy ones, and no other.
 %%
+%% `large' is one sender's stream of a large message that an application sends
+%% (`{msg, {big, Bin}}', encoded just over `large_threshold') to a process with
+%% a default mailbox, where `sizes' sends bare binaries to an `off_heap' sink.
+%%
 %% `oneway', `oneway8', `flood' and `pairs' measure two message shapes, named in the point
 %% label: the scenario's small message (`atom' = the atom `message'; `ping' = the
 %% seed's `{ping, Pid}'; `req' = `{req, Pid, Payload}') and `event', a realistic
@@ -49,8 +53,8 @@
 %% @doc Every scenario, in report order.
 -spec names() -> [atom()].
 names() ->
-    [local, flood, oneway, oneway8, sizes, pairs, latency, cast, call, bulk, hol, fanout, publish,
-     pubsub, flow].
+    [local, flood, oneway, oneway8, sizes, large, pairs, latency, cast, call, bulk, hol, fanout,
+     publish, pubsub, flow].
 
 %% @doc What `make bench' runs without arguments.
 -spec default_selection() -> [atom()].
@@ -88,6 +92,7 @@ deadline(flood, normal) -> 60000;     % 200 k pingers (~2-10 s)
 deadline(oneway, normal) -> 30000;    % 1 M messages (~0.5-3 s)
 deadline(oneway8, normal) -> 30000;   % 1 M messages (~0.5-3 s)
 deadline(sizes, normal) -> 30000;     % up to 3 GB or 300 k messages (~0.7-3 s)
+deadline(large, normal) -> 30000;     % 15 k messages of 64 KiB, 1 GB (~0.2-1 s)
 deadline(pairs, normal) -> 20000;     % 1.2 s window, up to 1024 pairs spawned
 deadline(latency, normal) -> 30000;   % 20 k sequential round trips (~1-3 s)
 deadline(cast, normal) -> 30000;      % 320 k casts (~1-5 s)
@@ -112,6 +117,8 @@ params(sizes, normal) -> #{sizes => [16, 128, 1024, 8192, 65536, 1048576],
                            budget => 3000000000, min_count => 1000, max_count => 300000};
 params(sizes, tiny) -> #{sizes => [16, 1024, 65536, 1048576],
                          budget => 4000000, min_count => 10, max_count => 3000};
+params(large, normal) -> #{n => 15000, size => 65536, off_heap => 0};
+params(large, tiny) -> #{n => 300, size => 65536, off_heap => 0};
 params(pairs, normal) -> #{pairs => [1, 4, 16, 64, 256, 1024], event_pairs => [1, 4, 64, 256],
                            paced_pairs => [16, 64], pace_ms => 1,
                            payload => 1024, duration_ms => 1000, warmup_ms => 200};
@@ -192,6 +199,20 @@ describe(sizes, #{sizes := Sizes, budget := Budget, min_count := Min,
                  || S <- Sizes],
       figures => [{msg_s, <<"msg/s">>, rate}, {mb_s, <<"MB/s">>, mbs}],
       ratio => [mb_s], primary => {mb_s, higher}, convoy => measured, ceiling => true};
+describe(large, P = #{n := N, size := Size, off_heap := OffHeap}) ->
+    Mailbox = case OffHeap of
+                  0 -> <<"default mailbox">>;
+                  _ -> <<"off_heap mailbox">>
+              end,
+    #{title => fmt("one sender, ~b messages {msg, {big, Bin}} (the same Bin of ~b bytes each "
+                   "time, encoded just over the default large_threshold) to one process on "
+                   "the other node, ~s (--param off_heap=1: message_queue_data off_heap, as "
+                   "the sink of sizes); MB/s counts Bin's bytes", [N, Size, Mailbox]),
+      placement => cross, sinks => 1,
+      points => [point(fmt("~b msgs, {msg, {big, ~s}}, ~s", [N, size_label(Size), Mailbox]),
+                       P)],
+      figures => [{msg_s, <<"msg/s">>, rate}, {mb_s, <<"MB/s">>, mbs}],
+      ratio => [msg_s], primary => {msg_s, higher}, convoy => measured};
 describe(pairs, P = #{pairs := Pairs, event_pairs := EventPairs, paced_pairs := PacedPairs,
                        pace_ms := Pace}) ->
     Base = maps:without([pairs, event_pairs, paced_pairs, pace_ms], P),

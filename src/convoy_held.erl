@@ -29,6 +29,10 @@
 %% bound does not extend past the field: one message of 64 GiB or more
 %% never fits.
 %%
+%% Which bounds apply to a message is `convoy_path:held_bytes/4''s: `hold/3' and
+%% `has_room/3' take them from the settings in force, for every caller alike (a
+%% sender taking room, its wait, the lane deciding whether to wake it).
+%%
 %% Forgetting a row (`convoy_peers', only for a node that is not connected and
 %% holds nothing): `try_close/1' sets the closed bit with a `compare_exchange'
 %% from exactly 0 (nothing held, not closed), so it fails if anything is held and
@@ -44,8 +48,11 @@
 %% the node reserve, and a last slot, the mark of a row being forgotten.
 -module(convoy_held).
 
--export([new/0, hold/4, hold_behind/4, hold_many/5, release/3, has_room/4, read/1, is_empty/1, try_close/1]).
+-export([new/0, hold/3, hold/4, hold_behind/4, hold_many/5, release/3, has_room/3, has_room/4,
+         read/1, is_empty/1, try_close/1]).
 -export([new_shares/1, others_share/2, claim_share/5, set_share/3, shares/1, try_close_shares/1]).
+
+-include("convoy_runtime.hrl").
 
 -ifdef(TEST).
 -export([ceiling/0, set/3, is_closed/1]).
@@ -74,6 +81,25 @@
 
 -spec new() -> held().
 new() -> atomics:new(1, [{signed, true}]).
+
+%% @doc `hold/4' within the bounds the settings `RT' set for a message of `Bytes'
+%% (`convoy_path:held_bytes/4').
+-spec hold(held(), non_neg_integer(), #runtime{}) -> ok | full | closed.
+hold(H, Bytes, RT = #runtime{max_buffered = MaxN}) ->
+    hold(H, Bytes, MaxN, max_bytes(Bytes, RT)).
+
+%% @doc `has_room/4' within the bounds the settings `RT' set for a message of
+%% `Bytes', as `hold/3' takes it.
+-spec has_room(held(), non_neg_integer(), #runtime{}) -> boolean().
+has_room(H, Bytes, RT = #runtime{max_buffered = MaxN}) ->
+    has_room(H, Bytes, MaxN, max_bytes(Bytes, RT)).
+
+%% The runtime's busy limit is read only for a large message.
+max_bytes(Bytes, #runtime{large_threshold = T, max_buffered_bytes = MaxB})
+  when T =/= infinity, Bytes >= T ->
+    convoy_path:held_bytes(Bytes, T, MaxB, erlang:system_info(dist_buf_busy_limit));
+max_bytes(_Bytes, #runtime{max_buffered_bytes = MaxB}) ->
+    MaxB.
 
 %% @doc Take room for one message of `Bytes' within the bounds: `full' (nothing
 %% taken) when it does not fit, `closed' when the row was forgotten.

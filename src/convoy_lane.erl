@@ -230,9 +230,7 @@ handle({Kind, Node, {?TAG_PUBLISH, Scope, _Group}, _Msg, Bytes} = M, Now, S)
 handle({?TAG_WAIT, Node, Alias, Bytes}, Now, S = #s{rt = RT})
   when is_atom(Node), is_reference(Alias), is_integer(Bytes), Bytes >= 0 ->
     {_, H} = refs(Node, S),
-    Room = convoy_held:has_room(H, Bytes, RT#runtime.max_buffered,
-                                RT#runtime.max_buffered_bytes),
-    core({wait, Node, Alias, Room}, Now, S);
+    core({wait, Node, Alias, convoy_held:has_room(H, Bytes, RT)}, Now, S);
 handle({?TAG_OWED, Pid}, _Now, S = #s{owed = Owed})
   when is_pid(Pid), node(Pid) =:= node(), not is_map_key(Pid, Owed) ->
     S#s{owed = Owed#{Pid => erlang:monitor(process, Pid)}};

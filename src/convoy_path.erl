@@ -39,7 +39,7 @@
 -module(convoy_path).
 
 -export([calm/2, streams/2, unpaid_until/2, pays/3, quiet/2, unadmitted/3, may_bypass/2, bypass/3,
-         multicast/4, pieces/3, decide/4, overload/2, constants/0]).
+         multicast/4, pieces/3, decide/4, overload/2, held_bytes/4, constants/0]).
 %% The sender's own part: one state per sending process.
 -export([own/0, reuse/1, unmarked_record/3, found/2, marked_record/5, skip/1, entry_record/3,
          own_last/2, long_ago/1]).
@@ -182,6 +182,25 @@ pieces(_Bytes, infinity, _Guard) -> false;
 pieces(Bytes, Threshold, _Guard) when Bytes < Threshold -> false;
 pieces(_Bytes, _Threshold, {always, _SinceSmallUs}) -> true;
 pieces(_Bytes, _Threshold, {GuardMs, SinceSmallUs}) -> SinceSmallUs =< GuardMs * 1000.
+
+%% @doc The bytes a node may hold with a message of `Bytes' (encoded) among them:
+%% the node's bound `MaxBytes'; for a large message (from `LargeThreshold' on) no
+%% more than its distribution connection buffers before it is busy (`ConnBytes',
+%% the runtime's `dist_buf_busy_limit'). A large message reaches a lane when the
+%% connection is full, and the lane cannot ship faster than the connection takes
+%% it: a deeper backlog only held memory and made the lane's heap collections
+%% decide a stream's pace (doc/decisions.md). A message alone may still exceed
+%% the bound (`convoy_held').
+-spec held_bytes(non_neg_integer(), non_neg_integer() | infinity, pos_integer() | infinity,
+                 pos_integer()) -> pos_integer() | infinity.
+held_bytes(Bytes, LargeThreshold, infinity, ConnBytes)
+  when LargeThreshold =/= infinity, Bytes >= LargeThreshold ->
+    ConnBytes;
+held_bytes(Bytes, LargeThreshold, MaxBytes, ConnBytes)
+  when LargeThreshold =/= infinity, Bytes >= LargeThreshold ->
+    min(MaxBytes, ConnBytes);
+held_bytes(_Bytes, _LargeThreshold, MaxBytes, _ConnBytes) ->
+    MaxBytes.
 
 %% @doc A multicast entry (always admitted: it goes through an inbox to be fanned
 %% out there, or through the lane).

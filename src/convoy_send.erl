@@ -432,8 +432,9 @@ hand_over(#send{rt = #runtime{lanes = Lanes}, lane = L, node = Node, to = To, ms
     erlang:send(element(L, Lanes), {Tag, Node, To, Msg, Bytes}),
     {1, ok}.
 
-hold(#runtime{max_buffered = MaxN, max_buffered_bytes = MaxB}, H, Bytes) ->
-    convoy_held:hold(H, Bytes, MaxN, MaxB).
+%% (a large message within its connection's buffer too: `convoy_path:held_bytes/4')
+hold(RT, H, Bytes) ->
+    convoy_held:hold(H, Bytes, RT).
 
 %% No room: wait for it (the admission disposed of meanwhile, see `then/2'), or
 %% refused now.

@@ -207,8 +207,8 @@ room_loop(RT, Lane, Mon, Node, C, H, Bytes, Deadline) ->
         end
     end.
 
-hold(#runtime{max_buffered = MaxN, max_buffered_bytes = MaxB}, H, Bytes) ->
-    convoy_held:hold(H, Bytes, MaxN, MaxB).
+hold(RT, H, Bytes) ->
+    convoy_held:hold(H, Bytes, RT).
 
 %% @doc End a wait for an answer tagged `Mon', a monitor of the lane with
 %% `{alias, demonitor}': the demonitor deactivates the alias, so no answer comes

@@ -3,6 +3,7 @@
 -module(convoy_held_tests).
 
 -include_lib("eunit/include/eunit.hrl").
+-include("convoy_runtime.hrl").
 
 bounds_test() ->
     H = convoy_held:new(),
@@ -39,6 +40,27 @@ byte_bound_test() ->
     ?assertEqual(ok, convoy_held:hold(H, 500, infinity, 100)),
     ?assertEqual(full, convoy_held:hold(H, 1, infinity, 100)),
     ?assertEqual({1, 500}, convoy_held:read(H)).
+
+%% hold/3 and has_room/3 take the bounds of the settings in force: a large message
+%% is held within one distribution connection buffer (dist_buf_busy_limit), a
+%% small one within max_buffered_bytes.
+settings_bound_test() ->
+    Conn = erlang:system_info(dist_buf_busy_limit),
+    RT = #runtime{max_buffered = infinity, max_buffered_bytes = 64 * Conn,
+                  large_threshold = 65536},
+    H = convoy_held:new(),
+    Large = 65536,
+    Fit = Conn div Large,
+    [?assertEqual(ok, convoy_held:hold(H, Large, RT)) || _ <- lists:seq(1, Fit)],
+    ?assertEqual(full, convoy_held:hold(H, Large, RT)),
+    ?assertNot(convoy_held:has_room(H, Large, RT)),
+    ?assert(convoy_held:has_room(H, 100, RT)),
+    ?assertEqual(ok, convoy_held:hold(H, 100, RT)),
+    ok = convoy_held:release(H, Fit + 1, Fit * Large + 100),
+    %% without a large threshold every message is small
+    NoLarge = RT#runtime{large_threshold = infinity},
+    [?assertEqual(ok, convoy_held:hold(H, Large, NoLarge)) || _ <- lists:seq(1, Fit + 1)],
+    ?assertEqual({Fit + 1, (Fit + 1) * Large}, convoy_held:read(H)).
 
 %% A row is closed only when nothing is held; a closed one refuses holds (undone,
 %% so its reading does not move) and stays closed.

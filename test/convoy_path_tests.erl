@@ -178,3 +178,15 @@ entry_record_test() ->
     {50, Own2} = convoy_path:entry_record(Own1, b@h, 50),
     ?assertMatch({settled, _}, convoy_path:reuse(Own2)),
     ?assertEqual(50, convoy_path:own_last(Own2, b@h)).
+
+%% A large message's node holds at most one connection buffer (a message alone
+%% may pass it, convoy_held); a small one's the node's bound; large_threshold
+%% `infinity' makes no message large.
+held_bytes_test() ->
+    Conn = 1048576,
+    ?assertEqual(Conn, convoy_path:held_bytes(65536, 65536, 64 * Conn, Conn)),
+    ?assertEqual(Conn, convoy_path:held_bytes(65536, 65536, infinity, Conn)),
+    ?assertEqual(4096, convoy_path:held_bytes(65536, 65536, 4096, Conn)),
+    ?assertEqual(64 * Conn, convoy_path:held_bytes(65535, 65536, 64 * Conn, Conn)),
+    ?assertEqual(infinity, convoy_path:held_bytes(65535, 65536, infinity, Conn)),
+    ?assertEqual(64 * Conn, convoy_path:held_bytes(1 bsl 30, infinity, 64 * Conn, Conn)).
