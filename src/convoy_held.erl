@@ -94,8 +94,12 @@ hold(H, Bytes, RT = #runtime{max_buffered = MaxN}) ->
 has_room(H, Bytes, RT = #runtime{max_buffered = MaxN}) ->
     has_room(H, Bytes, MaxN, max_bytes(Bytes, RT)).
 
-%% The runtime's busy limit is read only for a large message.
-max_bytes(Bytes, #runtime{large_threshold = T, max_buffered_bytes = MaxB})
+%% The runtime's busy limit is read only for a large message, and applies only
+%% where its sender may wait for room (`overload' `block', as `!' waits for a
+%% busy connection): under `drop' and `error' the node's bound is the user's
+%% `max_buffered_bytes' alone, so a large message is never refused sooner than
+%% the setting says.
+max_bytes(Bytes, #runtime{overload = block, large_threshold = T, max_buffered_bytes = MaxB})
   when T =/= infinity, Bytes >= T ->
     convoy_path:held_bytes(Bytes, T, MaxB, erlang:system_info(dist_buf_busy_limit));
 max_bytes(_Bytes, #runtime{max_buffered_bytes = MaxB}) ->

@@ -41,13 +41,14 @@ byte_bound_test() ->
     ?assertEqual(full, convoy_held:hold(H, 1, infinity, 100)),
     ?assertEqual({1, 500}, convoy_held:read(H)).
 
-%% hold/3 and has_room/3 take the bounds of the settings in force: a large message
-%% is held within one distribution connection buffer (dist_buf_busy_limit), a
-%% small one within max_buffered_bytes.
+%% hold/3 and has_room/3 take the bounds of the settings in force: under `block'
+%% a large message is held within one distribution connection buffer
+%% (dist_buf_busy_limit), a small one within max_buffered_bytes; under `drop' and
+%% `error' both within max_buffered_bytes.
 settings_bound_test() ->
     Conn = erlang:system_info(dist_buf_busy_limit),
     RT = #runtime{max_buffered = infinity, max_buffered_bytes = 64 * Conn,
-                  large_threshold = 65536},
+                  large_threshold = 65536, overload = block},
     H = convoy_held:new(),
     Large = 65536,
     Fit = Conn div Large,
@@ -60,7 +61,15 @@ settings_bound_test() ->
     %% without a large threshold every message is small
     NoLarge = RT#runtime{large_threshold = infinity},
     [?assertEqual(ok, convoy_held:hold(H, Large, NoLarge)) || _ <- lists:seq(1, Fit + 1)],
-    ?assertEqual({Fit + 1, (Fit + 1) * Large}, convoy_held:read(H)).
+    ?assertEqual({Fit + 1, (Fit + 1) * Large}, convoy_held:read(H)),
+    ok = convoy_held:release(H, Fit + 1, (Fit + 1) * Large),
+    %% a sender that would not wait for room is refused only at max_buffered_bytes
+    [begin
+         Policy = RT#runtime{overload = P},
+         [?assertEqual(ok, convoy_held:hold(H, Large, Policy)) || _ <- lists:seq(1, Fit + 1)],
+         ?assert(convoy_held:has_room(H, Large, Policy)),
+         ok = convoy_held:release(H, Fit + 1, (Fit + 1) * Large)
+     end || P <- [drop, error]].
 
 %% A row is closed only when nothing is held; a closed one refuses holds (undone,
 %% so its reading does not move) and stays closed.
