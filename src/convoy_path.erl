@@ -66,13 +66,12 @@
 %% stall costs each of them at most that one wait (`convoy_metrics:unanswered/2').
 -type route() :: convoy | unanswered | plain | none.
 
-%% A sending process's own state (convoy_route keeps it in the process's
-%% dictionary): a calm it found and may take as found for `left' more small sends
-%% (`CALM_REUSE'), and its last recorded small send to each node (the lanes'
-%% clock). Its third part, the small sends a marked sender made without recording
-%% them since its last record (`SKIP_MAX'), is a plain count kept beside it: it
-%% changes on nearly every send of a flood, and updating a record there would
-%% allocate on each (measured: `bin/convoy-bench cost', doc/decisions.md).
+%% A sending process's own part of the policy (`convoy_sender' keeps it in the
+%% sender's state): a calm it found and may take as found for `left' more small
+%% sends (`CALM_REUSE'), and its last recorded small send to each node (the lanes'
+%% clock). The small sends a marked sender made without recording them since its
+%% last record (`SKIP_MAX') are a count beside it in that state: it changes on
+%% nearly every send of a flood.
 %% Streaming is judged per node, as a lane batches per node: a sender that sends
 %% one message to each of several nodes in a row (a broadcast) streams to none of
 %% them. A record's gap is divided by all the sends it stands for, to any node
