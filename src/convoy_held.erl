@@ -125,15 +125,28 @@ hold(H, W, Bytes, MaxN, MaxB) ->
     end.
 
 %% @doc `hold/4' only while messages are held already (a lane has the node's
-%% traffic in hand): `empty' (nothing taken) when none is held. One read serves
-%% both: a sender in a flood learns that its lane is in use and takes its room
-%% at once.
+%% traffic in hand): `empty' (nothing taken) when none is held. One atomic
+%% operation serves both in a flood: the room is added first and given back when
+%% the word before it held nothing, was closed, or had no room for it. Between
+%% the two, another sender may find the node holding one message more than it
+%% does: it may then answer `full' a moment early, never take room past the
+%% bound.
 -spec hold_behind(held(), non_neg_integer(), bound(), bound()) -> ok | full | closed | empty.
 hold_behind(H, Bytes, MaxN, MaxB) ->
-    case owned(H) of
-        W when ?MSGS(W) =:= 0 -> empty;
-        W -> hold(H, W, Bytes, MaxN, MaxB)
+    Add = ?MSG + Bytes,
+    case atomics:add_get(H, ?SLOT, Add) - Add of
+        W when ?IS_CLOSED(W) -> give_back(H, Add, closed);
+        W when ?MSGS(W) =:= 0 -> give_back(H, Add, empty);
+        W ->
+            case fits(?MSGS(W), ?BYTES(W), Bytes, MaxN, MaxB) of
+                true -> ok;
+                false -> give_back(H, Add, full)
+            end
     end.
+
+give_back(H, Add, Answer) ->
+    atomics:add(H, ?SLOT, -Add),
+    Answer.
 
 %% @doc Take room for `K' messages of `Bytes' in all, all or none: `full' when
 %% they do not all fit (as one by one, only a single message alone may exceed

@@ -274,15 +274,24 @@ found(Own, Calm) -> Own#own{calm = Calm, left = ?CALM_REUSE}.
 %% skipped `Skipped' records since its last one, with the `bypass_after' window
 %% `Window': `skip' (it streams, its own sends on average since its last record
 %% within the window: it keeps the lane without recording, at most `SKIP_MAX' in
-%% a row; its new count), or `record' with its own gap per send and the sends the
-%% record stands for (its count starts again).
+%% a row; its new count), or `record' with its own gap per send, the sends the
+%% record stands for, and its count from now: 0 when the record finds it
+%% streaming (its next sends skip on this clock reading), else `undefined'.
 -spec marked_record(own(), non_neg_integer(), node(), integer(), non_neg_integer()) ->
-          {skip, pos_integer()} | {record, OwnGap :: integer(), Sends :: pos_integer(), own()}.
+          {skip, pos_integer()} |
+          {record, OwnGap :: integer(), Sends :: pos_integer(), own(), 0 | undefined}.
 marked_record(Own = #own{last = Last}, Skipped, Node, Now, Window) ->
     OwnGap = (Now - own_last(Own, Node, Now)) div (1 + Skipped),
-    case Skipped < ?SKIP_MAX andalso streams(OwnGap, Window) of
-        true -> {skip, Skipped + 1};
-        false -> {record, OwnGap, 1 + Skipped, Own#own{last = Last#{Node => Now}}}
+    Streams = streams(OwnGap, Window),
+    case Skipped < ?SKIP_MAX andalso Streams of
+        true ->
+            {skip, Skipped + 1};
+        false ->
+            Next = case Streams of
+                       true -> 0;
+                       false -> undefined
+                   end,
+            {record, OwnGap, 1 + Skipped, Own#own{last = Last#{Node => Now}}, Next}
     end.
 
 %% @doc A marked sender's small send to its busy lane (the path does not depend
@@ -290,7 +299,7 @@ marked_record(Own = #own{last = Last}, Skipped, Node, Now, Window) ->
 %% that its last clock reading found streaming (counting skips) skips this one's
 %% record too, up to `SKIP_MAX' in a row; any other `record's it
 %% (`marked_record/5').
--spec skip(undefined | pos_integer()) -> {skip, pos_integer()} | record.
+-spec skip(undefined | non_neg_integer()) -> {skip, pos_integer()} | record.
 skip(Skipped) when is_integer(Skipped), Skipped < ?SKIP_MAX -> {skip, Skipped + 1};
 skip(_Skipped) -> record.
 

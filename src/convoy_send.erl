@@ -191,12 +191,13 @@ bracket(Job, Plan, Slots, K) ->
     end.
 
 %% What an admitted job does now: `{Handed, Then}'.
-carry_out(S = #send{rt = RT = #runtime{max_buffered = MaxN, max_buffered_bytes = MaxB},
+carry_out(S = #send{rt = RT = #runtime{lanes = Lanes, max_buffered = MaxN,
+                                        max_buffered_bytes = MaxB},
                     lane = L, node = Node, size = {small, Bytes}}, marked, V) ->
     %% A marked sender's small message (every message of a flood): while anything
     %% is held for the node the lane is busy without reading it (the read that
     %% takes the message's room answers it); else the lane's calm decides.
-    {C, H} = refs(Node),
+    {_Lanes, C, H} = kept_refs(Lanes, Node),
     case convoy_held:hold_behind(H, Bytes, MaxN, MaxB) of
         empty ->
             Calm = convoy_sender:unheld_calm(RT, L, Node, idle(RT, L, V)),
@@ -417,7 +418,8 @@ held(closed, S, _C, _H) ->
 
 %% The row was forgotten (or is being checked by convoy_peers right now: let it
 %% finish): the node's row is read again.
-reheld(S) ->
+reheld(S = #send{node = Node}) ->
+    convoy_sender:forget_refs(Node),
     erlang:yield(),
     to_lane(S).
 
@@ -697,6 +699,13 @@ refs(Node) ->
             %% No convoy_peers (convoy's tree is being torn down): never crash
             %% the caller; these counts are not kept.
             convoy_metrics:new_refs()
+    end.
+
+%% `refs/1' as the sender keeps them while its lanes run (`convoy_sender:refs/2').
+kept_refs(Lanes, Node) ->
+    case convoy_sender:refs(Lanes, Node) of
+        undefined -> erlang:insert_element(1, refs(Node), Lanes);
+        Refs -> Refs
     end.
 
 %% Count a direct send with the node's counters, checked by a mark in the

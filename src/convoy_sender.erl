@@ -11,7 +11,9 @@
 %%   to that inbox;</li>
 %% <li>`own': its part of the adaptive policy (`convoy_path:own()': the calm it
 %%   reuses, its last recorded small send to each node);</li>
-%% <li>`skipped': the records a marked sender skipped in a row.</li>
+%% <li>`skipped': the records a marked sender skipped in a row;</li>
+%% <li>`refs': the counters and held array of each node it streams to, as it read
+%%   them under the lanes then running (`refs/2').</li>
 %% </ul>
 %% A process that never sent remotely has no entry, and the paths that need no
 %% state (a fresh process's first send to a busy node) write none.
@@ -19,6 +21,7 @@
 
 -export([marker/1, is_marked/1, mark/1, mark_lane/1, mark_pieces/2, confirmed/1, unmark/1]).
 -export([unmarked_calm/3, marked_calm/3, unheld_calm/4, skipped_record/3, entry_calm/3]).
+-export([refs/2, forget_refs/1]).
 -export([parts/0]).
 
 -export_type([marker/0]).
@@ -31,7 +34,9 @@
 
 -record(sender, {marked = #{} :: #{node() => true | {pieces, atom()}},
                  own :: convoy_path:own() | undefined,
-                 skipped :: pos_integer() | undefined}).
+                 skipped :: non_neg_integer() | undefined,
+                 refs = #{} :: #{node() => {tuple(), counters:counters_ref(),
+                                            convoy_held:held()}}}).
 
 -compile({inline, [state/0, set_marked/2, slots/2, now_us/1]}).
 
@@ -106,12 +111,52 @@ set_marked(Node, Marker) ->
     put(?KEY, S#sender{marked = Marked#{Node => Marker}}),
     ok.
 
+%%--------------------------------------------------------------------
+%% A node's row
+
+%% @doc `{Lanes, C, H}': `Node''s counters and held array (`convoy_peers:refs/1'),
+%% read once per node while `Lanes' run, then kept (a flood's sender would
+%% otherwise read them at each send, and reading a `persistent_term' by a tuple
+%% key hashes it). A row convoy_peers forgets is closed first, and the sender that
+%% finds it closed forgets it here (`forget_refs/1'); a convoy started again runs
+%% other lanes. `undefined' while convoy's tree is torn down.
+-spec refs(tuple(), node()) ->
+          {tuple(), counters:counters_ref(), convoy_held:held()} | undefined.
+refs(Lanes, Node) ->
+    case get(?KEY) of
+        #sender{refs = #{Node := {Lanes, _C, _H} = Refs}} -> Refs;
+        _ -> keep_refs(Lanes, Node)
+    end.
+
+keep_refs(Lanes, Node) ->
+    case convoy_peers:refs(Node) of
+        {C, H} ->
+            S = #sender{refs = Kept} = state(),
+            Refs = {Lanes, C, H},
+            put(?KEY, S#sender{refs = Kept#{Node => Refs}}),
+            Refs;
+        undefined ->
+            undefined
+    end.
+
+%% @doc `Node''s row as kept was closed: read it again next time.
+-spec forget_refs(node()) -> ok.
+forget_refs(Node) ->
+    case get(?KEY) of
+        S = #sender{refs = #{Node := _} = Kept} ->
+            put(?KEY, S#sender{refs = maps:remove(Node, Kept)}),
+            ok;
+        _ ->
+            ok
+    end.
+
 %% @doc The calling process's state, by part (for tests).
 -spec parts() -> #{marked := #{node() => true | {pieces, atom()}},
-                   own := convoy_path:own() | undefined, skipped := pos_integer() | undefined}.
+                   own := convoy_path:own() | undefined, skipped := non_neg_integer() | undefined,
+                   refs := #{node() => tuple()}}.
 parts() ->
-    #sender{marked = Marked, own = Own, skipped = Skipped} = state(),
-    #{marked => Marked, own => Own, skipped => Skipped}.
+    #sender{marked = Marked, own = Own, skipped = Skipped, refs = Refs} = state(),
+    #{marked => Marked, own => Own, skipped => Skipped, refs => Refs}.
 
 %%--------------------------------------------------------------------
 %% The lane's calm as the sender finds it (its arithmetic: convoy_path)
@@ -183,8 +228,8 @@ marked_calm(RT = #runtime{bypass_after = W, max_delay = 0}, L, Node) when is_int
         {skip, Skipped} ->
             put(?KEY, S#sender{skipped = Skipped}),
             busy;
-        {record, OwnGap, Sends, Own} ->
-            put(?KEY, S#sender{own = Own, skipped = undefined}),
+        {record, OwnGap, Sends, Own, Skipped} ->
+            put(?KEY, S#sender{own = Own, skipped = Skipped}),
             calm(RT, L, Now, OwnGap, Sends, lane)
     end;
 marked_calm(RT, L, _Node) ->

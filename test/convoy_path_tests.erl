@@ -156,20 +156,27 @@ per_node_test() ->
     ?assertEqual(none, convoy_path:own_last(Rounds, d@h)).
 
 %% A marked sender that streams skips at most SKIP_MAX (15) records in a row;
-%% the record after them counts its gap per send over them.
+%% the record after them counts its gap per send over them, and, finding it still
+%% streaming, starts the next count at once (no clock read to start it).
 marked_skip_test() ->
     #{'SKIP_MAX' := Max} = convoy_path:constants(),
-    {record, _, 1, Own0} = convoy_path:marked_record(convoy_path:own(), 0, b@h, 0, 20),
+    {record, _, 1, Own0, undefined} =
+        convoy_path:marked_record(convoy_path:own(), 0, b@h, 0, 20),
     ?assertEqual(record, convoy_path:skip(undefined)), % not counting skips yet
     {skip, 1} = convoy_path:marked_record(Own0, 0, b@h, 5, 20),
     Skipped = lists:foldl(fun(_, S) -> {skip, S1} = convoy_path:skip(S), S1 end, 1,
                           lists:seq(2, Max)),
     ?assertEqual(Max, Skipped),
     ?assertEqual(record, convoy_path:skip(Skipped)),
-    {record, 1, 16, Own1} = convoy_path:marked_record(Own0, Skipped, b@h, 16, 20),
+    {record, 1, 16, Own1, 0} = convoy_path:marked_record(Own0, Skipped, b@h, 16, 20),
     ?assertEqual(16, convoy_path:own_last(Own1, b@h)),
-    %% a sender that does not stream records
-    ?assertMatch({record, 100, 1, _}, convoy_path:marked_record(Own0, 0, b@h, 100, 20)).
+    ?assertEqual({skip, 1}, convoy_path:skip(0)),
+    %% a sender that does not stream records, and counts no skips
+    ?assertMatch({record, 100, 1, _, undefined},
+                 convoy_path:marked_record(Own0, 0, b@h, 100, 20)),
+    %% after SKIP_MAX skips over a pause: a record, no count
+    ?assertMatch({record, 100, 16, _, undefined},
+                 convoy_path:marked_record(Own1, Skipped, b@h, 16 + 1600, 20)).
 
 %% A multicast entry records one send and leaves the reuse as it is.
 entry_record_test() ->

@@ -18,7 +18,7 @@
          forged_runtime_messages/1, remote_calls_refused/1, peer_restart_relearnt/1,
          refs_when_not_running/1, table_is_protected/1,
          dead_names_forgotten/1, rows_kept_while_needed/1, gone_peer_forgotten/1,
-         direct_count_after_forget/1]).
+         direct_count_after_forget/1, kept_refs_after_forget_and_restart/1]).
 %% Run on peer nodes.
 -export([send_then_barrier/2, replay/3]).
 %% logger handler
@@ -39,7 +39,7 @@ groups() ->
                              peer_restart_relearnt]},
      {api, [], [refs_when_not_running, table_is_protected]},
      {sweep, [], [dead_names_forgotten, rows_kept_while_needed, gone_peer_forgotten,
-                  direct_count_after_forget]}].
+                  direct_count_after_forget, kept_refs_after_forget_and_restart]}].
 
 init_per_suite(Config) ->
     Config.
@@ -68,7 +68,8 @@ end_per_group(_Group, _Config) ->
 
 init_per_testcase(TC, Config) when TC =:= refs_when_not_running; TC =:= table_is_protected;
                                    TC =:= dead_names_forgotten; TC =:= rows_kept_while_needed;
-                                   TC =:= gone_peer_forgotten; TC =:= direct_count_after_forget ->
+                                   TC =:= gone_peer_forgotten; TC =:= direct_count_after_forget;
+                                   TC =:= kept_refs_after_forget_and_restart ->
     stop_convoy(),
     Config;
 init_per_testcase(_TC, Config) ->
@@ -76,7 +77,8 @@ init_per_testcase(_TC, Config) ->
 
 end_per_testcase(TC, _Config) when TC =:= refs_when_not_running; TC =:= table_is_protected;
                                    TC =:= dead_names_forgotten; TC =:= rows_kept_while_needed;
-                                   TC =:= gone_peer_forgotten; TC =:= direct_count_after_forget ->
+                                   TC =:= gone_peer_forgotten; TC =:= direct_count_after_forget;
+                                   TC =:= kept_refs_after_forget_and_restart ->
     _ = logger:remove_handler(?MODULE),
     stop_convoy();
 end_per_testcase(_TC, _Config) ->
@@ -367,6 +369,60 @@ direct_count_after_forget(_Config) ->
     Sender ! send,
     receive {sent, Marked2} -> ?assertNot(Marked2) after 10000 -> ct:fail(stuck) end,
     ?assertMatch(#{direct := 1, accepted := 1}, node_stats(Y)),
+    unlink(Sender),
+    exit(Sender, kill),
+    peer:stop(Peer2).
+
+%% A marked sender keeps its node's row (`convoy_sender:refs/2'): once the row is
+%% forgotten (closed) it reads the new one, and once convoy is started again it
+%% reads the new instance's. Every message is counted in the row of its time and
+%% delivered, and nothing stays held.
+kept_refs_after_forget_and_restart(_Config) ->
+    Settings = #{max_delay => 1}, % every message through the lane: the sender is marked
+    start_convoy(Settings),
+    Name = ?CT_PEER_NAME(),
+    {Peer, Y} = convoy_ct_peers:convoy_peer(?MODULE, Name, #{}),
+    convoy_ct_peers:await_route(Y, convoy),
+    Self = self(),
+    Sender = spawn_link(fun Loop() ->
+                                receive
+                                    {burst, To, N} ->
+                                        [ok = convoy:send(To, {seq, self(), I}) || I <- lists:seq(1, N)],
+                                        ok = convoy:flush(),
+                                        #{refs := #{Y := {_Lanes, C, H}}} = convoy_sender:parts(),
+                                        Self ! {sent, convoy_sender:is_marked(Y), {C, H}}
+                                end,
+                                Loop()
+                        end),
+    Burst = fun(N) ->
+                    Collector = convoy_ct_seq:start(Y),
+                    Sender ! {burst, Collector, N},
+                    receive
+                        {sent, Marked, Kept} ->
+                            ?assert(Marked),
+                            ?assertEqual(convoy_peers:refs(Y), Kept),
+                            {_C, H} = Kept,
+                            ?assert(convoy_held:is_empty(H)),
+                            ?assertMatch({N, []}, convoy_ct_seq:await(Collector, N))
+                    after 20000 -> ct:fail(stuck)
+                    end
+            end,
+    Burst(100),
+    ?assertMatch(#{accepted := 100, dropped := 0}, node_stats(Y)),
+    ok = convoy_peers:set_sweep(#{interval => 3600000, grace => 0}),
+    peer:stop(Peer),
+    convoy_ct_peers:await(fun() -> lists:member(Y, nodes(connected)) end,
+                          fun(C) -> not C end, 10000),
+    ?assertEqual([0, 1], [convoy_peers:sweep() || _ <- [1, 2]]),
+    {Peer2, Y} = convoy_ct_peers:convoy_peer(?MODULE, Name, #{}),
+    convoy_ct_peers:await_route(Y, convoy),
+    Burst(100), % the kept row was closed: the new one
+    ?assertMatch(#{accepted := 100, dropped := 0}, node_stats(Y)),
+    stop_convoy(),
+    start_convoy(Settings),
+    convoy_ct_peers:await_route(Y, convoy),
+    Burst(100), % convoy started again: its rows
+    ?assertMatch(#{accepted := 100, dropped := 0}, node_stats(Y)),
     unlink(Sender),
     exit(Sender, kill),
     peer:stop(Peer2).
