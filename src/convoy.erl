@@ -15,10 +15,11 @@
 -module(convoy).
 
 -export([send/2, send/3, send_many/1, multicast/2, publish/2, publish/3, flush/0, flush/1, flush/2, info/0, set_config/1,
-         child_spec/1, start_link/1]).
+         settings/0, child_spec/1, start_link/1]).
 -export([cast/2, call/2, call/3]).
 
--export_type([dest/0, options/0, send_options/0, info/0, node_info/0, forgotten/0]).
+-export_type([dest/0, options/0, send_options/0, options_in/0, send_options_in/0, info/0,
+              node_info/0, forgotten/0]).
 -export_type([server_ref/0]).
 
 -type dest() :: pid() | atom() | {atom(), node()} | reference().
@@ -43,9 +44,13 @@
                       overload => block | drop | error,
                       block_timeout => non_neg_integer(),
                       telemetry => boolean()}.
+%% Settings; wherever they are taken, a list of `{Key, Value}' (a proplist, an
+%% Elixir keyword list) is taken as the map of its pairs.
 -type send_options() :: #{overload => block | drop | error,
                           block_timeout => non_neg_integer()}.
-%% Per-call overload behaviour; see `send/3'.
+%% Per-call overload behaviour; see `send/3'. A list of `{Key, Value}' is taken too.
+-type options_in() :: options() | [{atom(), term()}].
+-type send_options_in() :: send_options() | [{atom(), term()}].
 -type node_info() :: #{route := convoy | plain,
                        accepted := non_neg_integer(),
                        messages := non_neg_integer(),
@@ -111,10 +116,10 @@ send(Dest, Msg) ->
 %% `{error, overload}'; `drop' drops the message (counted in `dropped') and returns
 %% `ok'; `error' returns `{error, overload}' at once (counted in `refused').
 %% Unset keys take the settings' values; set ones are checked with the settings'
-%% bounds. Bad options raise `{badarg, {bad_option, Key}}' or
-%% `{badarg, {bad_value, Key, Value}}'; a bad destination raises `badarg' as
-%% `erlang:send/2' would.
--spec send(dest(), term(), send_options()) -> ok | {error, overload}.
+%% bounds. Bad options raise `{badarg, Reason}', `Reason' as
+%% `convoy_config:error()' says (`{bad_option, Key}', `{bad_value, Key, Value}',
+%% ...); a bad destination raises `badarg' as `erlang:send/2' would.
+-spec send(dest(), term(), send_options_in()) -> ok | {error, overload}.
 send(Dest, Msg, Opts) ->
     case convoy_config:send_options(Opts) of
         {ok, Checked} -> convoy_route:send(Dest, Msg, Checked);
@@ -188,8 +193,11 @@ publish(Group, Msg) ->
 %% local members as that node's `pg' has them when it is delivered. Order relative
 %% to the caller's other convoy messages to each member is kept. Like a loop of
 %% sends over `pg:get_members/2', a member that joined on a node this node does
-%% not yet know of is missed. Raises `badarg' if `Scope' is not an atom; a scope
-%% that does not run here has no members.
+%% not yet know of is missed. Raises `badarg' if `Scope' is not an atom, and
+%% `{badarg, {no_pg_scope, Scope}}' if no `pg' scope `Scope' runs on this node
+%% (where `pg:get_members/2' answers `[]' and nothing would be delivered): OTP
+%% starts the default scope `pg' only with the kernel parameter `start_pg'; an
+%% application starts its own with `pg:start_link(Scope)'.
 -spec publish(atom(), term(), term()) -> ok.
 publish(Scope, Group, Msg) ->
     convoy_publish:publish(Scope, Group, Msg).
@@ -222,8 +230,10 @@ flush(Which, Timeout) ->
 %%
 %% Per node: `accepted' (messages handed to convoy for it), `messages' (handed to
 %% distribution), `batches' (distribution messages sent), `dropped', `buffered'
-%% (accepted but neither sent nor dropped yet), `received' (delivered here from that
-%% node), `direct' (sent by the sender itself, to the destination or to the
+%% (accepted but neither sent nor dropped yet), `received' (delivered here by
+%% convoy's inboxes from that node; what the peer's senders sent directly to a
+%% process here arrives as a plain message, counted only there, in their
+%% `direct'), `direct' (sent by the sender itself, to the destination or to the
 %% peer's inbox, not through its lane; an unmarked sender's even while its lane
 %% is busy), `refused'
 %% (`{error, overload}' returned by `send/3'), `blocked_us' (time senders waited for
@@ -239,32 +249,46 @@ flush(Which, Timeout) ->
 %% per node: the lane took that with it). All counters are cumulative since convoy
 %% started, or since the node was last forgotten: a node that is not connected,
 %% holds nothing and has had no traffic for two minutes leaves `nodes'; its final
-%% counters are added to `forgotten'.
+%% counters are added to `forgotten'. While convoy does not run: `running' false,
+%% no settings, nodes or lanes, every kind of rejected input 0, `lost' 0, and the
+%% forgotten nodes and channel waits as they are.
 -spec info() -> info().
 info() -> convoy_info:report().
 
 %% @doc Change settings at run time; keys as in `options()'. Nothing is lost or
 %% reordered, including when `lanes' changes (the number of inboxes stays as it was
-%% when convoy started). Returns an error naming the bad key or value.
--spec set_config(options()) ->
+%% when convoy started). Returns `{error, Reason}': `Reason' a
+%% `convoy_config:error()' naming the bad key or value, `{busy, lanes}' while a
+%% change of `lanes' is still draining, or `not_started' when convoy does not run.
+-spec set_config(options_in()) ->
           ok | {error, convoy_config:error() | {busy, lanes} | not_started}.
 set_config(Opts) ->
     convoy_control:set_config(Opts).
 
+%% @doc Every setting: its key, default and accepted values (an atom, or
+%% `{integer, Min, Max}' with `Max' possibly `unbounded'), in README order.
+-spec settings() -> [{atom(), term(), convoy_config:accepts()}].
+settings() ->
+    convoy_config:settings().
+
 %% @doc A child specification to run convoy in your own supervision tree, with
 %% settings `Opts' (over the defaults; the application environment is not read).
-%% Run convoy either this way or as an application on a node, not both. Bad
-%% settings raise `{badarg, {bad_option, Key}}' or `{badarg, {bad_value, Key,
-%% Value}}' here, where they are written, rather than when the supervisor starts.
--spec child_spec(options()) -> supervisor:child_spec().
+%% Run convoy either this way or as an application on a node, not both: with
+%% convoy among a release's applications, have it loaded only (relx
+%% `{convoy, load}', a Mix release's `applications: [convoy: :load]'). Bad
+%% settings raise `{badarg, Reason}' (`convoy_config:error()') here, where they are
+%% written, rather than when the supervisor starts.
+-spec child_spec(options_in()) -> supervisor:child_spec().
 child_spec(Opts) ->
     case convoy_config:validate(Opts) of
         {ok, _} -> #{id => convoy, start => {?MODULE, start_link, [Opts]}, type => supervisor};
         {error, Reason} -> erlang:error({badarg, Reason}, [Opts])
     end.
 
-%% @doc Start convoy's supervision tree with settings `Opts'.
--spec start_link(options()) -> {ok, pid()} | {error, {convoy_config, convoy_config:error()} | term()}.
+%% @doc Start convoy's supervision tree with settings `Opts' (over the defaults;
+%% the application environment is not read). Bad settings return
+%% `{error, {convoy_config, Reason}}'.
+-spec start_link(options_in()) -> {ok, pid()} | {error, {convoy_config, convoy_config:error()} | term()}.
 start_link(Opts) ->
     case convoy_config:validate(Opts) of
         {ok, Config} -> convoy_sup:start_link(Config);

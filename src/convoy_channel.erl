@@ -182,10 +182,13 @@
 %% first `send/2' that has to wait returns `{error, {consumer_down, noproc}}'.
 %% Options are checked key by key: an unknown key gives `{error, {bad_option,
 %% Key}}', a bad value `{error, {bad_value, Key, Value}}' (`ack_every' above
-%% `window' is a bad value of `ack_every'). Raises `badarg' if `Consumer' is not a
-%% pid, an atom or `{Name, Node}', or `Opts' is not a map.
--spec open(consumer(), open_opts()) -> {ok, channel()} | {error, open_error()}.
-open(Consumer, Opts) when is_map(Opts) ->
+%% `window' is a bad value of `ack_every'; a list of `{Key, Value}' is taken as the
+%% map of its pairs, a key twice in it is `{duplicate_option, Key}'). Raises
+%% `badarg' if `Consumer' is not a pid, an atom or `{Name, Node}', or `Opts' is
+%% neither a map nor a list.
+-spec open(consumer(), open_opts() | [{atom(), term()}]) ->
+          {ok, channel()} | {error, open_error()}.
+open(Consumer, Opts) when is_map(Opts); is_list(Opts) ->
     case {dest(Consumer), convoy_config:channel_options(Opts)} of
         {error, _} ->
             erlang:error(badarg, [Consumer, Opts]);

@@ -15,7 +15,7 @@
 %% from.
 -module(convoy_config).
 
--export([settings/0, defaults/0, keys/0, validate/1, merge/2, from_env/1,
+-export([options/1, settings/0, defaults/0, keys/0, validate/1, merge/2, from_env/1,
          send_options/1, channel_options/1]).
 
 -export_type([config/0, error/0, overload/0, accepts/0, channel_config/0]).
@@ -38,7 +38,12 @@
                     overload := overload(),
                     block_timeout := non_neg_integer(),
                     telemetry := boolean()}.
--type error() :: {bad_option, term()} | {bad_value, atom(), term()}.
+-type error() :: {bad_option, term()} | {bad_value, atom(), term()} |
+                 {duplicate_option, atom()} | {not_a_map, term()}.
+%% `bad_option': a key that is not a setting (or not one this entry point takes);
+%% `bad_value': a value the key does not accept; options given as a list with a
+%% key twice are `duplicate_option'; options that are neither a map nor a list of
+%% `{Key, Value}' (an Elixir keyword list) are `not_a_map'.
 -type overload() :: block | drop | error.
 -type accepts() :: [atom() | {integer, Min :: integer(), Max :: integer() | unbounded}].
 %% A value is accepted when it is one of the atoms, or an integer within one of
@@ -96,19 +101,42 @@ defaults() ->
 -spec keys() -> [atom()].
 keys() -> [K || {K, _, _} <- settings()].
 
-%% @doc A complete, valid configuration from a (partial) map over the defaults.
+%% @doc Options as a map: a map as it is, a list of `{Key, Value}' with atom keys
+%% (a proplist, an Elixir keyword list) as the map of its pairs; a key twice in
+%% the list is an error, as is anything else.
+-spec options(map() | term()) -> {ok, map()} | {error, error()}.
+options(Opts) when is_map(Opts) ->
+    {ok, Opts};
+options(Opts) when is_list(Opts) ->
+    pairs(Opts, #{}, Opts);
+options(Opts) ->
+    {error, {not_a_map, Opts}}.
+
+pairs([], Map, _Opts) ->
+    {ok, Map};
+pairs([{K, _} | _], Map, _Opts) when is_atom(K), is_map_key(K, Map) ->
+    {error, {duplicate_option, K}};
+pairs([{K, V} | Rest], Map, Opts) when is_atom(K) ->
+    pairs(Rest, Map#{K => V}, Opts);
+pairs(_NotAPair, _Map, Opts) ->
+    {error, {not_a_map, Opts}}.
+
+%% @doc A complete, valid configuration from (partial) options over the defaults.
 -spec validate(map() | term()) -> {ok, config()} | {error, error()}.
 validate(Opts) -> merge(defaults(), Opts).
 
 %% @doc Apply the changes in `Opts' on top of an already valid `Base'.
 -spec merge(config(), map() | term()) -> {ok, config()} | {error, error()}.
-merge(Base, Opts) when is_map(Opts) ->
-    case check(Opts, settings()) of
-        ok -> {ok, maps:merge(Base, Opts)};
-        {error, _} = E -> E
-    end;
-merge(_Base, Opts) ->
-    {error, {bad_option, Opts}}.
+merge(Base, Opts) ->
+    case options(Opts) of
+        {ok, Map} ->
+            case check(Map, settings()) of
+                ok -> {ok, maps:merge(Base, Map)};
+                {error, _} = E -> E
+            end;
+        {error, _} = E ->
+            E
+    end.
 
 %% @doc Settings from an application environment list (`application:get_all_env/1').
 %% Keys that OTP itself puts there are ignored; any other unknown key is an error.
@@ -131,7 +159,10 @@ send_options(Opts) when is_map(Opts) ->
         {error, _} = E -> E
     end;
 send_options(Opts) ->
-    {error, {bad_option, Opts}}.
+    case options(Opts) of
+        {ok, Map} -> send_options(Map);
+        {error, _} = E -> E
+    end.
 
 %% A channel's options (`convoy_channel:open/2'), as `settings/0' lists the
 %% settings: key, default, accepted values. `ack_every''s default, `derived', is
@@ -146,7 +177,12 @@ channel_settings() ->
 %% `{bad_value, Key, Value}', and `ack_every' above `window' is a bad value of
 %% `ack_every'.
 -spec channel_options(map() | term()) -> {ok, channel_config()} | {error, error()}.
-channel_options(Opts) when is_map(Opts) ->
+channel_options(Opts) when not is_map(Opts) ->
+    case options(Opts) of
+        {ok, Map} -> channel_options(Map);
+        {error, _} = E -> E
+    end;
+channel_options(Opts) ->
     case check(Opts, channel_settings()) of
         ok ->
             Defaults = maps:from_list([{K, D} || {K, D, _} <- channel_settings(),
@@ -158,9 +194,7 @@ channel_options(Opts) when is_map(Opts) ->
             end;
         {error, _} = E ->
             E
-    end;
-channel_options(Opts) ->
-    {error, {bad_option, Opts}}.
+    end.
 
 %% The first key of `Opts' not among `Rows' (`{Key, Default, Accepts}') or not
 %% `Allowed', or the first bad value.
@@ -190,6 +224,21 @@ accepts(Atom, V) -> V =:= Atom.
 -ifdef(TEST).
 -include_lib("eunit/include/eunit.hrl").
 
+%% A keyword list (Elixir's habit, a proplist in Erlang) means the map of its
+%% pairs; anything else is named as not a map.
+keyword_list_test() ->
+    ?assertEqual(validate(#{lanes => 2, overload => drop}),
+                 validate([{lanes, 2}, {overload, drop}])),
+    ?assertEqual({ok, defaults()}, validate([])),
+    ?assertEqual({error, {bad_option, nope}}, validate([{nope, 1}])),
+    ?assertEqual({error, {duplicate_option, lanes}}, validate([{lanes, 1}, {lanes, 2}])),
+    ?assertEqual({error, {not_a_map, [lanes]}}, validate([lanes])),
+    ?assertEqual({error, {not_a_map, [{"lanes", 1}]}}, validate([{"lanes", 1}])),
+    ?assertEqual({error, {not_a_map, {lanes, 1}}}, validate({lanes, 1})),
+    ?assertEqual({error, {not_a_map, [{lanes, 1} | x]}}, validate([{lanes, 1} | x])),
+    ?assertMatch({ok, #{window := 10, ack_every := 5}}, channel_options([{window, 10}])),
+    ?assertEqual({error, {not_a_map, 10}}, channel_options(10)).
+
 defaults_are_valid_test() ->
     ?assertEqual({ok, defaults()}, validate(#{})).
 
@@ -211,7 +260,7 @@ bad_value_named_test() ->
     ?assertEqual({error, {bad_value, max_batch, 1.0}}, validate(#{max_batch => 1.0})).
 
 not_a_map_test() ->
-    ?assertEqual({error, {bad_option, [lanes]}}, validate([lanes])).
+    ?assertEqual({error, {not_a_map, [lanes]}}, validate([lanes])).
 
 merge_keeps_base_test() ->
     {ok, C1} = validate(#{lanes => 4}),
@@ -244,7 +293,12 @@ send_options_test() ->
     ?assertEqual({ok, Opts}, send_options(Opts)),
     ?assertEqual({error, {bad_option, lanes}}, send_options(#{lanes => 2})),
     ?assertEqual({error, {bad_option, nope}}, send_options(#{nope => 1})),
-    ?assertEqual({error, {bad_option, [overload]}}, send_options([overload])),
+    ?assertEqual({error, {not_a_map, [overload]}}, send_options([overload])),
+    ?assertEqual({ok, #{overload => drop}}, send_options([{overload, drop}])),
+    ?assertEqual({error, {bad_value, overload, later}}, send_options([{overload, later}])),
+    ?assertEqual({error, {duplicate_option, overload}},
+                 send_options([{overload, drop}, {overload, error}])),
+    ?assertEqual({error, {not_a_map, overload}}, send_options(overload)),
     ?assertEqual({error, {bad_value, overload, later}}, send_options(#{overload => later})),
     ?assertEqual({error, {bad_value, block_timeout, -1}}, send_options(#{block_timeout => -1})).
 
@@ -256,7 +310,7 @@ channel_options_test() ->
     ?assertEqual({ok, #{window => 7, ack_every => 7, timeout => ?MAX_RECEIVE_MS}},
                  channel_options(#{window => 7, ack_every => 7, timeout => ?MAX_RECEIVE_MS})),
     ?assertEqual({error, {bad_option, lanes}}, channel_options(#{lanes => 1})),
-    ?assertEqual({error, {bad_option, [window]}}, channel_options([window])),
+    ?assertEqual({error, {not_a_map, [window]}}, channel_options([window])),
     ?assertEqual({error, {bad_value, window, 0}}, channel_options(#{window => 0})),
     ?assertEqual({error, {bad_value, ack_every, 3}},
                  channel_options(#{window => 2, ack_every => 3})),

@@ -13,7 +13,8 @@ report() ->
     case convoy_control:status() of
         not_running ->
             #{running => false, settings => #{}, nodes => #{}, lanes => [],
-              forgotten => convoy_peers:forgotten(), rejected => #{}, lost => 0,
+              forgotten => convoy_peers:forgotten(), rejected => convoy_metrics:no_rejections(),
+              lost => 0,
               channels => convoy_channel:stats()};
         #{settings := Settings, lanes := Lanes} ->
             #{running => true,

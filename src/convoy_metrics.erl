@@ -16,7 +16,8 @@
 
 -export([init/0, lost/1, lost/0, new_refs/0, add/3, add_direct/1, close/1,
          unanswered/2, escalate/1, is_unanswered/1, may_wait_for_room/1, answered/1,
-         node_info/1, node_counts/1, node_report/3, held/1, rejected/1, rejected/2, rejected/0, emit/4,
+         node_info/1, node_counts/1, node_report/3, held/1, rejected/1, rejected/2, rejected/0,
+         no_rejections/0, emit/4,
          event/3, new_waits/0, add_wait/2, waits/1]).
 
 -export_type([counter/0, rejection/0]).
@@ -226,6 +227,12 @@ cause(reassembly_full) -> "a message in pieces over max_reassembly_bytes".
 
 rejection_index(K, [K | _], I) -> I;
 rejection_index(K, [_ | T], I) -> rejection_index(K, T, I + 1).
+
+%% @doc Every kind of rejected input, counted 0 (`convoy:info/0' while convoy does
+%% not run).
+-spec no_rejections() -> #{rejection() => 0}.
+no_rejections() ->
+    maps:from_keys(?REJECTIONS, 0).
 
 %% @doc All rejection counters.
 -spec rejected() -> #{rejection() => non_neg_integer()}.

@@ -24,6 +24,9 @@
 %% @doc See `convoy:publish/3'.
 -spec publish(atom(), term(), term()) -> ok.
 publish(Scope, Group, Msg) when is_atom(Scope) ->
+    %% pg answers [] for a scope that does not run: nothing would be delivered
+    whereis(Scope) =:= undefined andalso
+        erlang:error({badarg, {no_pg_scope, Scope}}, [Scope, Group, Msg]),
     case persistent_term:get(?RUNTIME_KEY, undefined) of
         undefined ->
             lists:foreach(fun(P) -> P ! Msg end, pg:get_members(Scope, Group));

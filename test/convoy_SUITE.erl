@@ -528,8 +528,15 @@ bad_settings_named(_Config) ->
     start_convoy(#{}),
     ?assertEqual({error, {bad_value, max_delay, -5}}, convoy:set_config(#{max_delay => -5})),
     ?assertEqual({error, {bad_option, nope}}, convoy:set_config(#{nope => 1})),
-    ?assertEqual({error, {bad_option, [lanes]}}, convoy:set_config([lanes])),
-    ?assertEqual(convoy_config:defaults(), maps:get(settings, convoy:info())).
+    ?assertEqual({error, {not_a_map, [lanes]}}, convoy:set_config([lanes])),
+    ?assertEqual({error, {not_a_map, lanes}}, convoy:set_config(lanes)),
+    ?assertEqual({error, {duplicate_option, max_batch}},
+                 convoy:set_config([{max_batch, 5}, {max_batch, 6}])),
+    ?assertEqual(convoy_config:defaults(), maps:get(settings, convoy:info())),
+    %% a keyword list (Elixir's habit) is the map of its pairs
+    ok = convoy:set_config([{max_batch, 500}, {overload, drop}]),
+    ?assertMatch(#{max_batch := 500, overload := drop}, maps:get(settings, convoy:info())),
+    ?assertEqual(convoy_config:settings(), convoy:settings()).
 
 %%--------------------------------------------------------------------
 %% API
@@ -621,7 +628,7 @@ badarg_like_send(_Config) ->
                  convoy:send(self(), x, #{block_timeout => 3600001})),
     ?assertError({badarg, {bad_value, overload, later}}, convoy:send(self(), x, #{overload => later})),
     ?assertError({badarg, {bad_option, max_batch}}, convoy:send(self(), x, #{max_batch => 1})),
-    ?assertError({badarg, {bad_option, [drop]}}, convoy:send(self(), x, [drop])),
+    ?assertError({badarg, {not_a_map, [drop]}}, convoy:send(self(), x, [drop])),
     %% Nothing was sent by the failed calls.
     receive x -> ct:fail(partial_send) after 0 -> ok end.
 
@@ -640,7 +647,7 @@ local_destinations(_Config) ->
 
 child_spec_in_own_tree(Config) ->
     {Peer, Node} = peer(Config, ?CT_PEER_NAME()),
-    Spec = convoy:child_spec(#{lanes => 2, max_batch => 50}),
+    Spec = convoy:child_spec([{lanes, 2}, {max_batch, 50}]), % a keyword list as a map
     {ok, Sup} = peer:call(Peer, convoy_test_sup, start, [[Spec]]),
     true = is_pid(Sup),
     ?assertMatch(#{running := true, settings := #{lanes := 2, max_batch := 50}},
@@ -649,6 +656,8 @@ child_spec_in_own_tree(Config) ->
     %% hand fails to start with the same named error.
     ?assertError({badarg, {bad_value, lanes, x}}, convoy:child_spec(#{lanes => x})),
     ?assertError({badarg, {bad_option, lane}}, convoy:child_spec(#{lane => 2})),
+    ?assertError({badarg, {not_a_map, lanes}}, convoy:child_spec(lanes)),
+    ?assertMatch({error, {convoy_config, {not_a_map, [2]}}}, convoy:start_link([2])),
     ?assertMatch({error, {{convoy_config, {bad_value, lanes, x}}, _}},
                  peer:call(Peer, supervisor, start_child,
                            [user_sup, Spec#{id => other,
@@ -659,7 +668,10 @@ child_spec_in_own_tree(Config) ->
     spawn(Node, fun() -> register(here, self()), Self ! ready, receive M -> Self ! {got, M} end end),
     receive ready -> ok end,
     ok = convoy:send({here, Node}, hi),
-    receive {got, hi} -> ok after 5000 -> ct:fail(not_delivered) end.
+    receive {got, hi} -> ok after 5000 -> ct:fail(not_delivered) end,
+    %% send/3's options as a keyword list too
+    ok = convoy:send({here, Node}, again, [{overload, error}]),
+    ?assertError({badarg, {not_a_map, [overload]}}, convoy:send({here, Node}, x, [overload])).
 
 %% Started as an application or from a child spec, convoy loads all its modules
 %% first: on a node that loads code on first call, a burst of senders would
@@ -700,7 +712,13 @@ not_started_falls_back(Config) ->
     P = spawn(Node, fun() -> receive M -> Self ! {got, M} end end),
     ok = convoy:send(P, plain),
     receive {got, plain} -> ok after 5000 -> ct:fail(not_delivered) end,
-    ?assertMatch(#{running := false}, convoy:info()),
+    %% every key the running report has, empty or zero
+    Info = convoy:info(),
+    ?assertMatch(#{running := false, settings := #{}, nodes := #{}, lanes := [], lost := 0,
+                   forgotten := #{nodes := _}, channels := #{waits := _}}, Info),
+    ?assertEqual(maps:keys(convoy_metrics:no_rejections()), maps:keys(maps:get(rejected, Info))),
+    ?assertEqual([0], lists:usort(maps:values(maps:get(rejected, Info)))),
+    ?assertEqual({error, not_started}, convoy:set_config(#{max_batch => 5})),
     ok = convoy:flush().
 
 %%--------------------------------------------------------------------

@@ -334,7 +334,13 @@ bad_options() ->
                       %% what `receive ... after' takes at most
                       {#{timeout => 16#100000000}, {bad_value, timeout, 16#100000000}}]],
     ?assertEqual([], [K || {{'$convoy_channel', _} = K, _} <- get()]),
-    ?assertError(badarg, convoy_channel:open(P, [{window, 3}])),
+    {ok, Kw} = convoy_channel:open(P, [{window, 3}]), % a keyword list as a map
+    ?assertMatch(#{window := 3}, convoy_channel:info(Kw)),
+    ok = convoy_channel:close(Kw),
+    ?assertError(badarg, convoy_channel:open(P, window)),
+    ?assertEqual({error, {not_a_map, [window]}}, convoy_channel:open(P, [window])),
+    ?assertEqual({error, {duplicate_option, window}},
+                 convoy_channel:open(P, [{window, 3}, {window, 4}])),
     ?assertError(badarg, convoy_channel:open("consumer", #{})),
     ?assertError(badarg, convoy_channel:open({a, b, c}, #{})),
     ?assertError(badarg, convoy_channel:ack(not_a_token)),

@@ -270,15 +270,20 @@ not_running_here(_Config) ->
     Msgs = [{p, I} || I <- lists:seq(1, 100)],
     [ok = convoy:publish(pub_off, g, M) || M <- Msgs],
     await_got(Pids, Msgs),
-    %% a scope that does not run here has no members
-    ok = convoy:publish(no_such_scope_here, g, x).
+    %% a group without members here or anywhere: nothing to send
+    ok = convoy:publish(pub_off, nobody, x).
 
 bad_scope_badarg(_Config) ->
     ?assertError(badarg, convoy:publish("pg", g, x)),
     ?assertError(badarg, convoy:publish({pg}, g, x)),
+    %% a scope that does not run here: pg would answer no members, and nothing
+    %% would be delivered; said, running or not
+    ?assertError({badarg, {no_pg_scope, no_such_scope_here}},
+                 convoy:publish(no_such_scope_here, g, x)),
     start_convoy(),
     ?assertError(badarg, convoy:publish(1, g, x)),
-    ok = convoy:publish(no_such_scope_here, g, x).
+    ?assertError({badarg, {no_pg_scope, no_such_scope_here}},
+                 convoy:publish(no_such_scope_here, g, x)).
 
 %% Batches with publish entries sent straight to a peer's inbox: a scope that is
 %% not an atom or a batch as the message is a bad entry, a scope that does not

@@ -162,7 +162,7 @@ child_spec_named_test() ->
     ?assertEqual([#{max_delay => -1}],
                  error_args({badarg, {bad_value, max_delay, -1}},
                             fun() -> convoy:child_spec(#{max_delay => -1}) end)),
-    ?assertError({badarg, {bad_option, [lanes]}}, convoy:child_spec([lanes])),
+    ?assertError({badarg, {not_a_map, [lanes]}}, convoy:child_spec([lanes])),
     ?assertMatch(#{id := convoy, start := {convoy, start_link, [#{lanes := 2}]}},
                  convoy:child_spec(#{lanes => 2})).
 

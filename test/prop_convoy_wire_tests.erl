@@ -29,7 +29,7 @@
          prop_multicast_entries/0, prop_negotiate/0, prop_take_members/0, prop_send_words/0,
          prop_entry_to/0,
          prop_is_large_agrees/0, prop_is_large_agrees_improper/0, prop_copy_words_cap/0,
-         prop_config_any/0, prop_config_maps/0]).
+         prop_config_any/0, prop_config_maps/0, prop_config_keyword_lists/0]).
 
 -include_lib("proper/include/proper.hrl").
 -include_lib("eunit/include/eunit.hrl").
@@ -59,6 +59,7 @@ is_large_agrees_improper_test_() -> ?RUN(prop_is_large_agrees_improper(), 3000).
 copy_words_cap_test_() -> ?RUN(prop_copy_words_cap(), 3000).
 config_any_test_() -> ?RUN(prop_config_any(), 2000).
 config_maps_test_() -> ?RUN(prop_config_maps(), 3000).
+config_keyword_lists_test_() -> ?RUN(prop_config_keyword_lists(), 3000).
 
 run(Prop, N) ->
     {timeout, 120,
@@ -475,30 +476,58 @@ prop_config_any() ->
 prop_config_maps() ->
     ?FORALL(L, list({key(), value()}), config_named(maps:from_list(L))).
 
+%% The same pairs as a keyword list: the map of its pairs, or, with a key twice,
+%% that key named.
+prop_config_keyword_lists() ->
+    ?FORALL(L, list({key(), value()}), config_named(L)).
+
 config_named(Opts) ->
     safe(validate, Opts,
          fun() ->
                  Keys = convoy_config:keys(),
+                 Map = as_map(Opts),
                  case convoy_config:validate(Opts) of
                      {ok, Config} ->
-                         is_map(Opts)
-                             andalso lists:all(fun(K) -> lists:member(K, Keys) end, maps:keys(Opts))
-                             andalso Config =:= maps:merge(convoy_config:defaults(), Opts)
+                         is_map(Map)
+                             andalso lists:all(fun(K) -> lists:member(K, Keys) end, maps:keys(Map))
+                             andalso Config =:= maps:merge(convoy_config:defaults(), Map)
                              %% a valid config is valid as a whole, too
                              andalso convoy_config:validate(Config) =:= {ok, Config};
-                     {error, {bad_option, K}} when is_map(Opts) ->
-                         is_map_key(K, Opts) andalso not lists:member(K, Keys);
-                     {error, {bad_option, T}} ->
-                         T =:= Opts;
+                     {error, {bad_option, K}} ->
+                         is_map(Map) andalso is_map_key(K, Map) andalso not lists:member(K, Keys);
+                     {error, {not_a_map, T}} ->
+                         T =:= Opts andalso Map =:= not_a_map;
+                     {error, {duplicate_option, K}} ->
+                         Map =:= {duplicate, K};
                      {error, {bad_value, K, V}} ->
-                         is_map(Opts) andalso lists:member(K, Keys)
-                             andalso maps:get(K, Opts, make_ref()) =:= V
+                         is_map(Map) andalso lists:member(K, Keys)
+                             andalso maps:get(K, Map, make_ref()) =:= V
                              andalso convoy_config:validate(#{K => V}) =/= {ok, convoy_config:defaults()}
                              andalso element(1, convoy_config:validate(#{K => V})) =:= error;
                      _ ->
                          false
                  end
          end).
+
+%% What options mean, by the README: a map; a proper list of `{Atom, Value}' with
+%% no key twice, as the map of its pairs; read in order, the first element that is
+%% not such a pair makes it not a map, the first key met twice is named.
+as_map(Opts) when is_map(Opts) ->
+    Opts;
+as_map(Opts) when is_list(Opts) ->
+    pairs(Opts, []);
+as_map(_Opts) ->
+    not_a_map.
+
+pairs([], Acc) ->
+    maps:from_list(Acc);
+pairs([{K, V} | Rest], Acc) when is_atom(K) ->
+    case lists:keymember(K, 1, Acc) of
+        true -> {duplicate, K};
+        false -> pairs(Rest, [{K, V} | Acc])
+    end;
+pairs(_NotAPair, _Acc) ->
+    not_a_map.
 
 %%--------------------------------------------------------------------
 %% BUG (found by prop_is_large_agrees_improper): convoy_size keeps {Tuple, Index}
