@@ -65,6 +65,18 @@ defmodule ElixirDemoTest do
     end
   end
 
+  test "options as keyword lists, as Elixir passes them", %{relays: [{k, relay} | _]} do
+    :ok = :convoy.send(relay, :kw, overload: :error, block_timeout: 100)
+    assert collect(1)[k] == [:kw]
+
+    settings = :convoy.info().settings
+    :ok = :convoy.set_config(max_batch: 500)
+    assert %{max_batch: 500} = :convoy.info().settings
+    assert {:error, {:duplicate_option, :max_batch}} = :convoy.set_config(max_batch: 1, max_batch: 2)
+    assert {:error, {:not_a_map, :lanes}} = :convoy.set_config(:lanes)
+    :ok = :convoy.set_config(settings)
+  end
+
   describe "a GenServer on the other node, through convoy" do
     # A Tally registered on the peer, stopped after each test.
     setup %{node: node} do
