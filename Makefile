@@ -93,8 +93,13 @@ bench: deps
 	  $(MAKE) --no-print-directory phoenix-build >/dev/null || echo "phoenix-build failed: the pubsub scenario will be skipped"; fi
 	bin/convoy-bench $(ARGS)
 
+# HTML of the public modules (convoy, convoy_channel, convoy_config's settings/0)
+# with doc/overview.edoc as front page, in doc/api/ (not committed): open
+# doc/api/index.html. Rebuilt from scratch each time.
 docs: deps
+	rm -rf doc/api
 	$(REBAR) edoc
+	@echo "docs: $(CURDIR)/doc/api/index.html"
 
 clean:
 	$(REBAR) clean -a

@@ -44,8 +44,11 @@
                       overload => block | drop | error,
                       block_timeout => non_neg_integer(),
                       telemetry => boolean()}.
-%% Settings; wherever they are taken, a list of `{Key, Value}' (a proplist, an
-%% Elixir keyword list) is taken as the map of its pairs.
+%% Settings, each one optional: those not given keep their defaults (for
+%% `set_config/1', the values in force); `settings/0' lists the accepted values,
+%% the README's Settings table says what each one means. Wherever they are taken,
+%% a list of `{Key, Value}' (a proplist, an Elixir keyword list) is taken as the
+%% map of its pairs.
 -type send_options() :: #{overload => block | drop | error,
                           block_timeout => non_neg_integer()}.
 %% Per-call overload behaviour; see `send/3'. A list of `{Key, Value}' is taken too.
@@ -67,6 +70,7 @@
                        blocked_us := non_neg_integer(),
                        queued := non_neg_integer(),
                        queued_bytes := non_neg_integer()}.
+%% One remote node's route and counters, as `info/0' describes them.
 -type info() :: #{running := boolean(),
                   settings := options(),
                   nodes := #{node() => node_info()},
@@ -77,6 +81,7 @@
                   lost := non_neg_integer(),
                   channels := #{waits := non_neg_integer(),
                                 wait_time_us := non_neg_integer()}}.
+%% What `info/0' returns.
 -type forgotten() :: #{nodes := non_neg_integer(),
                        totals := #{atom() => non_neg_integer()},
                        last := [#{node := node(), at := integer(),

@@ -52,7 +52,7 @@
 %% <h3>Rules</h3>
 %% <ul>
 %% <li>A channel belongs to the process that opened it: its state lives in that
-%%   process's dictionary (key `{'$convoy_channel', Ref}'); `send/2', `info/1' and
+%%   process's dictionary (key ``{'$convoy_channel', Ref}''); `send/2', `info/1' and
 %%   `close/1' from any other process see a closed channel.</li>
 %% <li>Invariant: `in_flight' (messages sent minus credits returned) never exceeds
 %%   `window'; the consumer never holds more than `window' of the channel's
@@ -64,14 +64,14 @@
 %%   `!', messages sent to a consumer that has died without the producer knowing
 %%   are lost, at most `window' of them; the `DOWN' is seen when credit runs out or
 %%   by `info/1'.</li>
-%% <li>Credits arrive at the producer as `{'$convoy_credit', Ref, N}', sent to an
+%% <li>Credits arrive at the producer as ``{'$convoy_credit', Ref, N}'', sent to an
 %%   alias of the producer. `send/2' reads them only when its credit is spent (then
 %%   it takes all that are waiting), so the producer's mailbox holds at most
 %%   `window div ack_every' of them. Other messages in the producer's mailbox are
 %%   never touched. After `close/1' the alias is gone: late credits are dropped by
 %%   the runtime, not left in the mailbox.</li>
 %% <li>The consumer counts acks per channel in its process dictionary (key
-%%   `{'$convoy_ack', Ref}'), erased each time a batch of credit is returned. It
+%%   ``{'$convoy_ack', Ref}''), erased each time a batch of credit is returned. It
 %%   cannot tell when a channel is gone, so counts left over are swept (see
 %%   <em>Partial ack counts</em> below): a consumer fed by short-lived channels
 %%   keeps at most 2048, however many come and go.</li>
@@ -94,7 +94,7 @@
 %% nothing, and the token names an alias, not a pid. So the counts are swept, as a clock (second chance) page
 %% replacement does:
 %% <ul>
-%% <li>`'$convoy_ack_room'' in the consumer's dictionary holds how many more
+%% <li><code>'$convoy_ack_room'</code> in the consumer's dictionary holds how many more
 %%   counts it may start before the next sweep: 1024 after a sweep, one less for
 %%   each count started, one more for each count completed (its credit sent);</li>
 %% <li>a sweep sends, as credit to its channel, every count not acked since the
@@ -158,13 +158,17 @@
 %% at most 4294967295 (default `infinity'). Checked by `convoy_config', as the
 %% settings are.
 -type open_error() :: convoy_config:error() | noproc.
+%% A bad option, or a local consumer that does not exist (see `open/2').
 -type send_error() :: timeout | {consumer_down, term()} | closed.
+%% Why `send/2' did not send: no credit within the channel's `timeout', the
+%% consumer gone (or its node), or the channel closed (or not the caller's).
 -type channel_info() :: #{credit := non_neg_integer(),
                           in_flight := non_neg_integer(),
                           window := pos_integer(),
                           waits := non_neg_integer(),
                           wait_time_us := non_neg_integer(),
                           state := open | down | closed}.
+%% What `info/1' returns.
 
 -define(KEY(Ref), {'$convoy_channel', Ref}).
 -define(ACK_KEY(Ref), {'$convoy_ack', Ref}).

@@ -1,4 +1,10 @@
-%% @private
+%% @doc The settings convoy accepts: `settings/0' lists each one's key, default
+%% and accepted values; the README's Settings table says what each one means.
+%% Settings come from the application environment, `convoy:child_spec/1',
+%% `convoy:start_link/1' or `convoy:set_config/1' (and `overload' and
+%% `block_timeout' per call to `convoy:send/3'); every one of them reports a bad
+%% key or value as an `error()'. The module's other functions are convoy's own.
+
 %% Settings: defaults and validation, in one place. Pure.
 %%
 %% `settings/0' is the only list of settings: each one's key, default and accepted
@@ -12,7 +18,7 @@
 %% `convoy:start_link/1', `convoy:set_config/1', `convoy:send/3' for its per-call
 %% options, and `convoy_channel:open/2' for a channel's options) goes through
 %% this module, so a bad key or value is reported the same way wherever it comes
-%% from.
+%% from. Only `settings/0' is documented for users (`@private' on the others).
 -module(convoy_config).
 
 -export([options/1, settings/0, defaults/0, keys/0, validate/1, merge/2, from_env/1,
@@ -45,6 +51,7 @@
 %% key twice are `duplicate_option'; options that are neither a map nor a list of
 %% `{Key, Value}' (an Elixir keyword list) are `not_a_map'.
 -type overload() :: block | drop | error.
+%% What a sender gets when a node's bound is reached (the `overload' setting).
 -type accepts() :: [atom() | {integer, Min :: integer(), Max :: integer() | unbounded}].
 %% A value is accepted when it is one of the atoms, or an integer within one of
 %% the (inclusive) ranges.
@@ -92,15 +99,18 @@ settings() ->
      {block_timeout, 5000, [{integer, 0, ?MAX_BLOCK_MS}]},
      {telemetry, true, [true, false]}].
 
+%% @private
 %% @doc The settings used where nothing else is given.
 -spec defaults() -> config().
 defaults() ->
     maps:from_list([{K, D} || {K, D, _} <- settings()]).
 
+%% @private
 %% @doc The settings' keys, in README order.
 -spec keys() -> [atom()].
 keys() -> [K || {K, _, _} <- settings()].
 
+%% @private
 %% @doc Options as a map: a map as it is, a list of `{Key, Value}' with atom keys
 %% (a proplist, an Elixir keyword list) as the map of its pairs; a key twice in
 %% the list is an error, as is anything else.
@@ -121,10 +131,12 @@ pairs([{K, V} | Rest], Map, Opts) when is_atom(K) ->
 pairs(_NotAPair, _Map, Opts) ->
     {error, {not_a_map, Opts}}.
 
+%% @private
 %% @doc A complete, valid configuration from (partial) options over the defaults.
 -spec validate(map() | term()) -> {ok, config()} | {error, error()}.
 validate(Opts) -> merge(defaults(), Opts).
 
+%% @private
 %% @doc Apply the changes in `Opts' on top of an already valid `Base'.
 -spec merge(config(), map() | term()) -> {ok, config()} | {error, error()}.
 merge(Base, Opts) ->
@@ -138,12 +150,14 @@ merge(Base, Opts) ->
             E
     end.
 
+%% @private
 %% @doc Settings from an application environment list (`application:get_all_env/1').
 %% Keys that OTP itself puts there are ignored; any other unknown key is an error.
 -spec from_env([{atom(), term()}]) -> {ok, config()} | {error, error()}.
 from_env(Env) ->
     validate(maps:from_list([KV || {K, _} = KV <- Env, K =/= included_applications])).
 
+%% @private
 %% @doc `convoy:send/3''s options: `overload' and `block_timeout', with the same
 %% bounds as the settings; unset keys are left unset (the call takes the settings').
 -spec send_options(map() | term()) -> {ok, convoy:send_options()} | {error, error()}.
@@ -172,6 +186,7 @@ channel_settings() ->
      {ack_every, derived, [{integer, 1, unbounded}]},
      {timeout, infinity, [infinity, {integer, 0, ?MAX_RECEIVE_MS}]}].
 
+%% @private
 %% @doc A channel's options with the defaults filled in, checked as the settings
 %% are, with the same errors: an unknown key is `{bad_option, Key}', a bad value
 %% `{bad_value, Key, Value}', and `ack_every' above `window' is a bad value of
