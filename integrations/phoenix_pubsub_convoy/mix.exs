@@ -4,7 +4,7 @@ defmodule PhoenixPubsubConvoy.MixProject do
   def project do
     [
       app: :phoenix_pubsub_convoy,
-      version: "0.1.0",
+      version: "0.2.0",
       elixir: "~> 1.14",
       elixirc_paths: elixirc_paths(Mix.env()),
       deps: deps(),
