@@ -13,12 +13,14 @@
 %% the lane gives it back as messages leave (`release/3'). Lane mailboxes are
 %% included, so the bounds hold whatever the lane is doing.
 %%
-%% Taking room is one read (`owned/1') and one `compare_exchange' from what was
-%% read to that plus one message and its bytes: one read-modify-write when no other sender
-%% changed the word in between (a sender that lost the race decides again from
-%% the value the exchange returned). A hold that does not fit writes nothing, so
-%% the word only ever holds counts that were granted: the fields never carry into
-%% each other and the bounds are never passed, not even for an instant. Release is
+%% Taking room (`hold/4', `hold_many/5') is one read (`owned/1') and one
+%% `compare_exchange' from what was read to that plus one message and its bytes:
+%% one read-modify-write when no other sender changed the word in between (a
+%% sender that lost the race decides again from the value the exchange
+%% returned). Such a hold that does not fit writes nothing. A flood's sender
+%% (`hold_behind/4') adds first and gives back what it did not take: for that
+%% moment the word counts one message more than was granted, which can only make
+%% another sender find no room; room is never granted past the bounds. Release is
 %% one `add' of minus both fields at once.
 %%
 %% Ceiling: each field has a fixed width, so whatever the configured bounds

@@ -171,7 +171,7 @@ bypass(small, _Calm, convoy) -> inbox.
 
 %% @doc Whether a large message of `Bytes' (encoded) goes in pieces: from
 %% `chunk_threshold' on, and only while there is small traffic to protect: a
-%% small message took the sender's lane within the last `chunk_guard'
+%% small message took any lane within the last `chunk_guard'
 %% milliseconds (`SinceSmallUs' microseconds ago), or always with `always'.
 %% Pieces keep small messages from waiting behind a large one but cost bulk
 %% throughput, so a node that only receives bulk gets it whole, as fast as `!'.

@@ -2,7 +2,7 @@
 %% A sending process's own state, and the lane's calm as that sender finds it.
 %%
 %% The state is one entry of the sender's process dictionary (`?KEY', an atom:
-%% it hashes and compares at once), a `#sender{}' with three parts:
+%% it hashes and compares at once), a `#sender{}' with four parts:
 %% <ul>
 %% <li>`marked': the nodes this sender's traffic went to through a lane or an
 %%   inbox since its last barrier (rule 3 of `convoy_send'), each `true', or
