@@ -50,6 +50,8 @@ main(Args) ->
         {ok, #{command := help}} ->
             io:put_chars(usage()),
             {ok, #{help => iolist_to_binary(usage())}};
+        {ok, #{command := page} = Opts} ->
+            convoy_bench_page:run(Opts);
         {ok, Opts0} ->
             Opts = Opts0#{argv => Args},
             case prepare_node(Opts) of
@@ -66,6 +68,9 @@ usage() ->
     Quick = lists:join(",", [atom_to_list(N) || N <- convoy_bench_scenarios:default_selection()]),
     ["usage: bin/convoy-bench [tune SCENARIO] [options]      (or: make bench ARGS=\"...\")\n"
      "       bin/convoy-bench cost [--tiny]   what one convoy:send/2 costs, step by step\n"
+     "       bin/convoy-bench page DIR [--charts CHARTS]   a run's results as a Markdown\n"
+     "                      page on stdout (bench/RESULTS.md is one); --charts copies the\n"
+     "                      run's charts to CHARTS and links them from the page\n"
      "\n"
      "Compares convoy with plain distribution on nodes the harness starts itself (OTP\n"
      "peer nodes, connected over distribution; the harness node only coordinates).\n"
@@ -204,7 +209,8 @@ defaults() ->
     #{command => bench, scenarios => default, size => normal, repeat => 3,
       convoy => [], only => all, params => #{}, nodes => none, cookie => undefined,
       out => undefined, plots => true, peer_args => [], quiet => false,
-      nodes_note => undefined, check => false, confirm => 3, noise => false}.
+      nodes_note => undefined, check => false, confirm => 3, noise => false,
+      charts => undefined}.
 
 %% @doc Parse command-line arguments.
 -spec parse([string()]) -> {ok, opts()} | {error, binary()}.
@@ -217,6 +223,8 @@ parse(Args) ->
 
 parse([], O) -> O;
 parse(["cost" | R], O) -> parse(R, O#{command => cost});
+parse(["page", Dir | R], O) -> parse(R, O#{command => page, page => Dir});
+parse(["--charts", Dir | R], O) -> parse(R, O#{charts => Dir});
 parse(["tune", S | R], O) -> parse(R, O#{command => tune, tune => scenario(S)});
 parse(["--tune", S | R], O) -> parse(R, O#{command => tune, tune => scenario(S)});
 parse(["--help" | _], O) -> O#{command => help};
@@ -415,7 +423,21 @@ config(Opts, Facts, Variants, Secs) ->
       repeat => maps:get(repeat, Opts), size => maps:get(size, Opts),
       variants => [describe_variant(V) || V <- Variants],
       nodes => nodes_note(Opts), plots => maps:get(plots, Opts),
-      harness_node => node(), seconds => Secs}.
+      harness_node => node(), seconds => Secs, commit => commit()}.
+
+%% The commit of the checkout the harness runs in, `+' when src/ or bench/ differ
+%% from it; `null' outside a git checkout.
+commit() ->
+    case os:cmd("git rev-parse --short HEAD 2>/dev/null") of
+        [C | _] = Out when C =/= $f ->
+            Head = string:trim(Out),
+            case os:cmd("git status --porcelain -- src bench 2>/dev/null") of
+                "" -> list_to_binary(Head);
+                _ -> list_to_binary(Head ++ "+")
+            end;
+        _ ->
+            null
+    end.
 
 body(Opts = #{command := bench, scenarios := Sel}, Variants, RunOpts, Nodes0) ->
     Names = case Sel of

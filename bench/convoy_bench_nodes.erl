@@ -189,7 +189,45 @@ facts(Node) ->
       logical_processors => Info(logical_processors),
       logical_processors_available => unknown_to_null(Info(logical_processors_available)),
       dist_nodelay => erpc:call(Node, application, get_env, [kernel, dist_nodelay, true]),
-      convoy_defaults => erpc:call(Node, convoy_config, defaults, [])}.
+      convoy_defaults => erpc:call(Node, convoy_config, defaults, []),
+      cpu_model => proc_line(Node, "/proc/cpuinfo", "model name"),
+      memory_gib => memory_gib(proc_line(Node, "/proc/meminfo", "MemTotal")),
+      os => os_name(Node)}.
+
+%% The value of the first `Key: value' line of a /proc file on Node, or null
+%% (not Linux).
+proc_line(Node, File, Key) ->
+    case erpc:call(Node, file, read_file, [File]) of
+        {ok, Text} ->
+            Lines = binary:split(Text, <<"\n">>, [global]),
+            case [string:trim(V) || L <- Lines, [K, V] <- [binary:split(L, <<":">>)],
+                                    string:trim(K) =:= list_to_binary(Key)] of
+                [V | _] -> V;
+                [] -> null
+            end;
+        {error, _} ->
+            null
+    end.
+
+memory_gib(null) -> null;
+memory_gib(KB) ->
+    case string:to_integer(KB) of
+        {N, _} when is_integer(N) -> round(N / 1048576 * 10) / 10;
+        _ -> null
+    end.
+
+%% PRETTY_NAME of /etc/os-release on Node, or null.
+os_name(Node) ->
+    case erpc:call(Node, file, read_file, ["/etc/os-release"]) of
+        {ok, Text} ->
+            case [V || L <- binary:split(Text, <<"\n">>, [global]),
+                       <<"PRETTY_NAME=", V/binary>> <- [L]] of
+                [V | _] -> string:trim(V, both, "\"");
+                [] -> null
+            end;
+        {error, _} ->
+            null
+    end.
 
 unknown_to_null(unknown) -> null;
 unknown_to_null(N) -> N.

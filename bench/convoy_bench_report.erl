@@ -34,6 +34,7 @@ config_text(C) ->
                    [maps:get(otp_release, F), maps:get(erts_version, F),
                     maps:get(schedulers, F), maps:get(schedulers_online, F),
                     cores(F)]),
+     host_text(F),
      io_lib:format("nodes: ~s~n", [NodesNote]),
      io_lib:format("convoy defaults: ~s~n", [settings_text(Defaults)]),
      "variants:\n", [["  ", variant_text(V), "\n"] || V <- Vs],
@@ -41,6 +42,20 @@ config_text(C) ->
                    "\"x base\": median over repeats of variant/base in the same repeat "
                    "(\"x best flag\": base = the better of nodelay_false and delay_send)~n",
                    [Size, Repeat, case Repeat of 1 -> ""; _ -> "s" end])].
+
+%% The host's CPU model, memory and OS, where the node could read them.
+host_text(F) ->
+    Parts = [[K, " ", V] || {K, V} <- [{"cpu", maps:get(cpu_model, F, null)},
+                                      {"memory", gib(maps:get(memory_gib, F, null))},
+                                      {"os", maps:get(os, F, null)}],
+                           V =/= null],
+    case Parts of
+        [] -> [];
+        _ -> [lists:join("; ", Parts), "\n"]
+    end.
+
+gib(null) -> null;
+gib(G) -> [number(G), " GiB"].
 
 cores(F) ->
     case maps:get(logical_processors_available, F) of

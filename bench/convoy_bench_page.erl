@@ -1,0 +1,225 @@
+%% `bin/convoy-bench page DIR': a run's results (DIR/results.json) as a Markdown
+%% page a user can read: the host and the command first, then per scenario what it
+%% measures, one table of every variant's primary figure beside plain, the best
+%% kernel flag and the floors (`handover', `guarded', `ceiling') where they ran,
+%% and the run's charts. `bench/RESULTS.md' is such a page, so every figure on it
+%% comes from one run whose command, date and host it prints.
+-module(convoy_bench_page).
+
+-export([run/1, page/2]).
+
+%% @doc Print the page of `Dir''s run; with `charts' set, copy the run's charts
+%% there and link them by that directory's name (the page is meant to sit in the
+%% directory above it, as bench/RESULTS.md sits above bench/charts).
+-spec run(#{page := file:filename(), charts := file:filename() | undefined, _ => _}) ->
+          {ok, map()} | {error, binary()}.
+run(#{page := Dir, charts := Charts}) ->
+    case file:read_file(filename:join(Dir, "results.json")) of
+        {ok, Json} ->
+            {ok, Result} = convoy_bench_json:decode(Json),
+            Pngs = filelib:wildcard("*.png", Dir),
+            Links = case Charts of
+                        undefined ->
+                            [];
+                        _ ->
+                            ok = filelib:ensure_path(Charts),
+                            [{ok, _} = file:copy(filename:join(Dir, P), filename:join(Charts, P))
+                             || P <- Pngs],
+                            [filename:join(filename:basename(Charts), P) || P <- Pngs]
+                    end,
+            io:put_chars(page(Result, Links)),
+            {ok, #{page => Dir, charts => Links}};
+        {error, Why} ->
+            {error, iolist_to_binary(io_lib:format("cannot read ~s/results.json: ~p",
+                                                   [Dir, Why]))}
+    end.
+
+%% @doc The page of a decoded results.json, linking the charts `Links' (paths as
+%% the page should write them; each chart goes with the scenario its name starts
+%% with).
+-spec page(map(), [file:filename()]) -> iolist().
+page(R = #{<<"config">> := C, <<"scenarios">> := Scenarios}, Links) ->
+    [header(C),
+     reading(),
+     check(R),
+     [scenario(S, Links) || S <- Scenarios]].
+
+%%--------------------------------------------------------------------
+%% The host, the command, how to read
+
+header(C = #{<<"facts">> := F}) ->
+    Args = [binary_to_list(A) || A <- maps:get(<<"args">>, C, [])],
+    ["# Results\n\n",
+     "One run of the harness (`bin/convoy-bench`, see [README.md](README.md)), made with\n\n",
+     "```sh\nbin/convoy-bench ", lists:join(" ", Args), "\n```\n\n",
+     "| | |\n|---|---|\n",
+     row("date", maps:get(<<"started">>, C, <<"?">>)),
+     row("commit", maps:get(<<"commit">>, C, <<"not recorded">>)),
+     row("host", maps:get(<<"host">>, F, <<"?">>)),
+     row("CPU", [maps:get(<<"cpu_model">>, F, <<"not recorded">>), ", ",
+                 integer_to_list(maps:get(<<"logical_processors">>, F, 0)),
+                 " logical processors"]),
+     row("memory", case maps:get(<<"memory_gib">>, F, null) of
+                       null -> "not recorded";
+                       G -> [number(G), " GiB"]
+                   end),
+     row("OS", maps:get(<<"os">>, F, <<"not recorded">>)),
+     row("OTP", [maps:get(<<"otp_release">>, F, <<"?">>), " (erts ",
+                 maps:get(<<"erts_version">>, F, <<"?">>), "), ",
+                 integer_to_list(maps:get(<<"schedulers_online">>, F, 0)), " schedulers"]),
+     row("nodes", maps:get(<<"nodes">>, C, <<"?">>)),
+     row("duration", [number(maps:get(<<"seconds">>, C, 0) / 60), " min"]),
+     "\n"].
+
+row(K, V) ->
+    ["| ", K, " | ", V, " |\n"].
+
+reading() ->
+    ["## How to read these figures\n\n",
+     "Each cell is the median over the run's repeats, the variants of a scenario\n",
+     "interleaved point by point, so a slow spell of the machine falls on all of them.\n",
+     "\"x plain\" is the median of the per-repeat ratios to `!` between the same two\n",
+     "nodes (to `!` on one node in `local`); for a latency, below 1 is faster. \"x best\n",
+     "flag\" compares with the better of `dist_nodelay false` and `delay_send` in the\n",
+     "same repeat, \"x handover\" and \"x guarded\" with a bare batching process and with\n",
+     "that process doing only the per-message work convoy's promises need (the floor\n",
+     "convoy is judged against), \"x ceiling\" with the sender batching by hand.\n",
+     "Absolute rates belong to this host: the same code gives other ratios on\n",
+     "another host (a one-way flood measured 8.8x plain on one host, 2.1x on another).\n",
+     "Compare ratios within one run; measure your own cluster with `make bench`.\n\n"].
+
+check(#{<<"check">> := #{<<"within">> := N, <<"cells">> := M} = Ch}) ->
+    ["## The check\n\n",
+     io_lib:format("`--check`: ~b of ~b convoy cells within tolerance of plain (throughput "
+                   "at least 0.95x, p50 at most 1.10x, p99 at most 1.25x).~n", [N, M]),
+     case maps:get(<<"failures">>, Ch, []) of
+         [] -> "\n";
+         Fs -> ["\n| scenario | point | figure | ratio | limit |\n|---|---|---|---|---|\n",
+                [["| ", S, " | ", P, " | ", Fig, " | ", number(Ra), " | ", L, " |\n"]
+                 || #{<<"scenario">> := S, <<"point">> := P, <<"figure">> := Fig,
+                      <<"ratio">> := Ra, <<"limit">> := L} <- Fs], "\n"]
+     end];
+check(_) ->
+    [].
+
+%%--------------------------------------------------------------------
+%% A scenario
+
+scenario(S = #{<<"name">> := Name, <<"title">> := Title, <<"spec">> := Spec}, Links) ->
+    #{<<"primary">> := #{<<"figure">> := Fig, <<"better">> := Better}} = Spec,
+    Label = label(Spec, Fig),
+    Summary = maps:get(<<"summary">>, S, []),
+    Guarded = guarded_ratios(S, Fig),
+    %% `local' (`!' on one node) is shown where it is the baseline only
+    Rows = [{E, maps:get({P, V}, Guarded, null)}
+            || E = #{<<"point">> := P, <<"variant">> := V} <- Summary,
+               V =/= <<"local">> orelse Name =:= <<"local">>],
+    Cols = columns(Rows, Fig),
+    ["## ", Name, "\n\n", Title, ".\n\n",
+     "| point | variant | ", Label, " | ", lists:join(" | ", [H || {H, _} <- Cols]), " |\n",
+     "|---|---|---|", [["---|"] || _ <- Cols], "\n",
+     [["| ", P, " | ", V, " | ", cell(E, Fig, Spec), " | ",
+       lists:join(" | ", [ratio(Get({E, G}), Fig) || {_, Get} <- Cols]), " |\n"]
+      || {E = #{<<"point">> := P, <<"variant">> := V}, G} <- Rows],
+     case Better of
+         <<"lower">> -> ["\n", Label, ": lower is better; ratios below 1 are faster.\n"];
+         _ -> []
+     end,
+     "\n",
+     [["![", Name, ": ", filename:rootname(filename:basename(L)), "](", L, ")\n\n"]
+      || L <- Links, is_chart_of(Name, filename:basename(L))]].
+
+label(#{<<"figures">> := Figures}, Fig) ->
+    case [L || #{<<"key">> := K, <<"label">> := L} <- Figures, K =:= Fig] of
+        [L | _] -> L;
+        [] -> Fig
+    end.
+
+%% The ratio columns the scenario has data for, in the page's order.
+columns(Rows, Fig) ->
+    All = [{"x plain", fun({E, _}) -> from(E, <<"ratios">>, Fig) end},
+           {"x best flag", fun({E, _}) -> from(E, <<"flag_ratios">>, Fig) end},
+           {"x handover", fun({E, _}) -> from(E, <<"handover_ratios">>, Fig) end},
+           {"x guarded", fun({_, G}) -> G end},
+           {"x ceiling", fun({E, _}) -> from(E, <<"ceiling_ratios">>, Fig) end}],
+    [C || C = {_, Get} <- All, lists:any(fun(Row) -> Get(Row) =/= null end, Rows)].
+
+from(E, Key, Fig) ->
+    case E of
+        #{Key := #{Fig := #{<<"median">> := M}}} -> M;
+        _ -> null
+    end.
+
+cell(#{<<"status">> := <<"ok">>, <<"figures">> := #{} = Figs}, Fig, Spec) ->
+    case Figs of
+        #{Fig := #{<<"median">> := M, <<"min">> := Lo, <<"max">> := Hi}} ->
+            Unit = unit(Spec, Fig),
+            [value(M, Unit), " [", value(Lo, Unit), " - ", value(Hi, Unit), "]"];
+        _ ->
+            "-"
+    end;
+cell(#{<<"status">> := Status}, _Fig, _Spec) ->
+    Status.
+
+unit(#{<<"figures">> := Figures}, Fig) ->
+    case [U || #{<<"key">> := K, <<"unit">> := U} <- Figures, K =:= Fig] of
+        [U | _] -> U;
+        [] -> <<"number">>
+    end.
+
+ratio(null, _Fig) -> "";
+ratio(R, _Fig) -> number(R).
+
+%% convoy's figure over `guarded''s in each repeat, by point and convoy variant:
+%% the median.
+guarded_ratios(#{<<"runs">> := Runs}, Fig) ->
+    By = lists:foldl(fun(#{<<"status">> := <<"ok">>, <<"point">> := P, <<"repeat">> := Rep,
+                           <<"variant">> := V, <<"figures">> := #{Fig := X}}, Acc)
+                           when is_number(X) ->
+                             Acc#{{P, Rep, V} => X};
+                        (_, Acc) ->
+                             Acc
+                     end, #{}, Runs),
+    Pairs = [{{P, V}, X / G} || {{P, Rep, V}, X} <- maps:to_list(By), is_convoy(V),
+                                 G <- [maps:get({P, Rep, <<"guarded">>}, By, none)],
+                                 is_number(G), G > 0],
+    maps:map(fun(_, Rs) -> convoy_bench_stats:median(Rs) end,
+             lists:foldl(fun({K, R}, Acc) -> Acc#{K => [R | maps:get(K, Acc, [])]} end,
+                         #{}, Pairs));
+guarded_ratios(_, _Fig) ->
+    #{}.
+
+%% convoy's variants: `convoy' and `convoy[Settings]'.
+is_convoy(<<"convoy">>) -> true;
+is_convoy(<<"convoy[", _/binary>>) -> true;
+is_convoy(_) -> false.
+
+is_chart_of(Name, File) ->
+    N = byte_size(Name),
+    case list_to_binary(File) of
+        <<Name:N/binary, Sep, _/binary>> when Sep =:= $_; Sep =:= $. -> true;
+        _ -> false
+    end.
+
+%%--------------------------------------------------------------------
+%% Numbers
+
+value(V, <<"rate">>) -> si(V, "");
+value(V, <<"mbs">>) -> number(V);
+value(V, <<"ns">>) when V >= 10000 -> [number(V / 1000), " us"];
+value(V, <<"ns">>) -> [number(V), " ns"];
+value(V, <<"us">>) when V >= 10000 -> [number(V / 1000), " ms"];
+value(V, <<"us">>) -> [number(V), " us"];
+value(V, <<"ms">>) -> [number(V), " ms"];
+value(V, <<"bytes">>) -> si(V, "B");
+value(V, _) -> number(V).
+
+si(V, U) when V >= 1.0e9 -> [number(V / 1.0e9), " G", U];
+si(V, U) when V >= 1.0e6 -> [number(V / 1.0e6), " M", U];
+si(V, U) when V >= 1.0e4 -> [number(V / 1.0e3), " k", U];
+si(V, "") -> number(V);
+si(V, U) -> [number(V), " ", U].
+
+%% Three significant digits, as the harness's table prints them.
+number(V) ->
+    convoy_bench_report:number(V).

@@ -1,0 +1,67 @@
+%% The results page (`bin/convoy-bench page DIR'): the run's command, host and
+%% commit first; per scenario, every variant's primary figure with its ratios, the
+%% ratio to `guarded' computed from the repeats, and the scenario's charts only.
+-module(convoy_bench_page_tests).
+
+-include_lib("eunit/include/eunit.hrl").
+
+page_test() ->
+    Text = iolist_to_binary(convoy_bench_page:page(result(), ["charts/oneway_x_plain.png",
+                                                              "charts/oneway8_x_plain.png"])),
+    Has = fun(S) -> ?assertNotEqual(nomatch, binary:match(Text, S), S) end,
+    Hasnt = fun(S) -> ?assertEqual(nomatch, binary:match(Text, S), S) end,
+    Has(<<"bin/convoy-bench --scenario oneway --variants plain,guarded,convoy">>),
+    Has(<<"| commit | abc1234 |">>),
+    Has(<<"| CPU | AMD EPYC, 2 logical processors |">>),
+    Has(<<"| memory | 23.5 GiB |">>),
+    Has(<<"`--check`: 1 of 2 convoy cells">>),
+    %% convoy over guarded per repeat: 3/2 and 2/1, median 1.75 (for convoy only)
+    Has(<<"| 1000 msgs, atom | convoy | 2.50 M [2.00 M - 3.00 M] | 10.0 | 1.75 |">>),
+    Has(<<"| 1000 msgs, atom | plain | 250 k [250 k - 250 k] |  |  |">>),
+    Has(<<"| point | variant | msg/s | x plain | x guarded |">>),
+    Has(<<"![oneway: oneway_x_plain](charts/oneway_x_plain.png)">>),
+    Hasnt(<<"oneway8_x_plain">>),  % another scenario's chart
+    Hasnt(<<"| local |">>).       % `!' on one node only in `local'
+
+result() ->
+    Run = fun(V, Rep, X) ->
+                  #{<<"status">> => <<"ok">>, <<"point">> => <<"1000 msgs, atom">>,
+                    <<"repeat">> => Rep, <<"variant">> => V,
+                    <<"figures">> => #{<<"msg_s">> => X}}
+          end,
+    Spread = fun(Md, Lo, Hi) ->
+                     #{<<"median">> => Md, <<"min">> => Lo, <<"max">> => Hi, <<"n">> => 2}
+             end,
+    Summary = fun(V, Fig, Ratios) ->
+                      #{<<"status">> => <<"ok">>, <<"point">> => <<"1000 msgs, atom">>,
+                        <<"variant">> => V, <<"figures">> => #{<<"msg_s">> => Fig},
+                        <<"ratios">> => Ratios, <<"flag_ratios">> => #{},
+                        <<"handover_ratios">> => #{}, <<"ceiling_ratios">> => #{}}
+              end,
+    #{<<"config">> =>
+          #{<<"args">> => [<<"--scenario">>, <<"oneway">>, <<"--variants">>,
+                           <<"plain,guarded,convoy">>],
+            <<"started">> => <<"2026-11-29 08:00:00">>, <<"commit">> => <<"abc1234">>,
+            <<"seconds">> => 60.0, <<"nodes">> => <<"peer nodes">>,
+            <<"facts">> => #{<<"host">> => <<"vm">>, <<"cpu_model">> => <<"AMD EPYC">>,
+                             <<"logical_processors">> => 2, <<"memory_gib">> => 23.5,
+                             <<"os">> => <<"Debian">>, <<"otp_release">> => <<"25">>,
+                             <<"erts_version">> => <<"13.1.5">>,
+                             <<"schedulers_online">> => 2}},
+      <<"check">> => #{<<"within">> => 1, <<"cells">> => 2, <<"failures">> => []},
+      <<"scenarios">> =>
+          [#{<<"name">> => <<"oneway">>, <<"title">> => <<"one sender">>,
+             <<"spec">> => #{<<"primary">> => #{<<"figure">> => <<"msg_s">>,
+                                                <<"better">> => <<"higher">>},
+                             <<"figures">> => [#{<<"key">> => <<"msg_s">>,
+                                                 <<"label">> => <<"msg/s">>,
+                                                 <<"unit">> => <<"rate">>}]},
+             <<"runs">> => [Run(<<"plain">>, 1, 2.5e5), Run(<<"guarded">>, 1, 2.0e6),
+                            Run(<<"convoy">>, 1, 3.0e6), Run(<<"plain">>, 2, 2.5e5),
+                            Run(<<"guarded">>, 2, 1.0e6), Run(<<"convoy">>, 2, 2.0e6),
+                            Run(<<"local">>, 1, 9.0e6)],
+             <<"summary">> => [Summary(<<"local">>, Spread(9.0e6, 9.0e6, 9.0e6), #{}),
+                               Summary(<<"plain">>, Spread(2.5e5, 2.5e5, 2.5e5), #{}),
+                               Summary(<<"guarded">>, Spread(1.5e6, 1.0e6, 2.0e6), #{}),
+                               Summary(<<"convoy">>, Spread(2.5e6, 2.0e6, 3.0e6),
+                                       #{<<"msg_s">> => Spread(10.0, 8.0, 12.0)})]}]}.
