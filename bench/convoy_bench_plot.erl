@@ -1,6 +1,9 @@
 %% PNG plots of a result with gnuplot (Debian's gnuplot-nox has `pngcairo'; plain
-%% `png' is the fallback). Each plot is a `.dat' file of medians, a `.gp' script
-%% and the `.png'; plots whose scenario was not run are left out.
+%% `png' is the fallback). Each plot is a `.dat' file of medians (or of ratios), a
+%% `.gp' script and the `.png'; plots whose scenario was not run are left out.
+%% `sizes' and `pairs' get lines, `latency' and `hol' percentiles; every other
+%% scenario a bar chart of its primary figure against the baseline
+%% (`convoy_bench_bars').
 -module(convoy_bench_plot).
 
 -export([plots/2]).
@@ -13,7 +16,8 @@ plots(Dir, #{scenarios := Scenarios}) ->
         false ->
             {[], [<<"gnuplot not found: no plots (apt-get install gnuplot-nox)">>]};
         Gnuplot ->
-            Term = terminal(Gnuplot),
+            Driver = terminal(Gnuplot),
+            Term = Driver ++ " size 900,560 noenhanced",
             Wanted = [{sizes, mb_s, "sizes_mb_s", "throughput vs message size (one sender)",
                        "message size (bytes)", "MB/s", size},
                       {sizes, msg_s, "sizes_msg_s", "messages/s vs message size (one sender)",
@@ -22,19 +26,23 @@ plots(Dir, #{scenarios := Scenarios}) ->
                        "concurrent pairs", "round trips/s", pairs},
                       {pairs, p99_us, "pairs_p99", "p99 round trip vs concurrency",
                        "concurrent pairs", "p99 (us)", pairs}],
+            Percentiles = [latency, hol],
+            Charted = Percentiles ++ [Name || {Name, _, _, _, _, _, _} <- Wanted],
             Results = [line_plot(Gnuplot, Term, Dir, S, W)
                        || W = {Name, _, _, _, _, _, _} <- Wanted,
                           S = #{name := N} <- Scenarios, N =:= Name]
                 ++ [latency_plot(Gnuplot, Term, Dir, S)
-                    || S = #{name := N} <- Scenarios, N =:= latency orelse N =:= hol],
+                    || S = #{name := N} <- Scenarios, lists:member(N, Percentiles)]
+                ++ [bar_plot(Gnuplot, Driver, Dir, S)
+                    || S = #{name := N} <- Scenarios, not lists:member(N, Charted)],
             {[F || {ok, F} <- Results], [Why || {error, Why} <- Results]}
     end.
 
 terminal(Gnuplot) ->
     Probe = os:cmd(Gnuplot ++ " -e \"set terminal pngcairo\" 2>&1"),
     case string:find(Probe, "unknown") of
-        nomatch -> "pngcairo size 900,560 noenhanced";
-        _ -> "png size 900,560 noenhanced"
+        nomatch -> "pngcairo";
+        _ -> "png"
     end.
 
 %% One line per variant (per variant and message shape when the points have
@@ -84,7 +92,7 @@ line_plot(Gnuplot, Term, Dir, #{spec := #{points := Points}, summary := Summary}
               "plot ", lists:join(", ", [io_lib:format("'~s.dat' using 1:~b with linespoints "
                                                        "title '~s'", [Base, I + 1, Name(S)])
                                          || {I, S} <- enumerate(Series)]), "\n"],
-    render(Gnuplot, Dir, Base, header(["x" | [Name(S) || S <- Series]]), Rows, Script).
+    render(Gnuplot, Dir, Base, dat(["x" | [Name(S) || S <- Series]], Rows), Script).
 
 %% Percentiles per variant, clustered bars.
 latency_plot(Gnuplot, Term, Dir, #{name := Name, summary := Summary}) ->
@@ -110,7 +118,17 @@ latency_plot(Gnuplot, Term, Dir, #{name := Name, summary := Summary}) ->
               "plot ", lists:join(", ", [io_lib:format("'~s.dat' using ~b:xtic(1) title '~s'",
                                                        [Base, I + 1, V])
                                          || {I, V} <- enumerate(Variants)]), "\n"],
-    render(Gnuplot, Dir, Base, header(["percentile" | Variants]), Rows, Script).
+    render(Gnuplot, Dir, Base, dat(["percentile" | Variants], Rows), Script).
+
+%% The primary figure against the baseline, a bar per variant and point (on a
+%% canvas as wide as the bars need).
+bar_plot(Gnuplot, Driver, Dir, Scenario) ->
+    case convoy_bench_bars:chart(Driver, Scenario) of
+        {ok, #{base := Base, dat := Dat, script := Script}} ->
+            render(Gnuplot, Dir, Base, Dat, Script);
+        {error, _} = Error ->
+            Error
+    end.
 
 variants(Summary) ->
     lists:foldl(fun(#{variant := V, status := ok}, Acc) ->
@@ -128,17 +146,20 @@ cell(Summary, V, Label, Fig) ->
         [] -> "?"
     end.
 
+dat(Cols, Rows) ->
+    [header(Cols), [[lists:join(" ", R), "\n"] || R <- Rows]].
+
 header(Cols) -> ["# ", lists:join(" ", [quote(C) || C <- Cols]), "\n"].
 
 quote(C) -> ["\"", C, "\""].
 
 enumerate(L) -> lists:zip(lists:seq(1, length(L)), L).
 
-render(Gnuplot, Dir, Base, Header, Rows, Script) ->
+render(Gnuplot, Dir, Base, Data, Script) ->
     Dat = filename:join(Dir, Base ++ ".dat"),
     Gp = filename:join(Dir, Base ++ ".gp"),
     Png = filename:join(Dir, Base ++ ".png"),
-    ok = file:write_file(Dat, [Header, [[lists:join(" ", R), "\n"] || R <- Rows]]),
+    ok = file:write_file(Dat, Data),
     ok = file:write_file(Gp, Script),
     Port = open_port({spawn_executable, Gnuplot},
                      [{args, [Base ++ ".gp"]}, {cd, Dir}, exit_status, stderr_to_stdout,

@@ -9,7 +9,7 @@
 
 -export([all/0, suite/0, init_per_suite/1, end_per_suite/1]).
 -export([every_scenario_tiny/1, noise_tiny/1, guarded_tiny/1, tune_tiny/1, cost_tiny/1,
-         given_nodes/1,
+         bar_charts/1, bars_tiny/1, given_nodes/1,
          arguments/1, deadline/1, deadline_leaves_clean_peers/1,
          deadline_leaves_clean_given_nodes/1, settle/1]).
 
@@ -17,7 +17,8 @@ suite() ->
     [{timetrap, {minutes, 6}}].
 
 all() ->
-    [arguments, every_scenario_tiny, noise_tiny, guarded_tiny, tune_tiny, cost_tiny, given_nodes,
+    [arguments, bar_charts, every_scenario_tiny, noise_tiny, guarded_tiny, tune_tiny, cost_tiny,
+     bars_tiny, given_nodes,
      deadline, deadline_leaves_clean_peers, deadline_leaves_clean_given_nodes, settle].
 
 init_per_suite(Config) ->
@@ -187,6 +188,66 @@ guarded_tiny(Config) ->
     ?assertNotEqual(nomatch, string:find(Table, "guarded = the handover with only")),
     check_files(Dir, R),
     ok.
+
+%% A bar chart for each scenario with no other plot, from a result in the shape
+%% `convoy_bench:main/1' makes (the scenarios' specs, `summarise/3' over
+%% fabricated runs): flood and oneway drawn, with their `.dat' and `.gp'; cast,
+%% where only plain ran, has no bar to draw and says so; no chart for a scenario
+%% that did not run.
+bar_charts(Config) ->
+    case os:find_executable("gnuplot") of
+        false ->
+            {skip, "gnuplot not found (apt-get install gnuplot-nox): no chart to check"};
+        _ ->
+            Dir = filename:join(?config(priv_dir, Config), "bars"),
+            ok = filelib:ensure_dir(filename:join(Dir, "x")),
+            Scenario = fun convoy_bench_bars_tests:scenario/2,
+            Result = #{scenarios =>
+                           [Scenario(flood, [{<<"plain">>, [100, 200]},
+                                             {<<"ceiling">>, [400, 300]},
+                                             {<<"handover">>, [150, none]},
+                                             {<<"convoy">>, [250, 100]}]),
+                            Scenario(oneway, [{<<"plain">>, [100, 100]},
+                                              {<<"nodelay_false">>, [90, 110]},
+                                              {<<"guarded">>, [250, 150]},
+                                              {<<"convoy">>, [80, 120]}]),
+                            Scenario(cast, [{<<"plain">>, [100]}])]},
+            {Pngs, Notes} = convoy_bench_plot:plots(Dir, Result),
+            ?assertEqual(["flood_x_plain.png", "oneway_x_plain.png"],
+                         lists:sort([filename:basename(P) || P <- Pngs])),
+            [begin
+                 {ok, <<137, "PNG", _/binary>>} = file:read_file(P),
+                 [?assert(filelib:is_regular(filename:rootname(P) ++ Ext), Ext)
+                  || Ext <- [".dat", ".gp"]]
+             end || P <- Pngs],
+            ?assertMatch([<<"no cast_x_plain.png: no variant has a ratio to plain", _/binary>>],
+                         Notes),
+            ?assertEqual(2, length(filelib:wildcard(filename:join(Dir, "*.png")))),
+            ok
+    end.
+
+%% A tiny run of the default selection's headline scenarios, plots on: a bar
+%% chart each, among the files the run reports, the handover hatched as a limit.
+bars_tiny(Config) ->
+    case os:find_executable("gnuplot") of
+        false ->
+            {skip, "gnuplot not found (apt-get install gnuplot-nox): no chart to check"};
+        _ ->
+            Dir = filename:join(?config(priv_dir, Config), "bars_tiny"),
+            {ok, R} = convoy_bench:main(["--tiny", "--scenario", "flood,oneway", "--repeat", "1",
+                                         "--quiet", "--variants", "plain,handover,convoy",
+                                         "--out", Dir]),
+            Files = [binary_to_list(filename:basename(F)) || F <- maps:get(files, R)],
+            [begin
+                 ?assert(lists:member(Png, Files), {Png, Files}),
+                 {ok, <<137, "PNG", _/binary>>} = file:read_file(filename:join(Dir, Png)),
+                 {ok, Gp} = file:read_file(filename:join(Dir, filename:rootname(Png) ++ ".gp")),
+                 ?assertNotEqual(nomatch, binary:match(Gp, <<"fs pattern">>)),
+                 ?assertNotEqual(nomatch, binary:match(Gp, <<"title 'handover (limit)'">>))
+             end || Png <- ["flood_x_plain.png", "oneway_x_plain.png"]],
+            check_files(Dir, R),
+            ok
+    end.
 
 tune_tiny(Config) ->
     Dir = filename:join(?config(priv_dir, Config), "tune"),
@@ -505,7 +566,8 @@ check_files(Dir, R = #{scenarios := Scenarios, files := Files}) ->
     %% Plots, when gnuplot is here and their scenario ran.
     Ran = [N || #{name := N} <- Scenarios],
     Plots = [P || {S, P} <- [{sizes, "sizes_mb_s.png"}, {pairs, "pairs_rt_s.png"},
-                             {latency, "latency_percentiles.png"}],
+                             {latency, "latency_percentiles.png"},
+                             {flood, "flood_x_plain.png"}, {oneway, "oneway_x_plain.png"}],
                   lists:member(S, Ran)],
     case os:find_executable("gnuplot") =/= false andalso
         maps:get(plots, maps:get(config, R)) of
@@ -514,7 +576,8 @@ check_files(Dir, R = #{scenarios := Scenarios, files := Files}) ->
                  {ok, <<137, "PNG", _/binary>>} = file:read_file(filename:join(Dir, P))
              end || P <- Plots];
         false ->
-            ok
+            %% --no-plots (or no gnuplot): nothing drawn
+            ?assertEqual([], filelib:wildcard(filename:join(Dir, "*.png")))
     end,
     ok.
 
