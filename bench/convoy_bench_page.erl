@@ -84,8 +84,8 @@ reading() ->
      "same repeat, \"x handover\" and \"x guarded\" with a bare batching process and with\n",
      "that process doing only the per-message work convoy's promises need (the floor\n",
      "convoy is judged against), \"x ceiling\" with the sender batching by hand.\n",
-     "Absolute rates belong to this host: the same code gives other ratios on\n",
-     "another host (a one-way flood measured 8.8x plain on one host, 2.1x on another).\n",
+     "Absolute rates belong to this host, and the ratios too: on a host with other\n",
+     "cores, another network or other load, the same code gives other ratios.\n",
      "Compare ratios within one run; measure your own cluster with `make bench`.\n\n"].
 
 check(#{<<"check">> := #{<<"within">> := N, <<"cells">> := M} = Ch}) ->
