@@ -16,7 +16,7 @@
 
 -export([send/2, send/3, send_many/1, multicast/2, publish/2, publish/3, flush/0, flush/1, flush/2, info/0, set_config/1,
          settings/0, child_spec/1, start_link/1]).
--export([cast/2, call/2, call/3]).
+-export([cast/2, call/2, call/3, batch/1]).
 
 -export_type([dest/0, options/0, send_options/0, options_in/0, send_options_in/0, info/0,
               node_info/0, forgotten/0]).
@@ -127,7 +127,9 @@ send(Dest, Msg) ->
 -spec send(dest(), term(), send_options_in()) -> ok | {error, overload}.
 send(Dest, Msg, Opts) ->
     case convoy_config:send_options(Opts) of
-        {ok, Checked} -> convoy_route:send(Dest, Msg, Checked);
+        {ok, Checked} ->
+            ok = convoy_route:leave(), % its result depends on the room now
+            convoy_route:send(Dest, Msg, Checked);
         {error, Reason} -> erlang:error({badarg, Reason}, [Dest, Msg, Opts])
     end.
 
@@ -143,6 +145,7 @@ send(Dest, Msg, Opts) ->
 %% skipped, as `!' drops a message to it.
 -spec send_many([{dest(), term()}]) -> ok.
 send_many(Sends) ->
+    ok = convoy_route:leave(),
     convoy_route:send_many(Sends).
 
 %% @doc Send `Msg' to every destination: one copy travels to each remote node and is
@@ -168,6 +171,7 @@ cast(ServerRef, Request) ->
 %% convoy; see `call/3'.
 -spec call(server_ref(), term()) -> term().
 call(ServerRef, Request) ->
+    ok = convoy_route:leave(), % the server must see what was collected first
     convoy_gen:call(ServerRef, Request).
 
 %% @doc `gen_server:call/3' with the request travelling through convoy, in order
@@ -185,12 +189,31 @@ call(ServerRef, Request) ->
 %% not running, is `gen_server:call/3' itself.
 -spec call(server_ref(), term(), timeout()) -> term().
 call(ServerRef, Request, Timeout) ->
+    ok = convoy_route:leave(),
     convoy_gen:call(ServerRef, Request, Timeout).
+
+%% @doc Run `Fun' and return what it returns, the caller's `send/2', `cast/2' and
+%% `multicast/2' to other nodes inside it collected and sent together when it
+%% returns: runs of sends as one `send_many/1', each multicast in its place, so a
+%% loop that sends (a `handle_info' notifying subscribers, an `Enum.each' over
+%% sockets' owners) hands its lane one batch instead of a message at a time.
+%% Destinations are checked at each call (a bad one raises there, as `!' would);
+%% local destinations get their message at once. What was collected leaves
+%% earlier where a call must come behind it: before `send/3', `send_many/1',
+%% `publish/2,3', `call/2,3', `flush/0,1,2' and a nested `batch/1', and each
+%% time `max_batch' calls are collected. If `Fun' raises, what was collected
+%% before is sent, then the exception goes on. Order per sender and receiver and
+%% the counters are those of the same calls outside. A `receive' inside `Fun'
+%% waiting for an answer to a message collected there waits forever: send it with
+%% `flush/0' first (which sends what was collected), or outside the batch.
+-spec batch(fun(() -> T)) -> T.
+batch(Fun) ->
+    convoy_route:batch(Fun).
 
 %% @doc `publish(pg, Group, Msg)': publish in OTP's default `pg' scope.
 -spec publish(term(), term()) -> ok.
 publish(Group, Msg) ->
-    convoy_publish:publish(pg, Group, Msg).
+    publish(pg, Group, Msg).
 
 %% @doc Send `Msg' to every member of the `pg' group `Group' in scope `Scope'. The
 %% nodes of the members this node's `pg' knows get one copy each (members here
@@ -205,6 +228,7 @@ publish(Group, Msg) ->
 %% application starts its own with `pg:start_link(Scope)'.
 -spec publish(atom(), term(), term()) -> ok.
 publish(Scope, Group, Msg) ->
+    ok = convoy_route:leave(),
     convoy_publish:publish(Scope, Group, Msg).
 
 %% @doc Wait until everything the caller handed to convoy before the call has left
@@ -226,6 +250,7 @@ flush(Node) ->
 -spec flush(node() | all, timeout()) -> ok | {error, timeout}.
 flush(Which, Timeout) when is_atom(Which), Timeout =:= infinity;
                            is_atom(Which), is_integer(Timeout), Timeout >= 0 ->
+    ok = convoy_route:leave(),
     convoy_control:flush(Which, Timeout);
 flush(Which, Timeout) ->
     erlang:error(badarg, [Which, Timeout]).

@@ -1,12 +1,22 @@
 %% @private
-%% The entry points of `convoy:send/2,3', `send_many/1' and `multicast/2':
-%% runs in the caller's process, resolves destinations (local ones are sent at
-%% once, as `!' sends them) and groups remote ones by node. Each remote message
-%% then takes its path in `convoy_send' (the facts, `convoy_path''s decision,
-%% the admission bracket).
+%% The entry points of `convoy:send/2,3', `send_many/1', `multicast/2' and
+%% `batch/1': runs in the caller's process, resolves destinations (local ones are
+%% sent at once, as `!' sends them) and groups remote ones by node. Each remote
+%% message then takes its path in `convoy_send' (the facts, `convoy_path''s
+%% decision, the admission bracket).
+%%
+%% Inside `convoy:batch/1', `send/2' (and `cast/2', which sends through it) to a
+%% remote destination and `multicast/2''s remote part are checked at once and
+%% collected in the caller's state (`convoy_sender'); they leave in their order
+%% when the scope ends, by returning or by an exception (then re-raised): runs of
+%% sends as one `send_many/1', each multicast in its place. `convoy' has them
+%% leave earlier before the calls that must come behind them (`leave/0'), and
+%% they leave whenever `max_batch' are collected, so a scope's memory is bounded
+%% as a lane's batch is.
 -module(convoy_route).
 
--export([send/2, send/3, send_remote/3, send_many/1, many/2, multicast/2, multicast_entry/3]).
+-export([send/2, send/3, send_remote/3, send_many/1, many/2, multicast/2, multicast_remote/2,
+         multicast_entry/3, batch/1, leave/0]).
 
 -include("convoy_runtime.hrl").
 -include("convoy_tags.hrl").
@@ -24,12 +34,19 @@ send(Name, Msg) when is_atom(Name) ->
 send(Pid, Msg) when is_pid(Pid) ->
     send_remote(node(Pid), Pid, Msg);
 send(Dest, Msg) ->
-    ok = send(Dest, Msg, #{}).
+    case convoy_sender:scope() =:= open andalso resolve(Dest) of
+        {remote, _Node, _To} -> collect({send, Dest, Msg}); % inside convoy:batch/1
+        _ -> ok = send(Dest, Msg, #{})
+    end.
 
-%% @doc `send/2' to a pid of another node, `Node' (`convoy:send/2' read it).
+%% @doc `send/2' to a pid of another node, `Node' (`convoy:send/2' read it);
+%% inside `convoy:batch/1', collected.
 -spec send_remote(node(), pid(), term()) -> ok.
 send_remote(Node, Pid, Msg) ->
-    convoy_send:remote(persistent_term:get(?RUNTIME_KEY, undefined), Node, Pid, Msg).
+    case convoy_sender:scope() of
+        none -> convoy_send:remote(persistent_term:get(?RUNTIME_KEY, undefined), Node, Pid, Msg);
+        open -> collect({send, Pid, Msg})
+    end.
 
 %% @doc See `convoy:send/3' (options already checked there).
 -spec send(convoy:dest(), term(), convoy:send_options()) -> ok | {error, overload}.
@@ -145,14 +162,23 @@ one_by_one(RT, Remote) ->
 multicast(Dests, Msg) when is_list(Dests) ->
     {Local, Remote} = group(Dests, Msg, [], #{}),
     lists:foreach(fun(D) -> erlang:send(D, Msg) end, Local),
+    case convoy_sender:scope() of
+        none -> multicast_remote(Remote, Msg);
+        open when map_size(Remote) =:= 0 -> ok;
+        open -> collect({multicast, Remote, Msg}) % inside convoy:batch/1
+    end;
+multicast(Dests, Msg) ->
+    erlang:error(badarg, [Dests, Msg]).
+
+%% @doc `multicast/2''s remote part: its (checked) destinations by node.
+-spec multicast_remote(#{node() => [convoy:dest()]}, term()) -> ok.
+multicast_remote(Remote, Msg) ->
     RT = persistent_term:get(?RUNTIME_KEY, undefined),
     %% Split into entries a peer's inbox accepts (convoy_wire's cost limit).
     maps:foreach(fun(Node, Tos) ->
                          lists:foreach(fun({Ts, _}) -> convoy_send:entry(RT, Node, Ts, Msg) end,
                                        convoy_wire:multicast_entries(Tos, Msg))
-                 end, Remote);
-multicast(Dests, Msg) ->
-    erlang:error(badarg, [Dests, Msg]).
+                 end, Remote).
 
 %% @doc One multicast entry to `Node': `Tos' (destinations on `Node', within the
 %% inbox's cost limit, see `convoy_wire:multicast_entries/2') or a `pg' group
@@ -163,6 +189,64 @@ multicast(Dests, Msg) ->
           ok.
 multicast_entry(Node, Tos, Msg) ->
     convoy_send:entry(persistent_term:get(?RUNTIME_KEY, undefined), Node, Tos, Msg).
+
+%%--------------------------------------------------------------------
+%% convoy:batch/1
+
+%% @doc See `convoy:batch/1'.
+-spec batch(fun(() -> T)) -> T.
+batch(Fun) when is_function(Fun, 0) ->
+    Outer = convoy_sender:scope(),
+    case Outer of
+        none -> convoy_sender:open_scope();
+        open -> leave() % what the outer scope collected goes first
+    end,
+    try Fun() of
+        Result ->
+            leave(),
+            Result
+    catch
+        Class:Reason:Stack ->
+            leave(),
+            erlang:raise(Class, Reason, Stack)
+    after
+        Outer =:= none andalso convoy_sender:close_scope()
+    end;
+batch(Fun) ->
+    erlang:error(badarg, [Fun]).
+
+%% @doc Send what the caller's `batch/1' scope collected, if it is in one.
+-spec leave() -> ok.
+leave() ->
+    case convoy_sender:take_collected() of
+        [] -> ok;
+        Items -> send_items(Items, [])
+    end.
+
+collect(Item) ->
+    case convoy_sender:collect(Item) >= max_batch() of
+        true -> leave();
+        false -> ok
+    end.
+
+max_batch() ->
+    case persistent_term:get(?RUNTIME_KEY, undefined) of
+        #runtime{max_batch = MB} -> MB;
+        undefined -> 1000
+    end.
+
+%% Runs of sends as one send_many/1, a multicast in its place.
+send_items([{send, Dest, Msg} | Rest], Run) ->
+    send_items(Rest, [{Dest, Msg} | Run]);
+send_items([{multicast, Remote, Msg} | Rest], Run) ->
+    send_run(Run),
+    multicast_remote(Remote, Msg),
+    send_items(Rest, []);
+send_items([], Run) ->
+    send_run(Run).
+
+send_run([]) -> ok;
+send_run(Run) -> send_many(lists:reverse(Run)).
 
 %% Everything is checked before anything is sent, so a bad destination raises
 %% badarg with nothing sent. Remote pids of one node in a row (as a list of a

@@ -77,6 +77,19 @@ defmodule ElixirDemoTest do
     :ok = :convoy.set_config(settings)
   end
 
+  test "batch/1 sends a loop's messages together, in order", %{relays: relays} do
+    :ok =
+      :convoy.batch(fn ->
+        for i <- 1..@count, {_k, relay} <- relays, do: :ok = :convoy.send(relay, {:batched, i})
+        :ok
+      end)
+
+    received = collect(@relays * @count)
+    for {k, _} <- relays, do: assert(received[k] == Enum.map(1..@count, &{:batched, &1}))
+
+    assert catch_throw(:convoy.batch(fn -> throw(:stop) end)) == :stop
+  end
+
   describe "a GenServer on the other node, through convoy" do
     # A Tally registered on the peer, stopped after each test.
     setup %{node: node} do

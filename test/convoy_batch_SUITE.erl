@@ -1,0 +1,237 @@
+%% convoy:batch/1 with a peer node: the calls inside a scope are collected and
+%% leave together (one send_many/1 for a run of sends), in order and counted as
+%% the same calls outside; they leave earlier before a call, a flush, send/3 or a
+%% nested batch, at max_batch, and when the function raises; bad destinations
+%% raise where they are written; local destinations get their message at once.
+-module(convoy_batch_SUITE).
+
+-include_lib("common_test/include/ct.hrl").
+-include_lib("stdlib/include/assert.hrl").
+
+-export([all/0, suite/0, init_per_testcase/2, end_per_testcase/2]).
+-export([sends_leave_together/1, order_with_casts_and_multicasts/1,
+         exception_sends_then_raises/1, call_and_flush_see_collected/1,
+         nested_and_send3_leave_first/1, max_batch_bounds_a_scope/1,
+         bad_destination_raises_there/1, local_at_once/1, not_running/1]).
+%% Run on the peer.
+-export([sink/0, tally/0]).
+
+suite() ->
+    [{timetrap, {seconds, 60}}].
+
+all() ->
+    [sends_leave_together, order_with_casts_and_multicasts, exception_sends_then_raises,
+     call_and_flush_see_collected, nested_and_send3_leave_first, max_batch_bounds_a_scope,
+     bad_destination_raises_there, local_at_once, not_running].
+
+init_per_testcase(not_running, Config) ->
+    _ = application:stop(convoy),
+    Config;
+init_per_testcase(_TC, Config) ->
+    ok = convoy_ct_peers:restart_here(),
+    Config.
+
+end_per_testcase(_TC, _Config) ->
+    _ = application:stop(convoy),
+    ok.
+
+%%--------------------------------------------------------------------
+
+%% 100 sends in a scope: none leaves before the scope ends, then one
+%% send_many/1 carries them; the node's counters are those of 100 sends.
+sends_leave_together(_Config) ->
+    {_Peer, Node} = convoy_ct_peers:convoy_peer(?MODULE, ?CT_PEER_NAME(), #{}),
+    Sink = sink_on(Node),
+    Before = accepted_and_direct(Node),
+    Calls = traced(fun() ->
+                           convoy:batch(fun() ->
+                                                [ok = convoy:send(Sink, {m, I})
+                                                 || I <- lists:seq(1, 100)],
+                                                ?assertEqual(Before, accepted_and_direct(Node)),
+                                                inside
+                                        end)
+                   end, [{convoy_route, send_many, 1}, {convoy_send, remote, 4}]),
+    ?assertEqual([{convoy_route, send_many, 1}], Calls),
+    ?assertEqual([{m, I} || I <- lists:seq(1, 100)], received(Sink, 100)),
+    {A0, _} = Before,
+    {A1, _} = accepted_and_direct(Node),
+    ?assertEqual(100, A1 - A0). % each message handed to convoy once
+
+%% Sends, casts and multicasts to several processes, interleaved: each receiver
+%% gets its messages in the order they were written.
+order_with_casts_and_multicasts(_Config) ->
+    {_Peer, Node} = convoy_ct_peers:convoy_peer(?MODULE, ?CT_PEER_NAME(), #{}),
+    [S1, S2] = [sink_on(Node) || _ <- [1, 2]],
+    Tally = spawn(Node, ?MODULE, tally, []),
+    ok = convoy:batch(fun() ->
+                              [begin
+                                   ok = convoy:send(S1, {a, I}),
+                                   ok = convoy:multicast([S1, S2], {all, I}),
+                                   ok = convoy:cast(Tally, {add, I}),
+                                   ok = convoy:send(S2, {b, I})
+                               end || I <- lists:seq(1, 50)],
+                              ok
+                      end),
+    ?assertEqual(lists:append([[{a, I}, {all, I}] || I <- lists:seq(1, 50)]), received(S1, 100)),
+    ?assertEqual(lists:append([[{all, I}, {b, I}] || I <- lists:seq(1, 50)]), received(S2, 100)),
+    %% the call comes behind every cast, collected or not
+    ?assertEqual(lists:seq(1, 50), gen_server_call(Tally)).
+
+%% An exception inside the scope: what was collected before it is sent, then the
+%% exception goes on, class and reason unchanged.
+exception_sends_then_raises(_Config) ->
+    {_Peer, Node} = convoy_ct_peers:convoy_peer(?MODULE, ?CT_PEER_NAME(), #{}),
+    Sink = sink_on(Node),
+    ?assertThrow(stop, convoy:batch(fun() ->
+                                            [ok = convoy:send(Sink, {m, I}) || I <- [1, 2, 3]],
+                                            throw(stop)
+                                    end)),
+    ?assertExit(bye, convoy:batch(fun() -> ok = convoy:send(Sink, {m, 4}), exit(bye) end)),
+    ?assertEqual([{m, 1}, {m, 2}, {m, 3}, {m, 4}], received(Sink, 4)),
+    %% and the scope is gone: a send outside is not collected
+    ok = convoy:send(Sink, {m, 5}),
+    ?assertEqual([{m, 1}, {m, 2}, {m, 3}, {m, 4}, {m, 5}], received(Sink, 5)).
+
+%% A call inside a scope sees the casts collected before it (they leave first:
+%% no deadlock), and flush/0 sends what was collected, so a receive for an answer
+%% to a message sent before the flush is answered.
+call_and_flush_see_collected(_Config) ->
+    {_Peer, Node} = convoy_ct_peers:convoy_peer(?MODULE, ?CT_PEER_NAME(), #{}),
+    Tally = spawn(Node, ?MODULE, tally, []),
+    Sink = sink_on(Node),
+    Got = convoy:batch(fun() ->
+                               [ok = convoy:cast(Tally, {add, I}) || I <- [1, 2, 3]],
+                               All = convoy:call(Tally, all),
+                               ok = convoy:send(Sink, {get, self()}),
+                               ok = convoy:flush(),
+                               receive {got, Sink, G} -> {All, G} after 5000 -> stuck end
+                       end),
+    ?assertEqual({[1, 2, 3], []}, Got).
+
+%% A nested batch and send/3 each send what was collected before them.
+nested_and_send3_leave_first(_Config) ->
+    {_Peer, Node} = convoy_ct_peers:convoy_peer(?MODULE, ?CT_PEER_NAME(), #{}),
+    Sink = sink_on(Node),
+    Calls = traced(fun() ->
+                           convoy:batch(fun() ->
+                                                ok = convoy:send(Sink, 1),
+                                                ok = convoy:batch(fun() ->
+                                                                          ok = convoy:send(Sink, 2)
+                                                                  end),
+                                                ok = convoy:send(Sink, 3),
+                                                ok = convoy:send(Sink, 4, #{overload => error}),
+                                                ok = convoy:send(Sink, 5)
+                                        end)
+                   end, [{convoy_route, send_many, 1}]),
+    %% 1 before the inner batch, 2 at its end, 3 before send/3, 5 at the end
+    ?assertEqual(4, length(Calls)),
+    ?assertEqual([1, 2, 3, 4, 5], received(Sink, 5)).
+
+%% At max_batch collected calls the scope sends them: 12 sends under max_batch 5
+%% leave as 5, 5 and 2.
+max_batch_bounds_a_scope(_Config) ->
+    {_Peer, Node} = convoy_ct_peers:convoy_peer(?MODULE, ?CT_PEER_NAME(), #{}),
+    ok = convoy:set_config(#{max_batch => 5}),
+    Sink = sink_on(Node),
+    Calls = traced(fun() ->
+                           convoy:batch(fun() -> [ok = convoy:send(Sink, I) || I <- lists:seq(1, 12)] end)
+                   end, [{convoy_route, send_many, 1}]),
+    ?assertEqual(3, length(Calls)),
+    ?assertEqual(lists:seq(1, 12), received(Sink, 12)).
+
+%% A bad destination raises badarg at the call, as `!' would; what was collected
+%% before it still leaves.
+bad_destination_raises_there(_Config) ->
+    {_Peer, Node} = convoy_ct_peers:convoy_peer(?MODULE, ?CT_PEER_NAME(), #{}),
+    Sink = sink_on(Node),
+    ?assertError(badarg, convoy:batch(fun() ->
+                                              ok = convoy:send(Sink, before),
+                                              convoy:send({1, 2}, x)
+                                      end)),
+    ?assertError(badarg, convoy:batch(fun() -> convoy:multicast([Sink, "x"], y) end)),
+    ?assertError(badarg, convoy:batch(not_a_fun)),
+    ?assertEqual([before], received(Sink, 1)).
+
+%% Local destinations are not collected: they get the message at once.
+local_at_once(_Config) ->
+    Self = self(),
+    convoy:batch(fun() ->
+                         ok = convoy:send(Self, here),
+                         receive here -> ok after 0 -> ct:fail(not_at_once) end,
+                         ok = convoy:multicast([Self], there),
+                         receive there -> ok after 0 -> ct:fail(not_at_once) end
+                 end).
+
+%% Without convoy running, a scope's calls leave at its end as plain sends.
+not_running(_Config) ->
+    {_Peer, Node} = convoy_ct_peers:start(?MODULE, ?CT_PEER_NAME(), #{}),
+    Sink = sink_on(Node),
+    ok = convoy:batch(fun() -> [ok = convoy:send(Sink, I) || I <- [1, 2, 3]], ok end),
+    ?assertEqual([1, 2, 3], received(Sink, 3)).
+
+%%--------------------------------------------------------------------
+%% Helpers
+
+accepted_and_direct(Node) ->
+    case maps:get(nodes, convoy:info()) of
+        #{Node := #{accepted := A, direct := D}} -> {A, D};
+        _ -> {0, 0}
+    end.
+
+%% The calls of `MFAs' Fun made in this process, in order.
+traced(Fun, MFAs) ->
+    Self = self(),
+    Tracer = spawn_link(fun() -> collect_calls(Self, []) end),
+    [_ = erlang:trace_pattern(MFA, true, [local]) || MFA <- MFAs],
+    1 = erlang:trace(self(), true, [call, {tracer, Tracer}]),
+    try
+        Fun()
+    after
+        erlang:trace(self(), false, [call]),
+        [_ = erlang:trace_pattern(MFA, false, [local]) || MFA <- MFAs]
+    end,
+    Ref = erlang:trace_delivered(self()),
+    receive {trace_delivered, _, Ref} -> ok end,
+    Tracer ! {get, self()},
+    receive {calls, Calls} -> Calls end.
+
+collect_calls(Owner, Acc) ->
+    receive
+        {trace, Owner, call, {M, F, Args}} -> collect_calls(Owner, [{M, F, length(Args)} | Acc]);
+        {get, From} -> From ! {calls, lists:reverse(Acc)}
+    end.
+
+gen_server_call(Tally) ->
+    Tally ! {all, self()},
+    receive {tally, Tally, All} -> All after 5000 -> ct:fail(tally_silent) end.
+
+sink_on(Node) ->
+    spawn(Node, ?MODULE, sink, []).
+
+received(Sink, N) ->
+    convoy_ct_peers:await(fun() -> got(Sink) end, fun(Got) -> length(Got) >= N end, 20000).
+
+got(Sink) ->
+    Sink ! {get, self()},
+    receive {got, Sink, Got} -> Got after 5000 -> ct:fail(sink_silent) end.
+
+sink() ->
+    sink([]).
+
+sink(Acc) ->
+    receive
+        {get, From} -> From ! {got, self(), lists:reverse(Acc)}, sink(Acc);
+        M -> sink([M | Acc])
+    end.
+
+%% A gen_server-shaped tally: casts `{add, I}' kept in order; `all' answered to a
+%% call, or to `{all, From}'.
+tally() ->
+    tally([]).
+
+tally(Acc) ->
+    receive
+        {'$gen_cast', {add, I}} -> tally([I | Acc]);
+        {'$gen_call', From, all} -> gen:reply(From, lists:reverse(Acc)), tally(Acc);
+        {all, From} -> From ! {tally, self(), lists:reverse(Acc)}, tally(Acc)
+    end.
