@@ -14,7 +14,7 @@
          nested_and_send3_leave_first/1, max_batch_bounds_a_scope/1,
          bad_destination_raises_there/1, local_at_once/1, not_running/1]).
 %% Run on the peer.
--export([sink/0, tally/0]).
+-export([tally/0]).
 
 suite() ->
     [{timetrap, {seconds, 60}}].
@@ -206,23 +206,10 @@ gen_server_call(Tally) ->
     receive {tally, Tally, All} -> All after 5000 -> ct:fail(tally_silent) end.
 
 sink_on(Node) ->
-    spawn(Node, ?MODULE, sink, []).
+    convoy_ct_peers:sink_on(Node).
 
 received(Sink, N) ->
-    convoy_ct_peers:await(fun() -> got(Sink) end, fun(Got) -> length(Got) >= N end, 20000).
-
-got(Sink) ->
-    Sink ! {get, self()},
-    receive {got, Sink, Got} -> Got after 5000 -> ct:fail(sink_silent) end.
-
-sink() ->
-    sink([]).
-
-sink(Acc) ->
-    receive
-        {get, From} -> From ! {got, self(), lists:reverse(Acc)}, sink(Acc);
-        M -> sink([M | Acc])
-    end.
+    convoy_ct_peers:received(Sink, N).
 
 %% A gen_server-shaped tally: casts `{add, I}' kept in order; `all' answered to a
 %% call, or to `{all, From}'.

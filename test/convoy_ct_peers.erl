@@ -7,7 +7,9 @@
 
 -export([start/3, start_convoy/2, start_local/1, stop_local/0, convoy_peer/3, await_route/2,
          route_kind/1, await/3, with_stopped/2,
-         restart_here/0, route_as_version/2, trace_inbox/1, traced/1]).
+         restart_here/0, route_as_version/2, trace_inbox/1, traced/1, sink_on/1, received/2]).
+%% Run on the peers.
+-export([sink/0]).
 
 %% A peer named Name for Suite; Extra: peer:start_options(), `args' appended.
 start(Suite, Name, Extra) ->
@@ -118,3 +120,27 @@ tracer(Acc) ->
 traced(Tracer) ->
     Tracer ! {get, self()},
     receive {traced, Entries} -> Entries after 5000 -> timeout end.
+
+%% A process on Node that keeps what it gets, in arrival order (`received/2').
+-spec sink_on(node()) -> pid().
+sink_on(Node) ->
+    spawn(Node, ?MODULE, sink, []).
+
+%% The messages a sink got, once it has N of them (in arrival order).
+-spec received(pid(), non_neg_integer()) -> [term()].
+received(Sink, N) ->
+    await(fun() -> got(Sink) end, fun(Got) -> length(Got) >= N end, 20000).
+
+got(Sink) ->
+    Sink ! {get, self()},
+    receive {got, Sink, Got} -> Got after 5000 -> ct:fail(sink_silent) end.
+
+-spec sink() -> no_return().
+sink() ->
+    sink([]).
+
+sink(Acc) ->
+    receive
+        {get, From} -> From ! {got, self(), lists:reverse(Acc)}, sink(Acc);
+        M -> sink([M | Acc])
+    end.

@@ -15,8 +15,6 @@
          barrier_direct/1, pieces/1, drain_pieces/1, lane/1, flood_lane/1,
          first_send_to_busy_node/1, wait_for_room/1,
          refused/1]).
-%% Run on the peers.
--export([sink/0]).
 
 -define(BURST, 2000).
 -define(LARGE, binary:copy(<<"L">>, 70000)).    % over large_threshold (65536)
@@ -337,21 +335,7 @@ lanes() ->
     tuple_to_list(Lanes).
 
 sink_on(Node) ->
-    spawn(Node, ?MODULE, sink, []).
+    convoy_ct_peers:sink_on(Node).
 
-%% The messages a sink got, once it has N of them (in arrival order).
 received(Sink, N) ->
-    convoy_ct_peers:await(fun() -> got(Sink) end, fun(Got) -> length(Got) >= N end, 20000).
-
-got(Sink) ->
-    Sink ! {get, self()},
-    receive {got, Sink, Got} -> Got after 5000 -> ct:fail(sink_silent) end.
-
-sink() ->
-    sink([]).
-
-sink(Acc) ->
-    receive
-        {get, From} -> From ! {got, self(), lists:reverse(Acc)}, sink(Acc);
-        M -> sink([M | Acc])
-    end.
+    convoy_ct_peers:received(Sink, N).
