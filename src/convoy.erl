@@ -16,7 +16,7 @@
 
 -export([send/2, send/3, send_many/1, multicast/2, publish/2, publish/3, flush/0, flush/1, flush/2, info/0, set_config/1,
          settings/0, child_spec/1, start_link/1]).
--export([cast/2, call/2, call/3, batch/1]).
+-export([multicast/3, cast/2, call/2, call/3, batch/1]).
 
 -export_type([dest/0, options/0, send_options/0, options_in/0, send_options_in/0, info/0,
               node_info/0, forgotten/0]).
@@ -157,6 +157,21 @@ send_many(Sends) ->
 multicast(Dests, Msg) ->
     convoy_route:multicast(Dests, Msg).
 
+%% @doc `multicast/2' with this call's behaviour at each node's bound, as
+%% `send/3' takes it (`overload', `block_timeout'): `{error, overload}' when a
+%% node's copy found no room and the call asked for `block' or `error' (the other
+%% nodes' copies are sent); `drop' drops it (counted in `dropped'). Bad options
+%% raise `{badarg, Reason}' before anything is sent.
+-spec multicast([dest()], term(), send_options_in()) -> ok | {error, overload}.
+multicast(Dests, Msg, Opts) ->
+    case convoy_config:send_options(Opts) of
+        {ok, Checked} ->
+            ok = convoy_route:leave(), % its result depends on the room now
+            convoy_route:multicast(Dests, Msg, Checked);
+        {error, Reason} ->
+            erlang:error({badarg, Reason}, [Dests, Msg, Opts])
+    end.
+
 %% @doc `gen_server:cast/2' through convoy: the server gets
 %% ``{'$gen_cast', Request}'', sent as `send/2' sends it, so it keeps its order with
 %% the caller's other convoy traffic to that server. Global and via names are
@@ -199,7 +214,7 @@ call(ServerRef, Request, Timeout) ->
 %% sockets' owners) hands its lane one batch instead of a message at a time.
 %% Destinations are checked at each call (a bad one raises there, as `!' would);
 %% local destinations get their message at once. What was collected leaves
-%% earlier where a call must come behind it: before `send/3', `send_many/1',
+%% earlier where a call must come behind it: before `send/3', `multicast/3', `send_many/1',
 %% `publish/2,3', `call/2,3', `flush/0,1,2' and a nested `batch/1', and each
 %% time `max_batch' calls are collected. If `Fun' raises, what was collected
 %% before is sent, then the exception goes on. Order per sender and receiver and

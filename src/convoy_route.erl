@@ -15,8 +15,8 @@
 %% as a lane's batch is.
 -module(convoy_route).
 
--export([send/2, send/3, send_remote/3, send_many/1, many/2, multicast/2, multicast_remote/2,
-         multicast_entry/3, batch/1, leave/0]).
+-export([send/2, send/3, send_remote/3, send_many/1, many/2, multicast/2, multicast/3,
+         multicast_remote/2, multicast_entry/3, batch/1, leave/0]).
 
 -include("convoy_runtime.hrl").
 -include("convoy_tags.hrl").
@@ -170,15 +170,32 @@ multicast(Dests, Msg) when is_list(Dests) ->
 multicast(Dests, Msg) ->
     erlang:error(badarg, [Dests, Msg]).
 
+%% @doc See `convoy:multicast/3' (options already checked there): `{error,
+%% overload}' when a node's entry was refused (the other nodes' are sent).
+-spec multicast([convoy:dest()], term(), convoy:send_options()) -> ok | {error, overload}.
+multicast(Dests, Msg, Opts) when is_list(Dests) ->
+    {Local, Remote} = group(Dests, Msg, [], #{}),
+    lists:foreach(fun(D) -> erlang:send(D, Msg) end, Local),
+    entries(with_opts(persistent_term:get(?RUNTIME_KEY, undefined), Opts), Remote, Msg);
+multicast(Dests, Msg, Opts) ->
+    erlang:error(badarg, [Dests, Msg, Opts]).
+
 %% @doc `multicast/2''s remote part: its (checked) destinations by node.
 -spec multicast_remote(#{node() => [convoy:dest()]}, term()) -> ok.
 multicast_remote(Remote, Msg) ->
-    RT = persistent_term:get(?RUNTIME_KEY, undefined),
-    %% Split into entries a peer's inbox accepts (convoy_wire's cost limit).
-    maps:foreach(fun(Node, Tos) ->
-                         lists:foreach(fun({Ts, _}) -> convoy_send:entry(RT, Node, Ts, Msg) end,
-                                       convoy_wire:multicast_entries(Tos, Msg))
-                 end, Remote).
+    ok = entries(persistent_term:get(?RUNTIME_KEY, undefined), Remote, Msg).
+
+%% Each node's destinations as entries a peer's inbox accepts (convoy_wire's cost
+%% limit): `ok', or `{error, overload}' if any was refused.
+entries(RT, Remote, Msg) ->
+    maps:fold(fun(Node, Tos, Acc) ->
+                      lists:foldl(fun({Ts, _}, A) ->
+                                          case convoy_send:entry(RT, Node, Ts, Msg) of
+                                              ok -> A;
+                                              {error, overload} = E -> E
+                                          end
+                                  end, Acc, convoy_wire:multicast_entries(Tos, Msg))
+              end, ok, Remote).
 
 %% @doc One multicast entry to `Node': `Tos' (destinations on `Node', within the
 %% inbox's cost limit, see `convoy_wire:multicast_entries/2') or a `pg' group

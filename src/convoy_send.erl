@@ -519,7 +519,7 @@ via_inbox_many(#runtime{max_batch = MaxBatch}, L, {Node, _Entries, _Bytes, {Node
 %% copy travels, the inbox fans it out. It takes the path of the caller's other
 %% messages to `Node', so it keeps its place among them.
 -spec entry(#runtime{} | undefined, node(), [convoy:dest()] | {?TAG_PUBLISH, atom(), term()},
-            term()) -> ok.
+            term()) -> ok | {error, overload}.
 entry(undefined, Node, Tos, Msg) ->
     after_pieces(undefined, Node, wire_entry({Tos, Msg}),
                  fun() -> plain_send(Node, Tos, Msg) end);

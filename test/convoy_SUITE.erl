@@ -758,6 +758,11 @@ overload_policies(Config) ->
         ?assertEqual({error, overload}, convoy:send(Sink, x, #{overload => error})),
         %% drop: ok, counted as dropped
         ?assertEqual(ok, convoy:send(Sink, x, #{overload => drop})),
+        %% a multicast's copy for the node likewise
+        ?assertEqual({error, overload}, convoy:multicast([Sink], y, #{overload => error})),
+        ?assertEqual(ok, convoy:multicast([Sink], y, [{overload, drop}])),
+        ?assertError({badarg, {bad_value, overload, later}},
+                     convoy:multicast([Sink], y, #{overload => later})),
         %% block: waits block_timeout, then refuses
         T0 = erlang:monotonic_time(millisecond),
         ?assertEqual({error, overload}, convoy:send(Sink, x, #{block_timeout => 200})),
@@ -773,8 +778,8 @@ overload_policies(Config) ->
         ?assert(erlang:monotonic_time(millisecond) - T2 < 100),
         ?assert(T2 - T1 < 1000), % escalated after one unanswered probe
         #{refused := R1, dropped := D1, blocked_us := B, unanswered := true} = node_stats(Node),
-        ?assertEqual(R0 + 2, R1),
-        ?assertEqual(D0 + 2, D1),
+        ?assertEqual(R0 + 3, R1),
+        ?assertEqual(D0 + 3, D1),
         ?assert(B >= 200000)
     end),
     ok = convoy:flush(Node),

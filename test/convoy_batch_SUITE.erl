@@ -108,7 +108,7 @@ call_and_flush_see_collected(_Config) ->
                        end),
     ?assertEqual({[1, 2, 3], []}, Got).
 
-%% A nested batch and send/3 each send what was collected before them.
+%% A nested batch, send/3 and multicast/3 each send what was collected before them.
 nested_and_send3_leave_first(_Config) ->
     {_Peer, Node} = convoy_ct_peers:convoy_peer(?MODULE, ?CT_PEER_NAME(), #{}),
     Sink = sink_on(Node),
@@ -120,12 +120,15 @@ nested_and_send3_leave_first(_Config) ->
                                                                   end),
                                                 ok = convoy:send(Sink, 3),
                                                 ok = convoy:send(Sink, 4, #{overload => error}),
-                                                ok = convoy:send(Sink, 5)
+                                                ok = convoy:send(Sink, 5),
+                                                ok = convoy:multicast([Sink], 6, #{overload => error}),
+                                                ok = convoy:send(Sink, 7)
                                         end)
                    end, [{convoy_route, send_many, 1}]),
-    %% 1 before the inner batch, 2 at its end, 3 before send/3, 5 at the end
-    ?assertEqual(4, length(Calls)),
-    ?assertEqual([1, 2, 3, 4, 5], received(Sink, 5)).
+    %% 1 before the inner batch, 2 at its end, 3 before send/3, 5 before
+    %% multicast/3, 7 at the end
+    ?assertEqual(5, length(Calls)),
+    ?assertEqual([1, 2, 3, 4, 5, 6, 7], received(Sink, 7)).
 
 %% At max_batch collected calls the scope sends them: 12 sends under max_batch 5
 %% leave as 5, 5 and 2.
