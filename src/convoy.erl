@@ -217,7 +217,8 @@ call(ServerRef, Request, Timeout) ->
 %% earlier where a call must come behind it: before `send/3', `multicast/3', `send_many/1',
 %% `publish/2,3', `call/2,3', `flush/0,1,2' and a nested `batch/1', and each
 %% time `max_batch' calls are collected. If `Fun' raises, what was collected
-%% before is sent, then the exception goes on. Order per sender and receiver and
+%% before is sent, then the exception goes on; a process killed inside `Fun'
+%% sends nothing it collected, as a loop of sends killed midway sends no more. Order per sender and receiver and
 %% the counters are those of the same calls outside. A `receive' inside `Fun'
 %% waiting for an answer to a message collected there waits forever: send it with
 %% `flush/0' first (which sends what was collected), or outside the batch.
