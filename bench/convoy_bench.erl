@@ -111,6 +111,8 @@ usage() ->
      "           (needs `make phoenix-build`; skipped, with a note, without it)\n"
      "  flow     seed 004: a slow consumer, flooded, synced every 1000, or fed\n"
      "           through a convoy_channel (window 1000); same node and 2 nodes\n"
+     "  mesh     2, 4 and 6 nodes, each sending to a receiver on every other one\n"
+     "           at once: msg/s in all and per node\n"
      "  The event shape is a realistic message, {event, Id, <<\"user-42\">>, #{k => Id}}\n"
      "  (Id: the message's sequence number; pairs: #{k => Id, body => Payload}); the\n"
      "  point label names the shape, e.g. \"1000000 msgs, atom\" / \"1000000 msgs, event\".\n"

@@ -16,7 +16,7 @@
 -export([consumer/2, pong/3, pinger/4, server/1, spawn_servers/2, client/4,
          bulk_sink/1, bulk_sender/4, fan_group/3, fan_counter/4, fan_receiver/1,
          fan_sender/1, pub_scope/1, pub_group/5, pub_dispatcher/2, pub_dispatch/2,
-         slow_consumer/4, fault_meter/2]).
+         slow_consumer/4, fault_meter/2, mesh_sender/4]).
 -export([gen_host/2, caster/5, caller/3]).
 
 -type mode() :: plain | call | convoy | ceiling | handover | guarded | send_many | pg2.
@@ -251,6 +251,25 @@ measure(pubsub, P, Ctx) ->
 %% sink node (`cross'): flooding, syncing every `every', or through a credit
 %% channel (`convoy_channel', window `window', `ack_every' 0 = its default). The
 %% consumer reports its peak queue length and its peak process memory.
+%% N nodes (this one and N - 1 sinks), on every node one sender to a receiver on
+%% each other node, all started at once: event-shaped messages, per_pair each.
+measure(mesh, #{nodes := N, per_pair := M}, Ctx = #{mode := Mode, sinks := Sinks}) ->
+    Nodes = [node() | lists:sublist(Sinks, N - 1)],
+    Self = self(),
+    Consumers = [{From, spawn_opt(To, ?MODULE, consumer, [Mode, 0], ?SINK_OPTS)}
+                 || From <- Nodes, To <- Nodes, From =/= To],
+    Senders = [spawn(From, ?MODULE, mesh_sender, [Mode, C, M, Self]) || {From, C} <- Consumers],
+    [await({mesh_ready, S}, Ctx) || S <- Senders],
+    T0 = erlang:monotonic_time(),
+    [S ! go || S <- Senders],
+    Counts = [receive {done, C, Cnt} -> Cnt
+              after timeout(Ctx) -> exit({timeout, mesh_consumer})
+              end || {_, C} <- Consumers],
+    T1 = erlang:monotonic_time(),
+    Sent = M * length(Consumers),
+    lists:sum(Counts) =:= Sent orelse exit({lost, Sent - lists:sum(Counts)}),
+    Rate = Sent / secs(T1 - T0),
+    #{msg_s => Rate, node_msg_s => Rate / N};
 measure(flow, #{mode := FlowMode, where := Where, n := N, work := Work, every := Every} = P,
         Ctx = #{mode := M}) ->
     Node = case Where of
@@ -407,6 +426,15 @@ consumer(M, Count) ->
         stop -> ok;
         _ -> consumer(M, Count + 1)
     end.
+
+%% @doc A mesh sender: ready, then `N' event-shaped messages to `C' and its
+%% `done' behind them (the consumer answers the driver).
+-spec mesh_sender(mode(), pid(), pos_integer(), pid()) -> ok.
+mesh_sender(M, C, N, Driver) ->
+    Driver ! {mesh_ready, self()},
+    receive go -> ok end,
+    send_all(M, C, event, N),
+    finish(M, C, {done, Driver}).
 
 %% @doc The seed's flood_pong: a registered process answering every ping (an
 %% event is answered to the owner).

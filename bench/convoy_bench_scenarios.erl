@@ -33,7 +33,7 @@
 -type spec() :: #{name := atom(),
                   title := binary(),
                   placement := cross | same_node,
-                  sinks := 1 | 2,
+                  sinks := pos_integer(),
                   params := map(),
                   points := [point(), ...],
                   figures := [{atom(), binary(), unit()}],
@@ -54,7 +54,7 @@
 -spec names() -> [atom()].
 names() ->
     [local, flood, oneway, oneway8, sizes, large, pairs, latency, cast, call, bulk, hol, fanout,
-     publish, pubsub, flow].
+     publish, pubsub, flow, mesh].
 
 %% @doc What `make bench' runs without arguments.
 -spec default_selection() -> [atom()].
@@ -103,7 +103,8 @@ deadline(fanout, normal) -> 60000;    % 21 rounds to 10 k processes (~1-3 s); 10
                                       % senders: 3 rounds of 1 M deliveries (~3-15 s)
 deadline(publish, normal) -> 120000;  % as fanout, twice for plain modes (two ways)
 deadline(pubsub, normal) -> 30000;    % 1.2 s window, up to 256 publishers, 20 subscribers
-deadline(flow, normal) -> 60000.      % 100 k slow items, syncing (~2-10 s)
+deadline(flow, normal) -> 60000;      % 100 k slow items, syncing (~2-10 s)
+deadline(mesh, normal) -> 60000.      % up to 30 pairs x 20 k messages (~1-10 s)
 
 params(local, normal) -> #{n_oneway => 2000000, n_pingpong => 300000};
 params(local, tiny) -> #{n_oneway => 20000, n_pingpong => 2000};
@@ -149,7 +150,9 @@ params(pubsub, tiny) -> #{subscribers => 3, publishers => [1, 16], duration_ms =
 params(flow, normal) -> #{n => 100000, work => 250, every => 1000, window => 1000,
                           ack_every => 0};
 params(flow, tiny) -> #{n => 5000, work => 250, every => 1000, window => 1000,
-                        ack_every => 0}.
+                        ack_every => 0};
+params(mesh, normal) -> #{nodes => [2, 4, 6], per_pair => 20000};
+params(mesh, tiny) -> #{nodes => [2, 3], per_pair => 500}.
 
 describe(local, P) ->
     #{title => <<"seed 002: same-node oneway and ping-pong (one process pair)">>,
@@ -362,7 +365,16 @@ describe(flow, P = #{n := N, every := Every, window := W, ack_every := A}) ->
       figures => [{total_ms, <<"total ms">>, ms}, {producer_ms, <<"producer ms">>, ms},
                   {msg_s, <<"msg/s">>, rate}, {max_backlog, <<"peak queue">>, count},
                   {peak_mem, <<"peak consumer mem">>, bytes}],
-      ratio => [msg_s], primary => {msg_s, higher}, convoy => measured}.
+      ratio => [msg_s], primary => {msg_s, higher}, convoy => measured};
+describe(mesh, P = #{nodes := Counts, per_pair := M}) ->
+    #{title => fmt("clusters of ~s nodes: on every node one sender per other node, each "
+                   "~b event-shaped messages to a receiver there, all at once; msg/s in "
+                   "all and per node", [lists:join(", ", [integer_to_list(N) || N <- Counts]),
+                                        M]),
+      placement => cross, sinks => lists:max(Counts) - 1,
+      points => [point(fmt("~b nodes", [N]), P#{nodes => N}) || N <- Counts],
+      figures => [{msg_s, <<"msg/s">>, rate}, {node_msg_s, <<"msg/s per node">>, rate}],
+      ratio => [msg_s], primary => {msg_s, higher}, convoy => measured, handover => true}.
 
 point(Label, Params) -> #{label => Label, params => Params}.
 

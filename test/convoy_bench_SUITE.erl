@@ -82,6 +82,13 @@ every_scenario_tiny(Config) ->
     ?assertMatch(#{otp_release := <<_/binary>>, schedulers_online := _,
                    logical_processors := _, convoy_defaults := #{lanes := _}}, Facts),
     [check_scenario(S, PubsubBuilt) || S <- Scenarios],
+    %% mesh: every node of each point sent (per node = in all / nodes), every
+    %% message arrived (the measurement exits otherwise)
+    [?assert(abs(PerNode * N - All) < 1.0e-6 * All, {L, V})
+     || #{name := mesh, spec := #{points := Points}, runs := Runs} <- Scenarios,
+        #{label := L, params := #{nodes := N}} <- Points,
+        #{point := L1, variant := V, status := ok,
+          figures := #{msg_s := All, node_msg_s := PerNode}} <- Runs, L1 =:= L],
     %% hol measures the receiving node's page faults wherever /proc tells them.
     [?assert(is_number(maps:get(sink_faults_mb, Fs, none)), Run)
      || filelib:is_regular("/proc/self/stat"),
