@@ -253,7 +253,8 @@ measure(pubsub, P, Ctx) ->
 %% consumer reports its peak queue length and its peak process memory.
 %% N nodes (this one and N - 1 sinks), on every node one sender to a receiver on
 %% each other node, all started at once: event-shaped messages, per_pair each.
-measure(mesh, #{nodes := N, per_pair := M}, Ctx = #{mode := Mode, sinks := Sinks}) ->
+measure(mesh, #{nodes := N, per_pair := M}, Ctx = #{mode := Mode, sinks := Sinks})
+  when length(Sinks) >= N - 1 ->
     Nodes = [node() | lists:sublist(Sinks, N - 1)],
     Self = self(),
     Consumers = [{From, spawn_opt(To, ?MODULE, consumer, [Mode, 0], ?SINK_OPTS)}
