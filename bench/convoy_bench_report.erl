@@ -80,7 +80,7 @@ variant_text(#{name := N, kind := ceiling}) ->
 variant_text(#{name := N, kind := handover}) ->
     io_lib:format("~s = each message handed to one bare batching process per node, which "
                   "ships lists of up to 1000 when its mailbox drains "
-                  "(convoy_bench_handover), in oneway, oneway8, flood and cast", [N]);
+                  "(convoy_bench_handover), in oneway, oneway8, flood, cast and mesh", [N]);
 variant_text(#{name := N, kind := guarded}) ->
     io_lib:format("~s = the handover with only the sender's per-message work convoy's "
                   "promises need (settings, size, marker, an exact bound of messages and "

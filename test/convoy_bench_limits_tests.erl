@@ -70,9 +70,9 @@ pairs_test() ->
     ?assertEqual(1.5, median(flag_ratios, p50_us, Convoy)),
     ?assertEqual(#{}, maps:get(handover_ratios, Convoy)).
 
-%% The handover runs in oneway, oneway8, flood, cast and pubsub only.
+%% The handover runs in oneway, oneway8, flood, cast, mesh and pubsub only.
 where_test() ->
-    ?assertEqual([cast, flood, oneway, oneway8, pubsub],
+    ?assertEqual([cast, flood, mesh, oneway, oneway8, pubsub],
                  lists:sort([N || N <- convoy_bench_scenarios:names(),
                                   maps:get(handover, convoy_bench_scenarios:spec(N, tiny, #{}))])),
     %% in pubsub beside PG2's adapter and convoy's, and no other variant
