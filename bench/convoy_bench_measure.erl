@@ -16,13 +16,16 @@
 -export([consumer/2, pong/3, pinger/4, server/1, spawn_servers/2, client/4,
          bulk_sink/1, bulk_sender/4, fan_group/3, fan_counter/4, fan_receiver/1,
          fan_sender/1, pub_scope/1, pub_group/5, pub_dispatcher/2, pub_dispatch/2,
-         slow_consumer/4, fault_meter/2, mesh_sender/4]).
+         fault_meter/2]).
+%% For the scenarios measured in modules of their own (convoy_bench_flow,
+%% convoy_bench_mesh).
+-export([snd/3, sink/1, timeout/1, secs/1, await/2, send_all/4, finish/3]).
 -export([gen_host/2, caster/5, caller/3]).
 
 -type mode() :: plain | call | convoy | ceiling | handover | guarded | send_many | pg2.
 -type ctx() :: #{mode := mode(), sinks := [node(), ...], timeout := pos_integer()}.
 -type figures() :: #{atom() => number()}.
--export_type([ctx/0, figures/0]).
+-export_type([ctx/0, figures/0, mode/0]).
 
 -define(SINK_OPTS, [{message_queue_data, off_heap}]).
 -define(PONG_NAME, convoy_bench_pong).
@@ -251,53 +254,15 @@ measure(pubsub, P, Ctx) ->
 %% sink node (`cross'): flooding, syncing every `every', or through a credit
 %% channel (`convoy_channel', window `window', `ack_every' 0 = its default). The
 %% consumer reports its peak queue length and its peak process memory.
-%% N nodes (this one and N - 1 sinks), on every node one sender to a receiver on
-%% each other node, all started at once: event-shaped messages, per_pair each.
-measure(mesh, #{nodes := N, per_pair := M}, Ctx = #{mode := Mode, sinks := Sinks})
-  when length(Sinks) >= N - 1 ->
-    Nodes = [node() | lists:sublist(Sinks, N - 1)],
-    Self = self(),
-    Consumers = [{From, spawn_opt(To, ?MODULE, consumer, [Mode, 0], ?SINK_OPTS)}
-                 || From <- Nodes, To <- Nodes, From =/= To],
-    Senders = [spawn(From, ?MODULE, mesh_sender, [Mode, C, M, Self]) || {From, C} <- Consumers],
-    [await({mesh_ready, S}, Ctx) || S <- Senders],
-    T0 = erlang:monotonic_time(),
-    [S ! go || S <- Senders],
-    Counts = [receive {done, C, Cnt} -> Cnt
-              after timeout(Ctx) -> exit({timeout, mesh_consumer})
-              end || {_, C} <- Consumers],
-    T1 = erlang:monotonic_time(),
-    Sent = M * length(Consumers),
-    lists:sum(Counts) =:= Sent orelse exit({lost, Sent - lists:sum(Counts)}),
-    Rate = Sent / secs(T1 - T0),
-    #{msg_s => Rate, node_msg_s => Rate / N};
-measure(flow, #{mode := FlowMode, where := Where, n := N, work := Work, every := Every} = P,
-        Ctx = #{mode := M}) ->
-    Node = case Where of
-               same -> node();
-               cross -> sink(Ctx)
-           end,
-    C = spawn_opt(Node, ?MODULE, slow_consumer, [M, Work, 0, {0, 0}], ?SINK_OPTS),
-    T0 = erlang:monotonic_time(),
-    Done = case FlowMode of
-               channel -> channel_produce(C, N, P, Ctx);
-               _ -> produce(FlowMode, M, C, 1, N, Every, Ctx),
-                    fun() -> snd(M, C, {done, self()}) end
-           end,
-    Tp = erlang:monotonic_time(),
-    Done(),
-    {Count, MaxQ, MaxMem} = receive
-                                {done, C, Cnt, Q, Mem} -> {Cnt, Q, Mem}
-                            after timeout(Ctx) -> exit({timeout, flow_consumer})
-                            end,
-    T1 = erlang:monotonic_time(),
-    Count =:= N orelse exit({lost, N - Count}),
-    #{total_ms => 1000 * secs(T1 - T0), producer_ms => 1000 * secs(Tp - T0),
-      msg_s => N / secs(T1 - T0), max_backlog => MaxQ, peak_mem => MaxMem}.
+measure(mesh, P, Ctx) ->
+    convoy_bench_mesh:measure(P, Ctx);
+measure(flow, P, Ctx) ->
+    convoy_bench_flow:measure(P, Ctx).
 
 %%--------------------------------------------------------------------
 %% Building blocks
 
+-spec snd(mode(), term(), term()) -> term(). % one message the mode's way
 -compile({inline, [snd/3]}).
 snd(plain, Dest, Msg) -> erlang:send(Dest, Msg);
 snd(call, Dest, Msg) -> convoy_bench_call:send(Dest, Msg);
@@ -307,10 +272,13 @@ snd(ceiling, Dest, Msg) -> convoy_bench_ceiling:send(Dest, Msg);
 snd(handover, Dest, Msg) -> convoy_bench_handover:send(Dest, Msg);
 snd(guarded, Dest, Msg) -> convoy_bench_handover:send_guarded(Dest, Msg).
 
+-spec sink(ctx()) -> node().
 sink(#{sinks := [Node | _]}) -> Node.
 
+-spec timeout(ctx()) -> pos_integer(). % ms, for any one answer
 timeout(#{timeout := T}) -> T.
 
+-spec secs(integer()) -> float(). % native time units in seconds
 secs(Native) -> erlang:convert_time_unit(Native, native, nanosecond) / 1.0e9.
 
 nanos(Native) -> erlang:convert_time_unit(Native, native, nanosecond).
@@ -343,6 +311,7 @@ oneway(Ctx = #{mode := M}, N, What, SinkOpts) ->
 %% `max_batch' entries, or of as many as fit in convoy's `large_threshold' (64 KiB)
 %% of payload, a message alone going as a plain send (batching large messages buys
 %% nothing, see `convoy_bench_ceiling').
+-spec send_all(mode(), pid(), term(), non_neg_integer()) -> term().
 send_all(ceiling, Dest, What, N) ->
     PerList = case What of
                   {data, Bin} when is_binary(Bin) ->
@@ -356,7 +325,8 @@ send_all(send_many, Dest, What, N) ->
 send_all(M, Dest, What, N) ->
     send_n(M, Dest, What, 1, N).
 
-%% The last message of a sender: behind everything it sent.
+%% @doc The last message of a sender: behind everything it sent.
+-spec finish(mode(), pid(), term()) -> term().
 finish(ceiling, Dest, Msg) -> convoy_bench_ceiling:ship(node(Dest), [{Dest, Msg}]);
 finish(M, Dest, Msg) -> snd(M, Dest, Msg).
 
@@ -428,15 +398,6 @@ consumer(M, Count) ->
         _ -> consumer(M, Count + 1)
     end.
 
-%% @doc A mesh sender: ready, then `N' event-shaped messages to `C' and its
-%% `done' behind them (the consumer answers the driver).
--spec mesh_sender(mode(), pid(), pos_integer(), pid()) -> ok.
-mesh_sender(M, C, N, Driver) ->
-    Driver ! {mesh_ready, self()},
-    receive go -> ok end,
-    send_all(M, C, event, N),
-    finish(M, C, {done, Driver}).
-
 %% @doc The seed's flood_pong: a registered process answering every ping (an
 %% event is answered to the owner).
 -spec pong(mode(), atom(), pid()) -> ok.
@@ -471,6 +432,7 @@ count(Msg, N, Ctx) ->
     after timeout(Ctx) -> exit({timeout, {missing, N, Msg}})
     end.
 
+-spec await(term(), ctx()) -> ok. % exactly Msg, or exit at the timeout
 await(Msg, Ctx) ->
     receive Msg -> ok
     after timeout(Ctx) -> exit({timeout, Msg})
@@ -836,77 +798,3 @@ pub_dispatcher(Scope, Group) ->
 pub_dispatch(Scope, Group) ->
     receive {dispatch, Msg} -> [P ! Msg || P <- pg:get_local_members(Scope, Group)] end,
     pub_dispatch(Scope, Group).
-
-produce(_FlowMode, _M, _C, I, N, _Every, _Ctx) when I > N -> ok;
-produce(sync, M, C, I, N, Every, Ctx) when I rem Every =:= 0 ->
-    snd(M, C, {item, I}),
-    snd(M, C, {sync, self()}),
-    receive synced -> ok after timeout(Ctx) -> exit({timeout, sync}) end,
-    produce(sync, M, C, I + 1, N, Every, Ctx);
-produce(FlowMode, M, C, I, N, Every, Ctx) ->
-    snd(M, C, {item, I}),
-    produce(FlowMode, M, C, I + 1, N, Every, Ctx).
-
-%% N items through a credit channel; returns the fun that sends `done' (through
-%% the channel too, so it comes after every item) and closes the channel.
-channel_produce(C, N, #{window := W, ack_every := A}, Ctx) ->
-    Opts = case A of
-               0 -> #{window => W};
-               _ -> #{window => W, ack_every => A}
-           end,
-    {ok, Ch} = convoy_channel:open(C, Opts#{timeout => timeout(Ctx)}),
-    ok = channel_send(Ch, 1, N),
-    fun() ->
-            ok = convoy_channel:send(Ch, {done, self()}),
-            ok = convoy_channel:close(Ch)
-    end.
-
-channel_send(_Ch, I, N) when I > N -> ok;
-channel_send(Ch, I, N) ->
-    case convoy_channel:send(Ch, {item, I}) of
-        ok -> channel_send(Ch, I + 1, N);
-        {error, Reason} -> exit({channel, Reason, I})
-    end.
-
-%% @doc A consumer slower than the network: `Work' hashes per item. Checks its
-%% queue length after every item and its process memory (which includes the
-%% messages queued) every 1000 items, and reports the peaks. Items come as
-%% `{item, I}' or, through a credit channel, `{convoy_channel, Token, {item, I}}'
-%% (acked once processed).
--spec slow_consumer(mode(), non_neg_integer(), non_neg_integer(),
-                    {non_neg_integer(), non_neg_integer()}) -> ok.
-slow_consumer(M, Work, Count, Peaks) ->
-    receive
-        {item, I} ->
-            burn(Work, I),
-            slow_consumer(M, Work, Count + 1, peaks(Count + 1, Peaks));
-        {convoy_channel, Token, {item, I}} ->
-            burn(Work, I),
-            ok = convoy_channel:ack(Token),
-            slow_consumer(M, Work, Count + 1, peaks(Count + 1, Peaks));
-        {sync, From} ->
-            snd(M, From, synced),
-            slow_consumer(M, Work, Count, Peaks);
-        {convoy_channel, Token, {done, From}} ->
-            ok = convoy_channel:ack(Token),
-            report_done(M, From, Count, Peaks);
-        {done, From} ->
-            report_done(M, From, Count, Peaks)
-    end.
-
-report_done(M, From, Count, Peaks) ->
-    {MaxQ, MaxMem} = peaks(1000, Peaks),
-    snd(M, From, {done, self(), Count, MaxQ, MaxMem}).
-
-peaks(Count, {MaxQ, MaxMem}) ->
-    {message_queue_len, Q} = process_info(self(), message_queue_len),
-    case Count rem 1000 of
-        0 ->
-            {memory, Mem} = process_info(self(), memory),
-            {max(MaxQ, Q), max(MaxMem, Mem)};
-        _ ->
-            {max(MaxQ, Q), MaxMem}
-    end.
-
-burn(0, _I) -> ok;
-burn(K, I) -> _ = erlang:phash2({I, K}), burn(K - 1, I).
