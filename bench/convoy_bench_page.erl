@@ -109,18 +109,16 @@ scenario(S = #{<<"name">> := Name, <<"title">> := Title, <<"spec">> := Spec}, Li
     #{<<"primary">> := #{<<"figure">> := Fig, <<"better">> := Better}} = Spec,
     Label = label(Spec, Fig),
     Summary = maps:get(<<"summary">>, S, []),
-    Guarded = guarded_ratios(S, Fig),
     %% `local' (`!' on one node) is shown where it is the baseline only
-    Rows = [{E, maps:get({P, V}, Guarded, null)}
-            || E = #{<<"point">> := P, <<"variant">> := V} <- Summary,
-               V =/= <<"local">> orelse Name =:= <<"local">>],
+    Rows = [E || E = #{<<"variant">> := V} <- Summary,
+                 V =/= <<"local">> orelse Name =:= <<"local">>],
     Cols = columns(Rows, Fig),
     ["## ", Name, "\n\n", Title, ".\n\n",
      "| point | variant | ", Label, " | ", lists:join(" | ", [H || {H, _} <- Cols]), " |\n",
      "|---|---|---|", [["---|"] || _ <- Cols], "\n",
      [["| ", P, " | ", V, " | ", cell(E, Fig, Spec), " | ",
-       lists:join(" | ", [ratio(Get({E, G}), Fig) || {_, Get} <- Cols]), " |\n"]
-      || {E = #{<<"point">> := P, <<"variant">> := V}, G} <- Rows],
+       lists:join(" | ", [ratio(from(E, Key, Fig)) || {_, Key} <- Cols]), " |\n"]
+      || E = #{<<"point">> := P, <<"variant">> := V} <- Rows],
      case Better of
          <<"lower">> -> ["\n", Label, ": lower is better; ratios below 1 are faster.\n"];
          _ -> []
@@ -135,14 +133,13 @@ label(#{<<"figures">> := Figures}, Fig) ->
         [] -> Fig
     end.
 
-%% The ratio columns the scenario has data for, in the page's order.
+%% The ratio columns (heading, the summary's key) the scenario has data for, in
+%% the page's order.
 columns(Rows, Fig) ->
-    All = [{"x plain", fun({E, _}) -> from(E, <<"ratios">>, Fig) end},
-           {"x best flag", fun({E, _}) -> from(E, <<"flag_ratios">>, Fig) end},
-           {"x handover", fun({E, _}) -> from(E, <<"handover_ratios">>, Fig) end},
-           {"x guarded", fun({_, G}) -> G end},
-           {"x ceiling", fun({E, _}) -> from(E, <<"ceiling_ratios">>, Fig) end}],
-    [C || C = {_, Get} <- All, lists:any(fun(Row) -> Get(Row) =/= null end, Rows)].
+    All = [{"x plain", <<"ratios">>}, {"x best flag", <<"flag_ratios">>},
+           {"x handover", <<"handover_ratios">>}, {"x guarded", <<"guarded_ratios">>},
+           {"x ceiling", <<"ceiling_ratios">>}],
+    [C || C = {_, Key} <- All, lists:any(fun(E) -> from(E, Key, Fig) =/= null end, Rows)].
 
 from(E, Key, Fig) ->
     case E of
@@ -153,7 +150,7 @@ from(E, Key, Fig) ->
 cell(#{<<"status">> := <<"ok">>, <<"figures">> := #{} = Figs}, Fig, Spec) ->
     case Figs of
         #{Fig := #{<<"median">> := M, <<"min">> := Lo, <<"max">> := Hi}} ->
-            Unit = unit(Spec, Fig),
+            Unit = binary_to_existing_atom(unit(Spec, Fig)),
             [value(M, Unit), " [", value(Lo, Unit), " - ", value(Hi, Unit), "]"];
         _ ->
             "-"
@@ -167,32 +164,8 @@ unit(#{<<"figures">> := Figures}, Fig) ->
         [] -> <<"number">>
     end.
 
-ratio(null, _Fig) -> "";
-ratio(R, _Fig) -> number(R).
-
-%% convoy's figure over `guarded''s in each repeat, by point and convoy variant:
-%% the median.
-guarded_ratios(#{<<"runs">> := Runs}, Fig) ->
-    By = lists:foldl(fun(#{<<"status">> := <<"ok">>, <<"point">> := P, <<"repeat">> := Rep,
-                           <<"variant">> := V, <<"figures">> := #{Fig := X}}, Acc)
-                           when is_number(X) ->
-                             Acc#{{P, Rep, V} => X};
-                        (_, Acc) ->
-                             Acc
-                     end, #{}, Runs),
-    Pairs = [{{P, V}, X / G} || {{P, Rep, V}, X} <- maps:to_list(By), is_convoy(V),
-                                 G <- [maps:get({P, Rep, <<"guarded">>}, By, none)],
-                                 is_number(G), G > 0],
-    maps:map(fun(_, Rs) -> convoy_bench_stats:median(Rs) end,
-             lists:foldl(fun({K, R}, Acc) -> Acc#{K => [R | maps:get(K, Acc, [])]} end,
-                         #{}, Pairs));
-guarded_ratios(_, _Fig) ->
-    #{}.
-
-%% convoy's variants: `convoy' and `convoy[Settings]'.
-is_convoy(<<"convoy">>) -> true;
-is_convoy(<<"convoy[", _/binary>>) -> true;
-is_convoy(_) -> false.
+ratio(null) -> "";
+ratio(R) -> number(R).
 
 is_chart_of(Name, File) ->
     N = byte_size(Name),
@@ -202,24 +175,10 @@ is_chart_of(Name, File) ->
     end.
 
 %%--------------------------------------------------------------------
-%% Numbers
+%% Numbers, as the harness's table prints them
 
-value(V, <<"rate">>) -> si(V, "");
-value(V, <<"mbs">>) -> number(V);
-value(V, <<"ns">>) when V >= 10000 -> [number(V / 1000), " us"];
-value(V, <<"ns">>) -> [number(V), " ns"];
-value(V, <<"us">>) when V >= 10000 -> [number(V / 1000), " ms"];
-value(V, <<"us">>) -> [number(V), " us"];
-value(V, <<"ms">>) -> [number(V), " ms"];
-value(V, <<"bytes">>) -> si(V, "B");
-value(V, _) -> number(V).
+value(V, Unit) ->
+    convoy_bench_report:value(V, Unit).
 
-si(V, U) when V >= 1.0e9 -> [number(V / 1.0e9), " G", U];
-si(V, U) when V >= 1.0e6 -> [number(V / 1.0e6), " M", U];
-si(V, U) when V >= 1.0e4 -> [number(V / 1.0e3), " k", U];
-si(V, "") -> number(V);
-si(V, U) -> [number(V), " ", U].
-
-%% Three significant digits, as the harness's table prints them.
 number(V) ->
     convoy_bench_report:number(V).

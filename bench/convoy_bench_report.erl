@@ -3,7 +3,7 @@
 %% and the settings), results.json (the whole result) and gnuplot plots.
 -module(convoy_bench_report).
 
--export([table/1, config_text/1, write/2, number/1, csv_columns/1]).
+-export([table/1, config_text/1, write/2, number/1, value/2, csv_columns/1]).
 
 
 %%--------------------------------------------------------------------
@@ -118,7 +118,7 @@ scenario_table(Result = #{name := Name, title := Title, spec := Spec, summary :=
 %% The columns that give convoy as a fraction of a limit measured beside it (the
 %% summary's key and the column's label), where the scenario has a convoy variant
 %% and the limit ran: the best distribution flag (`nodelay_false', `delay_send'),
-%% the `handover' and the `ceiling' variants.
+%% the `handover', `guarded' and `ceiling' variants.
 limits(#{spec := Spec, variants := Vs}) ->
     Ran = fun(V) -> lists:member(V, Vs) end,
     case lists:any(fun(<<"convoy", _/binary>>) -> true; (<<"send_many">>) -> true;
@@ -131,6 +131,8 @@ limits(#{spec := Spec, variants := Vs}) ->
              || Ran(<<"nodelay_false">>) orelse Ran(<<"delay_send">>)]
                 ++ [{handover_ratios, <<"handover">>}
                     || maps:get(handover, Spec, false), Ran(<<"handover">>)]
+                ++ [{guarded_ratios, <<"guarded">>}
+                    || maps:get(handover, Spec, false), Ran(<<"guarded">>)]
                 ++ [{ceiling_ratios, <<"ceiling">>}
                     || maps:get(ceiling, Spec, false), Ran(<<"ceiling">>)]
     end.
@@ -178,6 +180,8 @@ spread_text(#{median := M, min := Min, max := Max, n := 1}, Unit) when M == Min,
 spread_text(#{median := M, min := Min, max := Max}, Unit) ->
     [value(M, Unit), " [", value(Min, Unit), " - ", value(Max, Unit), "]"].
 
+%% @doc A figure's value in `Unit', three significant digits with its unit.
+-spec value(number(), convoy_bench_scenarios:unit()) -> iolist().
 value(V, rate) -> number(V);
 value(V, mbs) -> number(V);
 value(V, number) -> number(V);

@@ -268,7 +268,9 @@ progress(#{t0 := T0}, F, A) ->
 %% `send_many'), to the
 %% limits that ran beside them in the same repeat: the `ceiling' variant
 %% (`ceiling_ratios', where the scenario has one), the `handover' variant
-%% (`handover_ratios', where the scenario has it) and the best flag
+%% (`handover_ratios', where the scenario has it), the `guarded' variant
+%% (`guarded_ratios', where the handover runs; not for `guarded' itself) and the
+%% best flag
 %% (`flag_ratios': per repeat, the better of `nodelay_false' and `delay_send',
 %% whichever of them measured that repeat; the higher rate, the lower time).
 %% Empty maps where there is nothing to compare.
@@ -288,6 +290,8 @@ summarise(Spec = #{points := Points, figures := Figs, ratio := RatioFigs}, Varia
          #{variant => VName, point => Label,
            ceiling_ratios => Limit(maps:get(ceiling, Spec, false), Of(<<"ceiling">>)),
            handover_ratios => Limit(maps:get(handover, Spec, false), Of(<<"handover">>)),
+           guarded_ratios => Limit(maps:get(handover, Spec, false) andalso Kind =/= guarded,
+                                   Of(<<"guarded">>)),
            flag_ratios => Limit(true, fun(F) -> best_flag(F, Figs, Runs, Label) end),
            status => summary_status(Mine, Ok),
            note => case Mine of [#{note := N} | _] when Ok =:= [] -> N; _ -> <<>> end,

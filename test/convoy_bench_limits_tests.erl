@@ -26,17 +26,19 @@ median(Key, Fig, Row) ->
 %% oneway: msg/s; the best flag is the faster of the two in each repeat.
 oneway_test() ->
     Spec = convoy_bench_scenarios:spec(oneway, tiny, #{}),
-    Vs = variants(["plain", "nodelay_false", "delay_send", "handover", "convoy"]),
+    Vs = variants(["plain", "nodelay_false", "delay_send", "handover", "guarded", "convoy"]),
     Runs = [run(Spec, <<"plain">>, 1, #{msg_s => 100, ns_msg => 1}),
             run(Spec, <<"nodelay_false">>, 1, #{msg_s => 200, ns_msg => 1}),
             run(Spec, <<"delay_send">>, 1, #{msg_s => 400, ns_msg => 1}),
             run(Spec, <<"handover">>, 1, #{msg_s => 1000, ns_msg => 1}),
+            run(Spec, <<"guarded">>, 1, #{msg_s => 400, ns_msg => 1}),
             run(Spec, <<"convoy">>, 1, #{msg_s => 800, ns_msg => 1}),
             run(Spec, <<"plain">>, 2, #{msg_s => 100, ns_msg => 1}),
             %% repeat 2: delay_send failed, nodelay_false alone is the best flag
             run(Spec, <<"nodelay_false">>, 2, #{msg_s => 300, ns_msg => 1}),
             (run(Spec, <<"delay_send">>, 2, #{}))#{status := error},
             run(Spec, <<"handover">>, 2, #{msg_s => 1000, ns_msg => 1}),
+            run(Spec, <<"guarded">>, 2, #{msg_s => 200, ns_msg => 1}),
             run(Spec, <<"convoy">>, 2, #{msg_s => 600, ns_msg => 1})],
     Summary = convoy_bench_runner:summarise(Spec, Vs, Runs),
     Convoy = row(<<"convoy">>, Summary),
@@ -46,11 +48,19 @@ oneway_test() ->
                  maps:get(msg_s, maps:get(flag_ratios, Convoy))),
     ?assertEqual(#{median => 0.7, min => 0.6, max => 0.8, n => 2},
                  maps:get(msg_s, maps:get(handover_ratios, Convoy))),
+    %% repeat 1: 800 / 400; repeat 2: 600 / 200
+    ?assertEqual(#{median => 2.5, min => 2.0, max => 3.0, n => 2},
+                 maps:get(msg_s, maps:get(guarded_ratios, Convoy))),
+    %% guarded against the handover, not against itself
+    Guarded = row(<<"guarded">>, Summary),
+    ?assert(abs(median(handover_ratios, msg_s, Guarded) - 0.3) < 1.0e-9), % 400 / 1000, 200 / 1000
+    ?assertEqual(#{}, maps:get(guarded_ratios, Guarded)),
     %% no ceiling ran: no ratio to it
     ?assertEqual(#{}, maps:get(ceiling_ratios, Convoy)),
-    %% only convoy's rows carry the limits
-    [?assertEqual({#{}, #{}}, {maps:get(flag_ratios, R), maps:get(handover_ratios, R)})
-     || R = #{variant := V} <- Summary, V =/= <<"convoy">>].
+    %% only convoy's rows carry the limits (and guarded's its handover)
+    [?assertEqual({#{}, #{}, #{}}, {maps:get(flag_ratios, R), maps:get(handover_ratios, R),
+                                   maps:get(guarded_ratios, R)})
+     || R = #{variant := V} <- Summary, V =/= <<"convoy">>, V =/= <<"guarded">>].
 
 %% pairs: no handover there; for a time (p50) the best flag is the lower one.
 pairs_test() ->
