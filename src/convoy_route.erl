@@ -187,14 +187,17 @@ multicast_remote(Remote, Msg) ->
 
 %% Each node's destinations as entries a peer's inbox accepts (convoy_wire's cost
 %% limit): `ok', or `{error, overload}' if any was refused.
+%% The message is measured once for all of them.
 entries(RT, Remote, Msg) ->
+    Size = convoy_send:entry_size(RT, Msg),
+    PerEntry = convoy_wire:per_entry(Msg),
     maps:fold(fun(Node, Tos, Acc) ->
                       lists:foldl(fun({Ts, _}, A) ->
-                                          case convoy_send:entry(RT, Node, Ts, Msg) of
+                                          case convoy_send:entry(RT, Node, Ts, Msg, Size) of
                                               ok -> A;
                                               {error, overload} = E -> E
                                           end
-                                  end, Acc, convoy_wire:multicast_entries(Tos, Msg))
+                                  end, Acc, convoy_wire:multicast_entries(Tos, Msg, PerEntry))
               end, ok, Remote).
 
 %% @doc One multicast entry to `Node': `Tos' (destinations on `Node', within the
@@ -268,11 +271,16 @@ send_run(Run) -> send_many(lists:reverse(Run)).
 %% Everything is checked before anything is sent, so a bad destination raises
 %% badarg with nothing sent. Remote pids of one node in a row (as a list of a
 %% group's members usually comes) are gathered before the map is touched: a map
-%% update per pid cost about four times the whole walk.
+%% update per pid cost about four times the whole walk. A pid's node list is
+%% matched in the map, not looked up by a call (pids of nodes taking turns).
 group([], _Msg, Local, Remote) ->
     {lists:reverse(Local), maps:map(fun(_, Tos) -> lists:reverse(Tos) end, Remote)};
 group([D | Rest], Msg, Local, Remote) when is_pid(D), node(D) =/= node() ->
-    remote_run(node(D), D, Rest, Msg, Local, Remote);
+    Node = node(D),
+    case Remote of
+        #{Node := Tos} -> remote_pids(Node, Rest, [D | Tos], Msg, Local, Remote);
+        #{} -> remote_pids(Node, Rest, [D], Msg, Local, Remote)
+    end;
 group([D | Rest], Msg, Local, Remote) ->
     case resolve(D) of
         local ->
@@ -293,14 +301,13 @@ group([D | Rest], Msg, Local, Remote) ->
 
 %% To on Node, and the pids of Node right after it, added to Node's list at once.
 remote_run(Node, To, Rest, Msg, Local, Remote) ->
-    {Rest1, Tos} = same_node(Node, Rest, [To | maps:get(Node, Remote, [])]),
-    group(Rest1, Msg, Local, Remote#{Node => Tos}).
+    remote_pids(Node, Rest, [To | maps:get(Node, Remote, [])], Msg, Local, Remote).
 
-%% The pids of Node that follow, newest first on Tos.
-same_node(Node, [D | Rest], Tos) when is_pid(D), node(D) =:= Node ->
-    same_node(Node, Rest, [D | Tos]);
-same_node(_Node, Rest, Tos) ->
-    {Rest, Tos}.
+%% The pids of Node that follow go on Tos (newest first), then Tos in the map.
+remote_pids(Node, [D | Rest], Tos, Msg, Local, Remote) when is_pid(D), node(D) =:= Node ->
+    remote_pids(Node, Rest, [D | Tos], Msg, Local, Remote);
+remote_pids(Node, Rest, Tos, Msg, Local, Remote) ->
+    group(Rest, Msg, Local, Remote#{Node => Tos}).
 
 %% send/3 options apply to this call: a refused message is reported, not dropped.
 with_opts(RT, Opts) when map_size(Opts) =:= 0; RT =:= undefined ->

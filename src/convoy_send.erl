@@ -40,7 +40,9 @@
 %% convoy's.
 -module(convoy_send).
 
--export([remote/4, entry/4, together/2, lane_of/1]).
+-export([remote/4, entry/4, entry/5, entry_size/2, together/2, lane_of/1]).
+
+-export_type([entry_size/0]).
 
 -include("convoy_runtime.hrl").
 -include("convoy_tags.hrl").
@@ -51,6 +53,10 @@
 %% sender's lane, the node, the destination there (an entry's list of them, or a
 %% `pg' group), the message, its encoded size once measured
 %% (`{small | multicast | large, Bytes}'), and whether it is an entry.
+%% An entry message's measured size (`none' where it is not measured: convoy not
+%% running or stopping).
+-type entry_size() :: {multicast | large, non_neg_integer()} | none.
+
 -record(send, {rt :: #runtime{},
                lane :: pos_integer(),
                node :: node(),
@@ -520,17 +526,30 @@ via_inbox_many(#runtime{max_batch = MaxBatch}, L, {Node, _Entries, _Bytes, {Node
 %% messages to `Node', so it keeps its place among them.
 -spec entry(#runtime{} | undefined, node(), [convoy:dest()] | {?TAG_PUBLISH, atom(), term()},
             term()) -> ok | {error, overload}.
-entry(undefined, Node, Tos, Msg) ->
+entry(RT, Node, Tos, Msg) ->
+    entry(RT, Node, Tos, Msg, entry_size(RT, Msg)).
+
+%% @doc `Msg''s size as an entry's (`entry/5'): a multicast to several nodes
+%% measures its message once.
+-spec entry_size(#runtime{} | undefined, term()) -> entry_size().
+entry_size(#runtime{stopping = false, large_threshold = T}, Msg) ->
+    case convoy_size:measure(Msg, T) of
+        {large, _} = Large -> Large;
+        {small, B} -> {multicast, B}
+    end;
+entry_size(_RT, _Msg) ->
+    none.
+
+%% @doc `entry/4' with `Msg''s size already measured by `entry_size/2' under `RT'.
+-spec entry(#runtime{} | undefined, node(), [convoy:dest()] | {?TAG_PUBLISH, atom(), term()},
+            term(), entry_size()) -> ok | {error, overload}.
+entry(undefined, Node, Tos, Msg, _Size) ->
     after_pieces(undefined, Node, wire_entry({Tos, Msg}),
                  fun() -> plain_send(Node, Tos, Msg) end);
-entry(RT = #runtime{stopping = true}, Node, Tos, Msg) ->
+entry(RT = #runtime{stopping = true}, Node, Tos, Msg, _Size) ->
     after_pieces(RT, Node, wire_entry({Tos, Msg}), fun() -> stopping(RT, Node, Tos, Msg) end);
-entry(RT = #runtime{large_threshold = T}, Node, Tos, Msg) ->
+entry(RT, Node, Tos, Msg, Size) ->
     L = lane_of(RT),
-    Size = case convoy_size:measure(Msg, T) of
-               {large, _} = Large -> Large;
-               {small, B} -> {multicast, B}
-           end,
     S = #send{rt = RT, lane = L, node = Node, to = Tos, msg = Msg, size = Size, entry = true},
     case convoy_sender:marker(Node) of
         {pieces, Inbox} ->

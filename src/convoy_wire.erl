@@ -96,7 +96,7 @@
          batch/2, barrier/2, publish/3, piece_start/6, piece_start/7, piece/3, hello/2,
          supports/2,
          address/2, send_words/1, take_members/3, entry_to/3, decode/1, entry/3, cost/1, send_cost/0,
-         multicast_entries/2, plain_run/4,
+         multicast_entries/2, multicast_entries/3, per_entry/1, plain_run/4,
          creation/1, incarnation/2, negotiate/1, inbox_name/1, inbox_names/1, lane_inbox/2]).
 
 -export_type([entry_kind/0, entry/0, dest/0, decoded/0, hello_info/0, checked/0]).
@@ -433,15 +433,25 @@ take_proper(_ImproperTail, _K, Acc) -> {lists:reverse(Acc), []}.
 %% allow, one if a single send of `Msg' is already over half of them. Walks at most
 %% about `max_entry_words/0' / 2 words of `Msg'.
 -spec multicast_entries([dest()], term()) -> [{[dest()], term()}].
-multicast_entries([], _Msg) ->
-    [];
-multicast_entries([_] = Tos, Msg) ->
-    [{Tos, Msg}];
 multicast_entries(Tos, Msg) ->
-    PerEntry = case convoy_size:copy_words(Msg, ?MAX_ENTRY_WORDS div 2 - ?SEND_WORDS) of
-                   {ok, W} -> min(?MAX_DESTS, ?MAX_ENTRY_WORDS div (W + ?SEND_WORDS));
-                   over -> 1
-               end,
+    multicast_entries(Tos, Msg, per_entry(Msg)).
+
+%% @doc How many destinations one multicast entry of `Msg' may hold (see
+%% `multicast_entries/2'): measured once for a multicast to several nodes.
+-spec per_entry(term()) -> pos_integer().
+per_entry(Msg) ->
+    case convoy_size:copy_words(Msg, ?MAX_ENTRY_WORDS div 2 - ?SEND_WORDS) of
+        {ok, W} -> min(?MAX_DESTS, ?MAX_ENTRY_WORDS div (W + ?SEND_WORDS));
+        over -> 1
+    end.
+
+%% @doc `multicast_entries/2' with `per_entry(Msg)' given.
+-spec multicast_entries([dest()], term(), pos_integer()) -> [{[dest()], term()}].
+multicast_entries([], _Msg, _PerEntry) ->
+    [];
+multicast_entries([_] = Tos, Msg, _PerEntry) ->
+    [{Tos, Msg}];
+multicast_entries(Tos, Msg, PerEntry) ->
     case length(Tos) =< PerEntry of
         true -> [{Tos, Msg}]; % one entry: the list as it is, not copied
         false -> [{Chunk, Msg} || Chunk <- chunks(Tos, PerEntry)]
