@@ -129,13 +129,16 @@ usage() ->
      "with only the sender's per-message work convoy's promises need: settings read,\n"
      "size, marker, an exact bound), send_many (oneway, oneway8: convoy, the sender\n"
      "handing its messages over in lists of max_batch with convoy:send_many/1),\n"
-     "nodelay_false\n"
-     "(`!`, both nodes with -kernel dist_nodelay false), delay_send (`!`, both nodes\n"
-     "with {delay_send,true} in inet_dist_connect/listen_options), convoy (defaults),\n"
-     "and one per --convoy option; in pubsub only pg2 (Phoenix.PubSub.PG2, the\n"
-     "baseline there), handover (Phoenix.PubSub.Convoy's workers, each remote part\n"
-     "of a broadcast handed to that batching process) and the convoy ones\n"
-     "(Phoenix.PubSub.Convoy). Each flag family has its own pair of peer nodes.\n"
+     "batch (oneway, oneway8, pairs, latency: convoy's sends inside convoy:batch/1,\n"
+     "a stream's in scopes of max_batch sends, every other send in a scope of its\n"
+     "own, both ways; its rows also show \"x convoy\" and \"x send_many\"),\n"
+     "nodelay_false (`!`, both nodes with -kernel dist_nodelay false), delay_send\n"
+     "(`!`, both nodes with {delay_send,true} in inet_dist_connect/listen_options),\n"
+     "convoy (defaults), and one per --convoy option; in pubsub only pg2\n"
+     "(Phoenix.PubSub.PG2, the baseline there), handover (Phoenix.PubSub.Convoy's\n"
+     "workers, each remote part of a broadcast handed to that batching process) and\n"
+     "the convoy ones (Phoenix.PubSub.Convoy). Each flag family has its own pair of\n"
+     "peer nodes.\n"
      "plain_again (`!` again, beside plain; only with --noise or when named) measures\n"
      "the run's own noise.\n"
      "\n"
@@ -580,6 +583,7 @@ all_variants(Extra) ->
        convoy => off},
      #{name => <<"send_many">>, kind => send_many, family => default, mode => send_many,
        convoy => #{}},
+     #{name => <<"batch">>, kind => batch, family => default, mode => batch, convoy => #{}},
      #{name => <<"nodelay_false">>, kind => nodelay_false, family => nodelay_false,
        mode => plain, convoy => off},
      #{name => <<"delay_send">>, kind => delay_send, family => delay_send,

@@ -1,7 +1,8 @@
 %% The measurements themselves. `run/3' executes on the driver node (peer A); the
 %% processes it talks to are spawned on the sink nodes named in the context. Every
 %% send in a measurement goes through `snd/3': `erlang:send/2' for the plain
-%% variants, `convoy:send/2' for the convoy ones, on both sides of a round trip,
+%% variants, `convoy:send/2' for the convoy ones, on both sides of a round trip
+%% (for the `batch' variant each inside its own `convoy:batch/1'),
 %% for the `ceiling' variant a batching router without bookkeeping
 %% (`convoy_bench_ceiling'; a sender of many messages batches them itself), and for
 %% the `handover' variant each message handed to a bare batching process
@@ -20,7 +21,8 @@
 -export([snd/3, sink/1, timeout/1, secs/1, await/2, send_all/4, finish/3]).
 -export([gen_host/2, caster/5, caller/3]).
 
--type mode() :: plain | call | convoy | ceiling | handover | guarded | send_many | pg2.
+-type mode() :: plain | call | convoy | ceiling | handover | guarded | send_many | batch
+                | pg2.
 -type ctx() :: #{mode := mode(), sinks := [node(), ...], timeout := pos_integer()}.
 -type figures() :: #{atom() => number()}.
 -export_type([ctx/0, figures/0, mode/0]).
@@ -228,6 +230,7 @@ snd(plain, Dest, Msg) -> erlang:send(Dest, Msg);
 snd(call, Dest, Msg) -> convoy_bench_call:send(Dest, Msg);
 snd(convoy, Dest, Msg) -> convoy:send(Dest, Msg);
 snd(send_many, Dest, Msg) -> convoy:send(Dest, Msg);
+snd(batch, Dest, Msg) -> convoy:batch(fun() -> convoy:send(Dest, Msg) end);
 snd(ceiling, Dest, Msg) -> convoy_bench_ceiling:send(Dest, Msg);
 snd(handover, Dest, Msg) -> convoy_bench_handover:send(Dest, Msg);
 snd(guarded, Dest, Msg) -> convoy_bench_handover:send_guarded(Dest, Msg).
@@ -270,7 +273,9 @@ oneway(Ctx = #{mode := M}, N, What, SinkOpts) ->
 %% N messages to Dest. The ceiling's sender batches them itself: lists of
 %% `max_batch' entries, or of as many as fit in convoy's `large_threshold' (64 KiB)
 %% of payload, a message alone going as a plain send (batching large messages buys
-%% nothing, see `convoy_bench_ceiling').
+%% nothing, see `convoy_bench_ceiling'). `send_many' hands convoy lists of
+%% `max_batch'; `batch' makes the convoy mode's sends, `max_batch' of them in each
+%% `convoy:batch/1' scope (the last one shorter).
 -spec send_all(mode(), pid(), term(), non_neg_integer()) -> term().
 send_all(ceiling, Dest, What, N) ->
     PerList = case What of
@@ -282,6 +287,8 @@ send_all(ceiling, Dest, What, N) ->
     ceiling_n(Dest, What, 1, N, PerList, 0, []);
 send_all(send_many, Dest, What, N) ->
     many_n(Dest, What, 1, N, convoy_bench_ceiling:batch_size(), 0, []);
+send_all(batch, Dest, What, N) ->
+    scopes_n(Dest, What, 1, N, convoy_bench_ceiling:batch_size());
 send_all(M, Dest, What, N) ->
     send_n(M, Dest, What, 1, N).
 
@@ -306,6 +313,15 @@ many_n(Dest, What, I, N, PerList, PerList, Acc) ->
     many_n(Dest, What, I, N, PerList, 0, []);
 many_n(Dest, What, I, N, PerList, K, Acc) ->
     many_n(Dest, What, I + 1, N, PerList, K + 1, [{Dest, shaped(What, I)} | Acc]).
+
+%% Messages I..N sent as the convoy mode sends them, in convoy:batch/1 scopes of
+%% `PerScope' sends.
+scopes_n(_Dest, _What, I, N, _PerScope) when I > N ->
+    ok;
+scopes_n(Dest, What, I, N, PerScope) ->
+    Last = min(N, I + PerScope - 1),
+    ok = convoy:batch(fun() -> send_n(convoy, Dest, What, I, Last) end),
+    scopes_n(Dest, What, Last + 1, N, PerScope).
 
 ceiling_ship(_Dest, []) -> ok;
 ceiling_ship(Dest, [{Dest, Msg}]) -> Dest ! Msg, ok;

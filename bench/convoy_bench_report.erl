@@ -88,6 +88,10 @@ variant_text(#{name := N, kind := guarded}) ->
 variant_text(#{name := N, kind := send_many}) ->
     io_lib:format("~s = convoy with the sender handing its messages over in lists of "
                   "1000 (convoy:send_many/1), in oneway and oneway8", [N]);
+variant_text(#{name := N, kind := batch}) ->
+    io_lib:format("~s = convoy with its sends inside convoy:batch/1: a stream's in scopes of "
+                  "1000 sends, every other send in a scope of its own, in oneway, oneway8, "
+                  "pairs and latency; also given as a fraction of convoy and send_many", [N]);
 variant_text(#{name := N, kind := pg2}) ->
     io_lib:format("~s = Phoenix.PubSub's own adapter, Phoenix.PubSub.PG2 (`!`), in pubsub, "
                   "where convoy variants use Phoenix.PubSub.Convoy", [N]);
@@ -115,27 +119,31 @@ scenario_table(Result = #{name := Name, title := Title, spec := Spec, summary :=
      notes(Summary),
      confirmed(Result)].
 
-%% The columns that give convoy as a fraction of a limit measured beside it (the
-%% summary's key and the column's label), where the scenario has a convoy variant
-%% and the limit ran: the best distribution flag (`nodelay_false', `delay_send'),
-%% the `handover', `guarded' and `ceiling' variants.
-limits(#{spec := Spec, variants := Vs}) ->
+%% The columns that give a row as a fraction of another variant measured beside
+%% it (the summary's keys to the ratios and the column's label). Where the
+%% scenario has a convoy variant (or `send_many', `batch', `guarded') and the
+%% limit ran: the best distribution flag (`nodelay_false', `delay_send'), the
+%% `handover', `guarded' and `ceiling' variants. Then every variant some row is
+%% compared with in `beside_ratios' (`batch''s with `convoy' and `send_many').
+limits(#{spec := Spec, variants := Vs, summary := Summary}) ->
     Ran = fun(V) -> lists:member(V, Vs) end,
-    case lists:any(fun(<<"convoy", _/binary>>) -> true; (<<"send_many">>) -> true;
-                      (<<"guarded">>) -> true;
-                      (_) -> false end, Vs) of
-        false ->
-            [];
-        true ->
-            [{flag_ratios, <<"best flag">>}
-             || Ran(<<"nodelay_false">>) orelse Ran(<<"delay_send">>)]
-                ++ [{handover_ratios, <<"handover">>}
-                    || maps:get(handover, Spec, false), Ran(<<"handover">>)]
-                ++ [{guarded_ratios, <<"guarded">>}
-                    || maps:get(handover, Spec, false), Ran(<<"guarded">>)]
-                ++ [{ceiling_ratios, <<"ceiling">>}
-                    || maps:get(ceiling, Spec, false), Ran(<<"ceiling">>)]
-    end.
+    Limits = case lists:any(fun(<<"convoy", _/binary>>) -> true; (<<"send_many">>) -> true;
+                               (<<"batch">>) -> true; (<<"guarded">>) -> true;
+                               (_) -> false end, Vs) of
+                 false ->
+                     [];
+                 true ->
+                     [{[flag_ratios], <<"best flag">>}
+                      || Ran(<<"nodelay_false">>) orelse Ran(<<"delay_send">>)]
+                         ++ [{[handover_ratios], <<"handover">>}
+                             || maps:get(handover, Spec, false), Ran(<<"handover">>)]
+                         ++ [{[guarded_ratios], <<"guarded">>}
+                             || maps:get(handover, Spec, false), Ran(<<"guarded">>)]
+                         ++ [{[ceiling_ratios], <<"ceiling">>}
+                             || maps:get(ceiling, Spec, false), Ran(<<"ceiling">>)]
+             end,
+    Beside = lists:uniq([V || #{beside_ratios := B} <- Summary, V <- lists:sort(maps:keys(B))]),
+    Limits ++ [{[beside_ratios, V], V} || V <- Beside].
 
 %% --confirm: which rows have more repeats than the header says, and why.
 confirmed(#{confirmed := #{points := Ps, variants := Vs, repeats := N}, baseline := Base}) ->
@@ -157,9 +165,13 @@ row(#{variant := V, point := P, status := ok, figures := FS, ratios := RS} = S,
                 _ -> <<"-">>
             end || {F, _, Unit} <- Figs]
         ++ ratio_cells(RS, RatioFigs)
-        ++ lists:append([ratio_cells(maps:get(Key, S, #{}), RatioFigs) || {Key, _} <- Limits]);
+        ++ lists:append([ratio_cells(ratios_at(Keys, S), RatioFigs) || {Keys, _} <- Limits]);
 row(#{variant := V, point := P, status := Status}, MultiPoint, _Figs, _RatioFigs, _) ->
     [P || MultiPoint] ++ [V, status_text(Status)].
+
+%% The ratios under `Keys' in a summary row (none: `#{}').
+ratios_at([], Ratios) -> Ratios;
+ratios_at([K | Ks], Row) -> ratios_at(Ks, maps:get(K, Row, #{})).
 
 ratio_cells(Ratios, Figs) ->
     [case Ratios of

@@ -27,11 +27,10 @@
 
 -type variant() :: #{name := binary(),
                      kind := local | local_call | plain | plain_again | ceiling
-                             | handover | guarded | send_many | nodelay_false | delay_send | pg2
-                             | convoy,
+                             | handover | guarded | send_many | batch | nodelay_false
+                             | delay_send | pg2 | convoy,
                      family := convoy_bench_nodes:family(),
-                     mode := plain | call | convoy | ceiling | handover | guarded | send_many
-                             | pg2,
+                     mode := convoy_bench_measure:mode(),
                      convoy := convoy_bench_nodes:convoy_setting()}.
 -type status() :: ok | error | awaiting | unavailable.
 -type run() :: #{scenario := atom(), variant := binary(), repeat := pos_integer(),
@@ -41,8 +40,8 @@
 -export_type([variant/0, run/0, opts/0]).
 
 %% @doc The variants that make sense for a scenario: all of them across nodes
-%% (`ceiling', `handover' and `send_many' only where the scenario has them, `local_call'
-%% nowhere); on one node (`local' scenario) `local', `local_call' and the convoy
+%% (`ceiling', `handover', `send_many' and `batch' only where the scenario has
+%% them, `local_call' nowhere); on one node (`local' scenario) `local', `local_call' and the convoy
 %% ones. `pg2' (Phoenix.PubSub's own adapter), `handover' and the convoy ones only,
 %% and `pg2' nowhere else, in a scenario of Phoenix.PubSub (`pubsub').
 -spec variants_for(convoy_bench_scenarios:spec(), [variant()]) -> [variant()].
@@ -53,9 +52,10 @@ variants_for(#{pubsub := true}, Variants) ->
 variants_for(#{placement := cross, ceiling := Ceiling, handover := Handover} = Spec,
              Variants) ->
     SendMany = maps:get(send_many, Spec, false),
+    Batch = maps:get(batch, Spec, false),
     [V || V = #{kind := K} <- Variants, K =/= local_call, K =/= ceiling orelse Ceiling,
           (K =/= handover andalso K =/= guarded) orelse Handover,
-          K =/= send_many orelse SendMany, K =/= pg2].
+          K =/= send_many orelse SendMany, K =/= batch orelse Batch, K =/= pg2].
 
 %% Variants that run everything on one node, whatever the scenario.
 on_one_node(Kind) -> Kind =:= local orelse Kind =:= local_call.
@@ -265,7 +265,7 @@ progress(#{t0 := T0}, F, A) ->
 
 %% @doc Per point and variant (in the given order): status, figures' spread, the
 %% compared figures' ratios to the baseline and, for the convoy variants (and
-%% `send_many'), to the
+%% `send_many' and `batch'), to the
 %% limits that ran beside them in the same repeat: the `ceiling' variant
 %% (`ceiling_ratios', where the scenario has one), the `handover' variant
 %% (`handover_ratios', where the scenario has it), the `guarded' variant
@@ -273,6 +273,8 @@ progress(#{t0 := T0}, F, A) ->
 %% best flag
 %% (`flag_ratios': per repeat, the better of `nodelay_false' and `delay_send',
 %% whichever of them measured that repeat; the higher rate, the lower time).
+%% `beside_ratios': the same ratios to the other ways of sending a kind of variant
+%% is compared with (`beside/1'), by variant name, those that ran at the point.
 %% Empty maps where there is nothing to compare.
 -spec summarise(convoy_bench_scenarios:spec(), [variant()], [run()]) -> [map()].
 summarise(Spec = #{points := Points, figures := Figs, ratio := RatioFigs}, Variants, Runs) ->
@@ -281,7 +283,8 @@ summarise(Spec = #{points := Points, figures := Figs, ratio := RatioFigs}, Varia
          Mine = [Run || Run = #{variant := VN, point := PL} <- Runs, VN =:= VName, PL =:= Label],
          Ok = [Run || Run = #{status := ok} <- Mine],
          Limit = fun(Ran, Of) ->
-                         case lists:member(Kind, [convoy, send_many, guarded]) andalso Ran of
+                         case lists:member(Kind, [convoy, send_many, batch, guarded])
+                             andalso Ran of
                              true -> ratios(RatioFigs, Ok, Of);
                              false -> #{}
                          end
@@ -293,6 +296,10 @@ summarise(Spec = #{points := Points, figures := Figs, ratio := RatioFigs}, Varia
            guarded_ratios => Limit(maps:get(handover, Spec, false) andalso Kind =/= guarded,
                                    Of(<<"guarded">>)),
            flag_ratios => Limit(true, fun(F) -> best_flag(F, Figs, Runs, Label) end),
+           beside_ratios => maps:from_list(
+                              [{Other, Rs} || Other <- beside(Kind),
+                                              Rs <- [ratios(RatioFigs, Ok, Of(Other))],
+                                              Rs =/= #{}]),
            status => summary_status(Mine, Ok),
            note => case Mine of [#{note := N} | _] when Ok =:= [] -> N; _ -> <<>> end,
            figures => maps:from_list(
@@ -304,6 +311,12 @@ summarise(Spec = #{points := Points, figures := Figs, ratio := RatioFigs}, Varia
                          false -> ratios(RatioFigs, Ok, Of(Base))
                      end}
      end || #{label := Label} <- Points, #{name := VName, kind := Kind} <- Variants].
+
+%% The variants a kind of variant is also compared with, where they ran beside it:
+%% `batch' (`convoy:batch/1' around the convoy variants' sends) with `convoy'
+%% (the same sends, no scope) and with `send_many' (the sender's own lists).
+beside(batch) -> [<<"convoy">>, <<"send_many">>];
+beside(_) -> [].
 
 %% The distribution flags' variants, whose best per repeat convoy is compared with.
 -define(FLAGS, [<<"nodelay_false">>, <<"delay_send">>]).

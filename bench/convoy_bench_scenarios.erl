@@ -10,6 +10,9 @@
 %% (`convoy_bench_handover', each message handed to a bare batching process).
 %% `send_many' (default false): the scenario also runs the `send_many' variant
 %% (convoy, the sender handing its messages over in lists: `convoy:send_many/1').
+%% `batch' (default false): the scenario also runs the `batch' variant (convoy,
+%% the convoy variants' sends inside `convoy:batch/1': a stream's in scopes of
+%% `max_batch' sends, every other send in a scope of its own).
 %% `pubsub' (default false): the scenario measures Phoenix.PubSub's adapters, so
 %% it runs the `pg2' variant (the baseline) and the convoy ones, and no other.
 %%
@@ -45,6 +48,7 @@
                   ceiling := boolean(),
                   handover := boolean(),
                   send_many := boolean(),
+                  batch := boolean(),
                   pubsub := boolean(),
                   timeout := pos_integer(),
                   deadline := pos_integer()}.
@@ -74,7 +78,8 @@ spec(Name, Size, Overrides) ->
     P0 = params(Name, Size),
     P = maps:merge(P0, maps:with(maps:keys(P0), Overrides)),
     Deadline = maps:get(deadline_ms, Overrides, deadline(Name, Size)),
-    Limits = #{ceiling => false, handover => false, send_many => false, pubsub => false},
+    Limits = #{ceiling => false, handover => false, send_many => false, batch => false,
+               pubsub => false},
     (maps:merge(Limits, describe(Name, P)))#{name => Name, params => P,
                                              timeout => case Size of
                                                             tiny -> 30000;
@@ -182,7 +187,7 @@ describe(oneway, P = #{n := N}) ->
                  || Shape <- [atom, event]],
       figures => [{msg_s, <<"msg/s">>, rate}, {ns_msg, <<"ns/msg">>, ns}],
       ratio => [msg_s], primary => {msg_s, higher}, convoy => measured, ceiling => true,
-      handover => true, send_many => true};
+      handover => true, send_many => true, batch => true};
 describe(oneway8, P = #{n := N, senders := K}) ->
     #{title => fmt("~b senders at once, each ~b messages to its own process on the other "
                    "node; atom and event as in oneway; ns/msg: wall time per message, all "
@@ -192,7 +197,7 @@ describe(oneway8, P = #{n := N, senders := K}) ->
                  || Shape <- [atom, event]],
       figures => [{msg_s, <<"msg/s">>, rate}, {ns_msg, <<"ns/msg">>, ns}],
       ratio => [msg_s], primary => {msg_s, higher}, convoy => measured, ceiling => true,
-      handover => true, send_many => true};
+      handover => true, send_many => true, batch => true};
 describe(sizes, #{sizes := Sizes, budget := Budget, min_count := Min,
                       max_count := Max}) ->
     #{title => <<"one sender, one-way, binary payloads of each size (MB = 10^6 bytes)">>,
@@ -237,7 +242,8 @@ describe(pairs, P = #{pairs := Pairs, event_pairs := EventPairs, paced_pairs := 
               || Pace > 0, C <- PacedPairs],
       figures => [{rt_s, <<"rt/s">>, rate}, {p50_us, <<"p50">>, us},
                   {p99_us, <<"p99">>, us}, {p999_us, <<"p99.9">>, us}],
-      ratio => [rt_s, p50_us, p99_us], primary => {rt_s, higher}, convoy => measured};
+      ratio => [rt_s, p50_us, p99_us], primary => {rt_s, higher}, convoy => measured,
+      batch => true};
 describe(latency, P = #{n := N, burst := B}) ->
     #{title => fmt("idle round trip, one client, ~b sequential small round trips; "
                    "\"after burst\": the client first sends ~b one-way messages, "
@@ -246,7 +252,8 @@ describe(latency, P = #{n := N, burst := B}) ->
       points => [point(<<"idle">>, P#{burst => 0}), point(<<"after burst">>, P)],
       figures => [{p50_us, <<"p50">>, us}, {p99_us, <<"p99">>, us},
                   {p999_us, <<"p99.9">>, us}, {max_us, <<"max">>, us}],
-      ratio => [p50_us, p99_us], primary => {p50_us, lower}, convoy => measured};
+      ratio => [p50_us, p99_us], primary => {p50_us, lower}, convoy => measured,
+      batch => true};
 describe(cast, P = #{senders := K, per_sender := N}) ->
     #{title => fmt("~b senders, ~b casts each to one gen_server on another node: "
                    "gen_server:cast (convoy variants: convoy:cast; handover: the cast's "

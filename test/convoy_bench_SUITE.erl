@@ -8,7 +8,8 @@
 -include_lib("stdlib/include/assert.hrl").
 
 -export([all/0, suite/0, init_per_suite/1, end_per_suite/1]).
--export([every_scenario_tiny/1, noise_tiny/1, guarded_tiny/1, tune_tiny/1, cost_tiny/1,
+-export([every_scenario_tiny/1, noise_tiny/1, guarded_tiny/1, batch_tiny/1, tune_tiny/1,
+         cost_tiny/1,
          bar_charts/1, bars_tiny/1, given_nodes/1,
          arguments/1, deadline/1, deadline_leaves_clean_peers/1,
          deadline_leaves_clean_given_nodes/1, settle/1]).
@@ -17,7 +18,8 @@ suite() ->
     [{timetrap, {minutes, 6}}].
 
 all() ->
-    [arguments, bar_charts, every_scenario_tiny, noise_tiny, guarded_tiny, tune_tiny, cost_tiny,
+    [arguments, bar_charts, every_scenario_tiny, noise_tiny, guarded_tiny, batch_tiny, tune_tiny,
+     cost_tiny,
      bars_tiny, given_nodes,
      deadline, deadline_leaves_clean_peers, deadline_leaves_clean_given_nodes, settle].
 
@@ -35,7 +37,8 @@ arguments(_Config) ->
      || Opt <- ["--scenario", "--full", "--quick", "--tiny", "--repeat", "--convoy",
                 "--variants", "--param", "--tune", "tune SCENARIO", "--nodes", "--cookie",
                 "--netns", "--rate", "--peer-args", "--out", "--no-plots", "--quiet",
-                "--check", "--confirm", "--noise", "plain_again", "deadline_ms", "--help"]],
+                "--check", "--confirm", "--noise", "plain_again", "deadline_ms", "--help",
+                "batch (oneway, oneway8, pairs, latency"]],
     [?assertMatch({error, <<_/binary>>}, convoy_bench:main(Args), Args)
      || Args <- [["--bogus"], ["--scenario", "nope"], ["--repeat", "0"],
                  ["--convoy", "lane=2"], ["--convoy", "lanes=0"], ["--convoy", "lanes"],
@@ -193,6 +196,43 @@ guarded_tiny(Config) ->
             #{name := N1, spec := Spec} <- Scenarios, N1 =:= Name],
     {ok, Table} = file:read_file(filename:join(Dir, "table.txt")),
     ?assertNotEqual(nomatch, string:find(Table, "guarded = the handover with only")),
+    check_files(Dir, R),
+    ok.
+
+%% batch (convoy's sends inside convoy:batch/1) is measured where the scenario
+%% runs it, both ways of a round trip included; its rows are given against convoy
+%% and, where send_many runs, against send_many, in the summary, the table and
+%% results.json.
+batch_tiny(Config) ->
+    Dir = filename:join(?config(priv_dir, Config), "batch"),
+    {ok, R} = convoy_bench:main(["--tiny", "--scenario", "oneway,pairs", "--repeat", "1",
+                                 "--quiet", "--no-plots", "--out", Dir, "--variants",
+                                 "plain,send_many,batch,convoy"]),
+    [Oneway, Pairs] = maps:get(scenarios, R),
+    [?assert(lists:member(<<"batch">>, Vs)) || #{variants := Vs} <- [Oneway, Pairs]],
+    Rows = fun(#{summary := Sum}) -> [S || S = #{variant := <<"batch">>} <- Sum] end,
+    ?assertEqual(2, length(Rows(Oneway))),
+    ?assertEqual(4, length(Rows(Pairs))),
+    [begin
+         ?assertMatch(#{status := ok}, S, Name),
+         Ratios = lists:sort(maps:get(ratio, Spec)),
+         ?assertEqual(Ratios, lists:sort(maps:keys(maps:get(ratios, S))), Name),
+         ?assertEqual(lists:sort(Others), lists:sort(maps:keys(Beside)), Name),
+         [?assertEqual(Ratios, lists:sort(maps:keys(maps:get(O, Beside))), {Name, O})
+          || O <- Others]
+     end || {Scenario, Others} <- [{Oneway, [<<"convoy">>, <<"send_many">>]},
+                                   {Pairs, [<<"convoy">>]}],
+            #{name := Name, spec := Spec} <- [Scenario],
+            S = #{beside_ratios := Beside} <- Rows(Scenario)],
+    {ok, Table} = file:read_file(filename:join(Dir, "table.txt")),
+    [?assertNotEqual(nomatch, string:find(Table, Column), Column)
+     || Column <- ["x convoy msg/s", "x send_many msg/s", "x convoy rt/s", "x convoy p99",
+                   "batch = convoy with its sends inside convoy:batch/1"]],
+    {ok, Bin} = file:read_file(filename:join(Dir, "results.json")),
+    {ok, #{<<"scenarios">> := [#{<<"summary">> := JsonRows} | _]}} = convoy_bench_json:decode(Bin),
+    [?assertMatch(#{<<"convoy">> := #{<<"msg_s">> := #{<<"median">> := _}},
+                    <<"send_many">> := #{<<"msg_s">> := #{<<"median">> := _}}}, B)
+     || #{<<"variant">> := <<"batch">>, <<"beside_ratios">> := B} <- JsonRows],
     check_files(Dir, R),
     ok.
 
@@ -486,8 +526,10 @@ check_scenario(Result = #{name := Name, spec := Spec, runs := Runs0, summary := 
     %% scenario across nodes but pubsub, for the best distribution flag.
     Handover = maps:get(handover, Spec),
     ?assertEqual(Handover, lists:member(<<"handover">>, Variants), Name),
-    %% send_many (convoy, lists handed over) where the scenario has it.
+    %% send_many (convoy, lists handed over) and batch (convoy:batch/1 around
+    %% convoy's sends) where the scenario has them.
     ?assertEqual(maps:get(send_many, Spec), lists:member(<<"send_many">>, Variants), Name),
+    ?assertEqual(maps:get(batch, Spec), lists:member(<<"batch">>, Variants), Name),
     %% pubsub compares Phoenix.PubSub's adapters: pg2, convoy's and the handover's,
     %% nothing else.
     Pubsub = maps:get(pubsub, Spec),
@@ -550,8 +592,9 @@ first_runs(Result = #{spec := Spec}, Runs) ->
 is_convoy(<<"convoy", _/binary>>) -> true;
 is_convoy(_) -> false.
 
-%% The rows given as fractions of the limits: convoy's, send_many's included.
-has_limits(V) -> is_convoy(V) orelse V =:= <<"send_many">>.
+%% The rows given as fractions of the limits: convoy's, send_many's and batch's
+%% included.
+has_limits(V) -> is_convoy(V) orelse V =:= <<"send_many">> orelse V =:= <<"batch">>.
 
 check_files(Dir, R = #{scenarios := Scenarios, files := Files}) ->
     [?assert(filelib:is_regular(F), F) || F <- Files],
