@@ -1,16 +1,24 @@
 %% The harness's fan-out scenarios: one message to many processes on the sink
 %% nodes, each round timed until every receiver has it. `fanout' sends to the
-%% receivers' pids (a loop of `!', or `convoy:multicast/2' for the convoy
-%% variants); `publish' to the members of a `pg' group (`convoy:publish/3', or
-%% the two plain-OTP ways, a loop over `pg:get_members/2' and Phoenix.PubSub's
-%% dispatcher per node). Receivers are counted on their own node, whose counter
-%% tells the driver when all of them got the round.
+%% receivers' pids (a loop of `!', `convoy:multicast/2' for the convoy variants,
+%% `Manifold.send/2' for the `manifold' variant); `publish' to the members of a
+%% `pg' group (`convoy:publish/3', or the two plain-OTP ways, a loop over
+%% `pg:get_members/2' and Phoenix.PubSub's dispatcher per node). Receivers are
+%% counted on their own node, whose counter tells the driver when all of them got
+%% the round.
+%%
+%% manifold (discord/manifold, Elixir) is built apart, by `make manifold-build',
+%% into the repository's _build/manifold/ebin; its directory and Elixir's own are
+%% added to the code path of every node of a `manifold' point, where it is started
+%% (`manifold_paths/0', `start_manifold/1'). Each node's `Manifold.Partitioner'
+%% takes the casts the sending node's `Manifold.send/2' makes, one per node, and
+%% its workers send to that node's receivers.
 -module(convoy_bench_fanout).
 
--export([measure/3]).
-%% Spawned on the nodes taking part.
+-export([measure/3, manifold_paths/0]).
+%% Run on the nodes taking part.
 -export([fan_group/3, fan_counter/4, fan_receiver/1, fan_sender/1, pub_scope/1, pub_group/5,
-         pub_dispatcher/2, pub_dispatch/2]).
+         pub_dispatcher/2, pub_dispatch/2, start_manifold/1]).
 
 -import(convoy_bench_measure, [timeout/1, secs/1]).
 
@@ -20,18 +28,28 @@
 -spec measure(fanout | publish, map(), convoy_bench_measure:ctx()) ->
           convoy_bench_measure:figures().
 %% One message to R processes spread over the sink nodes, from each of S senders
-%% per round.
-measure(fanout, #{receivers := R, rounds := Rounds0, senders := S}, Ctx = #{sinks := Sinks}) ->
-    Rounds = rounds(Rounds0, S),
-    Shares = shares(R, length(Sinks)),
-    Groups = [erpc:call(N, ?MODULE, fan_group, [Share, Share * S, self()])
-              || {N, Share} <- lists:zip(Sinks, Shares)],
-    Pids = lists:append([Ps || {_, Ps} <- Groups]),
+%% per round (`own' false); or S senders each to its own R div S of them, taken
+%% from the sink nodes in turn (`own' true: a round delivers R messages in all,
+%% as one sender's does, so it has as many rounds).
+measure(fanout, #{receivers := R, rounds := Rounds0, senders := S, own := Own},
+        Ctx = #{sinks := Sinks}) ->
+    ok = ready(Ctx),
+    {Receivers, PerReceiver, Rounds} = case Own of
+                                           false -> {R, S, rounds(Rounds0, S)};
+                                           true -> {S * (R div S), 1, Rounds0}
+                                       end,
+    Groups = [erpc:call(N, ?MODULE, fan_group, [Share, Share * PerReceiver, self()])
+              || {N, Share} <- lists:zip(Sinks, shares(Receivers, length(Sinks)))],
+    PerSink = [Ps || {_, Ps} <- Groups],
     Counters = [C || {C, _} <- Groups],
-    Send = fun(Msg) -> fan_send(Ctx, Pids, Msg) end,
-    [{fanout, Times}] = rounds([{fanout, Send}], S, Rounds, Counters, Ctx),
+    Send = fun(Pids) -> fun(Msg) -> fan_send(Ctx, Pids, Msg) end end,
+    Sends = case Own of
+                false -> lists:duplicate(S, Send(lists:append(PerSink)));
+                true -> [Send(Mine) || Mine <- chunks(R div S, interleave(PerSink))]
+            end,
+    [{fanout, Times}] = rounds([{fanout, Sends}], Rounds, Counters, Ctx),
     [exit(C, shutdown) || C <- Counters],
-    round_figures(R * S, Times);
+    round_figures(Receivers * PerReceiver, Times);
 %% A pg group of M members spread over the sink nodes; S senders each publish one
 %% message per round. Plain modes measure both plain-OTP ways, a loop of `!' over
 %% pg:get_members/2 and Phoenix.PubSub's (one message per node to a dispatcher
@@ -54,8 +72,9 @@ measure(publish, #{members := M, senders := S, rounds := Rounds0}, Ctx = #{sinks
                convoy -> [convoy];
                plain -> [loop, dispatch]
            end,
-    Figures = rounds([{Way, fun(Msg) -> publish_once(Way, Scope, Group, Msg) end}
-                      || Way <- Ways], S, Rounds, Counters, Ctx),
+    Publish = fun(Way) -> fun(Msg) -> publish_once(Way, Scope, Group, Msg) end end,
+    Figures = rounds([{Way, lists:duplicate(S, Publish(Way))} || Way <- Ways], Rounds, Counters,
+                     Ctx),
     [exit(P, shutdown) || P <- Counters ++ Dispatchers],
     Rates = [{Way, round_figures(M * S, Times)} || {Way, Times} <- Figures],
     [First | Others] = [F || {_, F} <- Rates],
@@ -65,6 +84,19 @@ measure(publish, #{members := M, senders := S, rounds := Rounds0}, Ctx = #{sinks
 
 shares(R, K) ->
     [R div K + case I =< R rem K of true -> 1; false -> 0 end || I <- lists:seq(1, K)].
+
+%% The lists' elements, one of each in turn: [B1, C1, B2, C2, ...].
+interleave(Lists) ->
+    case [L || L <- Lists, L =/= []] of
+        [] -> [];
+        Left -> [H || [H | _] <- Left] ++ interleave([T || [_ | T] <- Left])
+    end.
+
+%% `L' cut into lists of `N' (its length a multiple of N).
+chunks(_N, []) -> [];
+chunks(N, L) ->
+    {Chunk, Rest} = lists:split(N, L),
+    [Chunk | chunks(N, Rest)].
 
 %% @doc On a sink node: a counter with `Share' receivers, which tells the driver
 %% each time they got `PerRound' messages between them; returns them.
@@ -96,19 +128,59 @@ fan_receiver(Counter) ->
     fan_receiver(Counter).
 
 fan_send(#{mode := convoy}, Pids, Msg) -> convoy:multicast(Pids, Msg);
+fan_send(#{mode := manifold}, Pids, Msg) -> 'Elixir.Manifold':send(Pids, Msg);
 fan_send(#{mode := plain}, Pids, Msg) -> [P ! Msg || P <- Pids], ok.
+
+%% A manifold point starts manifold on every node taking part first.
+ready(#{mode := manifold, sinks := Sinks}) ->
+    case manifold_paths() of
+        {ok, Dirs} ->
+            lists:foreach(fun(N) -> ok = erpc:call(N, ?MODULE, start_manifold, [Dirs]) end,
+                          [node() | Sinks]);
+        {error, Why} ->
+            exit({manifold_missing, Why})
+    end;
+ready(_Ctx) ->
+    ok.
+
+%% @doc The directories manifold needs on the code path, on this node's file
+%% system: its beams and `manifold.app' (`make manifold-build' puts them in the
+%% repository's _build/manifold/ebin) and Elixir's own `elixir' and `logger'.
+%% `{error, Why}' (one line for the report, saying how to build) when some are
+%% missing.
+-spec manifold_paths() -> {ok, [file:filename()]} | {error, binary()}.
+manifold_paths() ->
+    Ebin = filename:join([convoy_bench_pubsub:root(), "_build", "manifold", "ebin"]),
+    case filelib:is_regular(filename:join(Ebin, "manifold.app")) of
+        false ->
+            {error, iolist_to_binary(["manifold is not built (no ", Ebin, "/manifold.app): "
+                                      "run `make manifold-build`"])};
+        true ->
+            case convoy_bench_pubsub:elixir_paths() of
+                {ok, Elixir} -> {ok, [Ebin | Elixir]};
+                {error, _} = E -> E
+            end
+    end.
+
+%% @doc On each node of a manifold point: `Dirs' on the code path and manifold
+%% started (left running after the point: idle, its processes only wait for casts).
+-spec start_manifold([file:filename()]) -> ok.
+start_manifold(Dirs) ->
+    ok = code:add_pathsz(Dirs),
+    {ok, _} = application:ensure_all_started(manifold),
+    ok.
 
 %% Many senders send fewer rounds (each round delivers S times as much); at least 2.
 rounds(Rounds, 1) -> Rounds;
 rounds(Rounds, S) -> max(2, Rounds div S).
 
-%% For each way {Name, Send}: a warm-up round, then Rounds timed ones, the ways'
-%% rounds interleaved (so each meets the same machine). In a round every one of S
-%% senders calls Send({fan, I}) once (the driver itself when S = 1), and the round
-%% ends when every counter has seen its share. Returns each way's round durations
-%% in seconds.
-rounds(Ways, S, Rounds, Counters, Ctx) ->
-    WithSenders = [{Name, Send, senders(Send, S)} || {Name, Send} <- Ways],
+%% For each way {Name, Sends}: a warm-up round, then Rounds timed ones, the ways'
+%% rounds interleaved (so each meets the same machine). In a round each sender
+%% calls its Send({fan, I}) once, one process per Send of Sends (the driver itself
+%% when there is one), and the round ends when every counter has seen its share.
+%% Returns each way's round durations in seconds.
+rounds(Ways, Rounds, Counters, Ctx) ->
+    WithSenders = [{Name, hd(Sends), senders(Sends)} || {Name, Sends} <- Ways],
     [_ = round(0, Send, Senders, Counters, Ctx) || {_, Send, Senders} <- WithSenders],
     Timed = [[round(I, Send, Senders, Counters, Ctx) || {_, Send, Senders} <- WithSenders]
              || I <- lists:seq(1, Rounds)],
@@ -116,8 +188,8 @@ rounds(Ways, S, Rounds, Counters, Ctx) ->
     [{Name, [lists:nth(K, Row) || Row <- Timed]}
      || {K, {Name, _, _}} <- lists:zip(lists:seq(1, length(WithSenders)), WithSenders)].
 
-senders(_Send, 1) -> [];
-senders(Send, S) -> [spawn_link(?MODULE, fan_sender, [Send]) || _ <- lists:seq(1, S)].
+senders([_Send]) -> [];
+senders(Sends) -> [spawn_link(?MODULE, fan_sender, [Send]) || Send <- Sends].
 
 %% Deliveries per round over the median round: a few slow rounds (a scheduler
 %% busy elsewhere on a shared machine) do not decide the figure.

@@ -22,7 +22,7 @@
 -export([gen_host/2, caster/5, caller/3]).
 
 -type mode() :: plain | call | convoy | ceiling | handover | guarded | send_many | batch
-                | pg2.
+                | pg2 | manifold.
 -type ctx() :: #{mode := mode(), sinks := [node(), ...], timeout := pos_integer()}.
 -type figures() :: #{atom() => number()}.
 -export_type([ctx/0, figures/0, mode/0]).

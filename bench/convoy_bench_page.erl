@@ -3,9 +3,9 @@
 %% measures, one table of every variant's primary figure beside plain, the best
 %% kernel flag and the floors (`handover', `guarded', `ceiling') where they ran,
 %% and beside the other variants some rows are compared with (`batch''s with
-%% `convoy' and `send_many'), and the run's charts. `bench/RESULTS.md' is such a
-%% page, so every figure on it comes from one run whose command, date and host it
-%% prints.
+%% `convoy' and `send_many', convoy's with `manifold'), and the run's charts.
+%% `bench/RESULTS.md' is such a page, so every figure on it comes from one run
+%% whose command, date and host it prints.
 -module(convoy_bench_page).
 
 -export([run/1, page/2]).
@@ -87,7 +87,8 @@ reading() ->
      "that process doing only the per-message work convoy's promises need (the floor\n",
      "convoy is judged against), \"x ceiling\" with the sender batching by hand;\n",
      "\"x convoy\" and \"x send_many\" give `batch` (convoy's sends inside\n",
-     "`convoy:batch/1`) against convoy's single sends and the sender's own lists.\n",
+     "`convoy:batch/1`) against convoy's single sends and the sender's own lists,\n",
+     "\"x manifold\" convoy's multicast against discord/manifold's in `fanout`.\n",
      "Absolute rates belong to this host, and the ratios too: on a host with other\n",
      "cores, another network or other load, the same code gives other ratios.\n",
      "Compare ratios within one run; measure your own cluster with `make bench`.\n\n"].

@@ -28,7 +28,7 @@
 -type variant() :: #{name := binary(),
                      kind := local | local_call | plain | plain_again | ceiling
                              | handover | guarded | send_many | batch | nodelay_false
-                             | delay_send | pg2 | convoy,
+                             | delay_send | pg2 | manifold | convoy,
                      family := convoy_bench_nodes:family(),
                      mode := convoy_bench_measure:mode(),
                      convoy := convoy_bench_nodes:convoy_setting()}.
@@ -40,10 +40,11 @@
 -export_type([variant/0, run/0, opts/0]).
 
 %% @doc The variants that make sense for a scenario: all of them across nodes
-%% (`ceiling', `handover', `send_many' and `batch' only where the scenario has
-%% them, `local_call' nowhere); on one node (`local' scenario) `local', `local_call' and the convoy
-%% ones. `pg2' (Phoenix.PubSub's own adapter), `handover' and the convoy ones only,
-%% and `pg2' nowhere else, in a scenario of Phoenix.PubSub (`pubsub').
+%% (`ceiling', `handover', `send_many', `batch' and `manifold' only where the
+%% scenario has them, `local_call' nowhere); on one node (`local' scenario)
+%% `local', `local_call' and the convoy ones. `pg2' (Phoenix.PubSub's own
+%% adapter), `handover' and the convoy ones only, and `pg2' nowhere else, in a
+%% scenario of Phoenix.PubSub (`pubsub').
 -spec variants_for(convoy_bench_scenarios:spec(), [variant()]) -> [variant()].
 variants_for(#{placement := same_node}, Variants) ->
     [V || V = #{kind := K} <- Variants, on_one_node(K) orelse K =:= convoy];
@@ -53,9 +54,11 @@ variants_for(#{placement := cross, ceiling := Ceiling, handover := Handover} = S
              Variants) ->
     SendMany = maps:get(send_many, Spec, false),
     Batch = maps:get(batch, Spec, false),
+    Manifold = maps:get(manifold, Spec, false),
     [V || V = #{kind := K} <- Variants, K =/= local_call, K =/= ceiling orelse Ceiling,
           (K =/= handover andalso K =/= guarded) orelse Handover,
-          K =/= send_many orelse SendMany, K =/= batch orelse Batch, K =/= pg2].
+          K =/= send_many orelse SendMany, K =/= batch orelse Batch,
+          K =/= manifold orelse Manifold, K =/= pg2].
 
 %% Variants that run everything on one node, whatever the scenario.
 on_one_node(Kind) -> Kind =:= local orelse Kind =:= local_call.
@@ -71,7 +74,7 @@ baseline(#{placement := cross}) -> <<"plain">>.
 -spec run(convoy_bench_scenarios:spec(), [variant()], opts(), convoy_bench_nodes:state()) ->
           {[run()], convoy_bench_nodes:state()}.
 run(Spec = #{name := Name, points := Points}, Variants, Opts = #{repeat := Repeat}, Nodes0) ->
-    unbuilt(Spec, Opts),
+    unbuilt(Spec, Variants, Opts),
     Indexed = lists:zip(lists:seq(0, length(Points) - 1), Points),
     lists:foldl(
       fun(R, {Acc, N0}) ->
@@ -86,15 +89,33 @@ run(Spec = #{name := Name, points := Points}, Variants, Opts = #{repeat := Repea
               {Acc ++ Runs, N1}
       end, {[], Nodes0}, lists:seq(1, Repeat)).
 
-%% A scenario of Phoenix.PubSub whose beams are not built says so once; its runs
-%% are reported unavailable with the same note (skip_reason/3).
-unbuilt(#{name := Name, pubsub := true}, Opts) ->
-    case convoy_bench_pubsub:code_paths() of
-        {ok, _} -> ok;
-        {error, Why} -> progress(Opts, "~s  skipped: ~s", [Name, Why])
-    end;
-unbuilt(_Spec, _Opts) ->
+%% Variants whose Elixir beams are not built say so once (the whole scenario
+%% when none of its variants can run); their runs are reported unavailable with
+%% the same note (skip_reason/3).
+unbuilt(#{name := Name} = Spec, Variants, Opts) ->
+    Missing = [{Why, V} || #{name := V} = Variant <- Variants,
+                           Why <- [unbuilt_why(Spec, Variant)], Why =/= none],
+    [case [V || {W, V} <- Missing, W =:= Why] of
+         Vs when length(Vs) =:= length(Variants) ->
+             progress(Opts, "~s  skipped: ~s", [Name, Why]);
+         Vs ->
+             progress(Opts, "~s  ~s skipped: ~s", [Name, lists:join(", ", Vs), Why])
+     end || Why <- lists:usort([W || {W, _} <- Missing])],
     ok.
+
+%% What a variant needs built apart (Elixir) and is not, as a sentence saying how
+%% to build it; `none' when it has it or needs nothing: Phoenix.PubSub and its
+%% convoy adapter for every variant of a scenario of Phoenix.PubSub (`make
+%% phoenix-build'), manifold for the `manifold' variant (`make manifold-build').
+unbuilt_why(#{pubsub := true}, _Variant) ->
+    missing(convoy_bench_pubsub:code_paths());
+unbuilt_why(_Spec, #{kind := manifold}) ->
+    missing(convoy_bench_fanout:manifold_paths());
+unbuilt_why(_Spec, _Variant) ->
+    none.
+
+missing({ok, _Dirs}) -> none;
+missing({error, Why}) -> Why.
 
 rotate(L, 0) -> L;
 rotate([H | T], N) -> rotate(T ++ [H], N - 1).
@@ -153,14 +174,11 @@ placed(Spec = #{name := Name}, V = #{name := VName}, Nodes0, Opts) ->
 
 skip_reason(#{convoy := {awaiting, Why}}, #{kind := convoy}, _Nodes) ->
     {awaiting, Why};
-skip_reason(#{pubsub := true, sinks := K}, #{family := F}, Nodes) ->
-    %% Phoenix.PubSub's beams (Elixir) are built apart, by `make phoenix-build'.
-    case convoy_bench_pubsub:code_paths() of
-        {ok, _} -> available(F, K, Nodes);
-        {error, Why} -> {unavailable, Why}
-    end;
-skip_reason(#{sinks := K}, #{family := F}, Nodes) ->
-    available(F, K, Nodes).
+skip_reason(Spec = #{sinks := K}, Variant = #{family := F}, Nodes) ->
+    case unbuilt_why(Spec, Variant) of
+        none -> available(F, K, Nodes);
+        Why -> {unavailable, Why}
+    end.
 
 available(F, K, Nodes) ->
     case convoy_bench_nodes:available(F, 1 + K, Nodes) of
@@ -314,8 +332,11 @@ summarise(Spec = #{points := Points, figures := Figs, ratio := RatioFigs}, Varia
 
 %% The variants a kind of variant is also compared with, where they ran beside it:
 %% `batch' (`convoy:batch/1' around the convoy variants' sends) with `convoy'
-%% (the same sends, no scope) and with `send_many' (the sender's own lists).
+%% (the same sends, no scope) and with `send_many' (the sender's own lists); the
+%% convoy variants with `manifold' (in `fanout': `Manifold.send/2' where convoy
+%% multicasts).
 beside(batch) -> [<<"convoy">>, <<"send_many">>];
+beside(convoy) -> [<<"manifold">>];
 beside(_) -> [].
 
 %% The distribution flags' variants, whose best per repeat convoy is compared with.

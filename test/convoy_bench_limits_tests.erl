@@ -4,7 +4,8 @@
 %% `nodelay_false' and `delay_send' in the same repeat: the higher rate, the lower
 %% time), only for the convoy variants and only where the limit ran; and where
 %% the variants run at all (`variants_for/2'), and the other variants a row is
-%% compared with (`beside_ratios': `batch''s with `convoy' and `send_many').
+%% compared with (`beside_ratios': `batch''s with `convoy' and `send_many',
+%% convoy's with `manifold').
 -module(convoy_bench_limits_tests).
 
 -include_lib("eunit/include/eunit.hrl").
@@ -135,3 +136,27 @@ batch_beside_test() ->
                                                 PairRuns),
     ?assertEqual([<<"convoy">>], maps:keys(maps:get(beside_ratios,
                                                     row(<<"batch">>, PairSummary)))).
+
+%% manifold (Manifold.send/2) runs in fanout only, beside plain and convoy, as
+%% pg2 runs in pubsub only; convoy's rows there are also given against it.
+manifold_where_test() ->
+    Vs = variants(["plain", "handover", "send_many", "batch", "pg2", "manifold", "convoy"]),
+    Runs = fun(N) ->
+                   Spec = convoy_bench_scenarios:spec(N, tiny, #{}),
+                   [V || #{name := V} <- convoy_bench_runner:variants_for(Spec, Vs)]
+           end,
+    ?assertEqual([fanout], [N || N <- convoy_bench_scenarios:names(),
+                                 lists:member(<<"manifold">>, Runs(N))]),
+    ?assertEqual([<<"plain">>, <<"manifold">>, <<"convoy">>], Runs(fanout)),
+    ?assertEqual([pubsub], [N || N <- convoy_bench_scenarios:names(),
+                                 lists:member(<<"pg2">>, Runs(N))]),
+    Spec = convoy_bench_scenarios:spec(fanout, tiny, #{}),
+    Fig = fun(D) -> #{round_ms => 1, deliveries_s => D} end,
+    Summary = convoy_bench_runner:summarise(
+                Spec, convoy_bench_runner:variants_for(Spec, Vs),
+                [run(Spec, <<"plain">>, 1, Fig(100)), run(Spec, <<"manifold">>, 1, Fig(400)),
+                 run(Spec, <<"convoy">>, 1, Fig(200))]),
+    ?assertEqual(#{<<"manifold">> => #{deliveries_s => #{median => 0.5, min => 0.5, max => 0.5,
+                                                         n => 1}}},
+                 maps:get(beside_ratios, row(<<"convoy">>, Summary))),
+    ?assertEqual(#{}, maps:get(beside_ratios, row(<<"manifold">>, Summary))).
