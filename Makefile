@@ -9,7 +9,8 @@ ARGS ?=
 DEBIAN_PKGS = rebar3 erlang-common-test erlang-dialyzer erlang-proper-dev gnuplot-nox elixir
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: all deps compile test eunit ct dialyzer xref elixir phoenix phoenix-build bench docs clean
+.PHONY: all deps compile test eunit ct dialyzer xref elixir phoenix phoenix-build manifold-build \
+  bench docs clean
 
 all: compile
 
@@ -85,12 +86,37 @@ phoenix-build:
 	  MIX_REBAR3="$$(command -v $(REBAR))" REBAR_BASE_DIR="$$PWD/_build/rebar3" \
 	  PHOENIX_PUBSUB_PATH="$(PHOENIX_PUBSUB_PATH)" mix compile </dev/null 2>&1
 
-# The pubsub scenario needs phoenix-build: built here when Elixir and
-# phoenix_pubsub are at hand; without them the scenario is skipped with a note.
+# discord/manifold, for the bench's `manifold` variant (fanout): compiled with
+# elixirc, without Mix, into _build/manifold/ebin with a manifold.app beside the
+# beams (rebuilt when a source is newer). MANIFOLD_PATH is the copy in shared/vendor
+# beside this repository (read-only: nothing is written there).
+MANIFOLD_PATH ?= $(abspath $(CURDIR)/../shared/vendor/manifold)
+MANIFOLD_EBIN = _build/manifold/ebin
+MANIFOLD_SRC = $(wildcard $(MANIFOLD_PATH)/lib/manifold.ex $(MANIFOLD_PATH)/lib/manifold/*.ex)
+
+manifold-build:
+	@command -v elixirc >/dev/null || { echo "elixirc not found: install Elixir (apt-get install elixir)"; exit 1; }
+	@test -f "$(MANIFOLD_PATH)/lib/manifold.ex" || { echo "manifold not found at $(MANIFOLD_PATH): set MANIFOLD_PATH"; exit 1; }
+	@$(MAKE) --no-print-directory $(MANIFOLD_EBIN)/manifold.app
+
+$(MANIFOLD_EBIN)/manifold.app: $(MANIFOLD_SRC) $(MANIFOLD_PATH)/mix.exs
+	rm -rf $(MANIFOLD_EBIN) && mkdir -p $(MANIFOLD_EBIN)
+	elixirc -o $(MANIFOLD_EBIN) $(MANIFOLD_SRC) </dev/null 2>&1
+	@vsn=$$(sed -n 's/^ *version: "\(.*\)",*$$/\1/p' "$(MANIFOLD_PATH)/mix.exs"); \
+	mods=$$(cd $(MANIFOLD_EBIN) && ls *.beam | sed "s/\.beam$$//; s/.*/'&'/" | paste -sd, -); \
+	printf '%s\n' "{application,manifold,[{description,\"discord/manifold, built by make manifold-build\"},{vsn,\"$$vsn\"},{modules,[$$mods]},{registered,[]},{applications,[kernel,stdlib,elixir,logger]},{mod,{'Elixir.Manifold',[]}}]}." > $@
+	@echo "manifold: built in $(MANIFOLD_EBIN)"
+
+# The pubsub scenario needs phoenix-build and the fanout scenario's manifold
+# variant manifold-build: built here when Elixir and their sources are at hand;
+# without them the scenario (pubsub) or the variant (manifold) is skipped with a note.
 bench: deps
 	$(REBAR) as bench compile
 	@if command -v mix >/dev/null && test -f "$(PHOENIX_PUBSUB_PATH)/mix.exs"; then \
 	  $(MAKE) --no-print-directory phoenix-build >/dev/null || echo "phoenix-build failed: the pubsub scenario will be skipped"; fi
+	@if command -v elixirc >/dev/null && test -f "$(MANIFOLD_PATH)/lib/manifold.ex"; then \
+	  $(MAKE) --no-print-directory manifold-build >/dev/null || echo "manifold-build failed: the manifold variant will be skipped"; \
+	else echo "manifold: not built (no elixirc, or no copy at $(MANIFOLD_PATH)): the manifold variant will be skipped"; fi
 	bin/convoy-bench $(ARGS)
 
 # HTML of the public modules (convoy, convoy_channel, convoy_config's settings/0)

@@ -102,7 +102,8 @@ usage() ->
      "  bulk     seed 003: 10 MB binaries, 1 and 16 senders, MB/s\n"
      "  hol      small round trips while 4 senders push 10 MB binaries (p99)\n"
      "  fanout   one message to 10,000 processes on two remote nodes\n"
-     "           (convoy:multicast vs a loop of sends), from 1 and 100 senders\n"
+     "           (convoy:multicast vs Manifold.send vs a loop of sends), from 1\n"
+     "           and 100 senders, and from 100 senders each to its own 100\n"
      "  publish  a pg group of 10,000 members on two remote nodes, 1 and 100\n"
      "           senders (convoy:publish vs the better of a loop of sends over\n"
      "           pg:get_members and a dispatcher per node, Phoenix.PubSub's way)\n"
@@ -129,13 +130,18 @@ usage() ->
      "with only the sender's per-message work convoy's promises need: settings read,\n"
      "size, marker, an exact bound), send_many (oneway, oneway8: convoy, the sender\n"
      "handing its messages over in lists of max_batch with convoy:send_many/1),\n"
-     "nodelay_false\n"
-     "(`!`, both nodes with -kernel dist_nodelay false), delay_send (`!`, both nodes\n"
-     "with {delay_send,true} in inet_dist_connect/listen_options), convoy (defaults),\n"
-     "and one per --convoy option; in pubsub only pg2 (Phoenix.PubSub.PG2, the\n"
-     "baseline there), handover (Phoenix.PubSub.Convoy's workers, each remote part\n"
-     "of a broadcast handed to that batching process) and the convoy ones\n"
-     "(Phoenix.PubSub.Convoy). Each flag family has its own pair of peer nodes.\n"
+     "batch (oneway, oneway8, pairs, latency: convoy's sends inside convoy:batch/1,\n"
+     "a stream's in scopes of max_batch sends, every other send in a scope of its\n"
+     "own, both ways; its rows also show \"x convoy\" and \"x send_many\"),\n"
+     "nodelay_false (`!`, both nodes with -kernel dist_nodelay false), delay_send\n"
+     "(`!`, both nodes with {delay_send,true} in inet_dist_connect/listen_options),\n"
+     "manifold (fanout only: discord/manifold's Manifold.send/2, convoy off; needs\n"
+     "`make manifold-build`, else reported unavailable; convoy's rows in fanout also\n"
+     "show \"x manifold\"), convoy (defaults), and one per --convoy option; in\n"
+     "pubsub only pg2 (Phoenix.PubSub.PG2, the baseline there), handover\n"
+     "(Phoenix.PubSub.Convoy's workers, each remote part of a broadcast handed to\n"
+     "that batching process) and the convoy ones (Phoenix.PubSub.Convoy). Each flag\n"
+     "family has its own pair of peer nodes.\n"
      "plain_again (`!` again, beside plain; only with --noise or when named) measures\n"
      "the run's own noise.\n"
      "\n"
@@ -580,11 +586,14 @@ all_variants(Extra) ->
        convoy => off},
      #{name => <<"send_many">>, kind => send_many, family => default, mode => send_many,
        convoy => #{}},
+     #{name => <<"batch">>, kind => batch, family => default, mode => batch, convoy => #{}},
      #{name => <<"nodelay_false">>, kind => nodelay_false, family => nodelay_false,
        mode => plain, convoy => off},
      #{name => <<"delay_send">>, kind => delay_send, family => delay_send,
        mode => plain, convoy => off},
      #{name => <<"pg2">>, kind => pg2, family => default, mode => pg2, convoy => off},
+     #{name => <<"manifold">>, kind => manifold, family => default, mode => manifold,
+       convoy => off},
      convoy_variant(<<"convoy">>, #{})]
     ++ [convoy_variant(<<"convoy[", Text/binary, "]">>, S) || {Text, S} <- Extra].
 

@@ -129,8 +129,8 @@ slot(I, N) ->
     {Left, Left + W / 2, Left + W}.
 
 %% Title and gnuplot style per variant: the limits hatched in their own colours,
-%% convoy's variants (and `send_many') solid in blues and greens, the others
-%% (distribution flags, `plain_again', `local', `local_call') solid greys.
+%% convoy's variants (and `send_many', `batch') solid in blues and greens, the
+%% others (distribution flags, `plain_again', `local', `local_call') solid greys.
 styles(Variants) ->
     {Styles, _} =
         lists:mapfoldl(
@@ -153,6 +153,7 @@ styles(Variants) ->
 
 is_convoy(<<"convoy", _/binary>>) -> true;
 is_convoy(<<"send_many">>) -> true;
+is_convoy(<<"batch">>) -> true;
 is_convoy(_) -> false.
 
 solid(I, Colours) ->

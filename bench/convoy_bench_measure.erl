@@ -1,7 +1,8 @@
 %% The measurements themselves. `run/3' executes on the driver node (peer A); the
 %% processes it talks to are spawned on the sink nodes named in the context. Every
 %% send in a measurement goes through `snd/3': `erlang:send/2' for the plain
-%% variants, `convoy:send/2' for the convoy ones, on both sides of a round trip,
+%% variants, `convoy:send/2' for the convoy ones, on both sides of a round trip
+%% (for the `batch' variant each inside its own `convoy:batch/1'),
 %% for the `ceiling' variant a batching router without bookkeeping
 %% (`convoy_bench_ceiling'; a sender of many messages batches them itself), and for
 %% the `handover' variant each message handed to a bare batching process
@@ -14,22 +15,20 @@
 -export([run/3, run_for/4]).
 %% Spawned on the nodes taking part.
 -export([consumer/2, pong/3, pinger/4, server/1, spawn_servers/2, client/4,
-         bulk_sink/1, bulk_sender/4, fan_group/3, fan_counter/4, fan_receiver/1,
-         fan_sender/1, pub_scope/1, pub_group/5, pub_dispatcher/2, pub_dispatch/2,
-         fault_meter/2]).
-%% For the scenarios measured in modules of their own (convoy_bench_flow,
-%% convoy_bench_mesh).
+         bulk_sink/1, bulk_sender/4, fault_meter/2]).
+%% For the scenarios measured in modules of their own (convoy_bench_fanout,
+%% convoy_bench_flow, convoy_bench_mesh).
 -export([snd/3, sink/1, timeout/1, secs/1, await/2, send_all/4, finish/3]).
 -export([gen_host/2, caster/5, caller/3]).
 
--type mode() :: plain | call | convoy | ceiling | handover | guarded | send_many | pg2.
+-type mode() :: plain | call | convoy | ceiling | handover | guarded | send_many | batch
+                | pg2 | manifold.
 -type ctx() :: #{mode := mode(), sinks := [node(), ...], timeout := pos_integer()}.
 -type figures() :: #{atom() => number()}.
 -export_type([ctx/0, figures/0, mode/0]).
 
 -define(SINK_OPTS, [{message_queue_data, off_heap}]).
 -define(PONG_NAME, convoy_bench_pong).
--define(PUB_SCOPE, convoy_bench_pg).
 
 %% @doc One run of `Scenario' with `Params' (one point of the scenario).
 -spec run(atom(), map(), ctx()) -> figures().
@@ -203,59 +202,22 @@ measure(hol, #{bulk_senders := K, size := Size, bulk_by := By} = P, Ctx = #{mode
     maps:merge((latency_figures(Probes))#{rt_s => length(Probes) / Dur,
                                           bulk_mb_s => MB / Dur},
                Faults);
-%% One message to R processes spread over the sink nodes, from each of S senders
-%% per round.
-measure(fanout, #{receivers := R, rounds := Rounds0, senders := S}, Ctx = #{sinks := Sinks}) ->
-    Rounds = rounds(Rounds0, S),
-    Shares = shares(R, length(Sinks)),
-    Groups = [erpc:call(N, ?MODULE, fan_group, [Share, Share * S, self()])
-              || {N, Share} <- lists:zip(Sinks, Shares)],
-    Pids = lists:append([Ps || {_, Ps} <- Groups]),
-    Counters = [C || {C, _} <- Groups],
-    Send = fun(Msg) -> fan_send(Ctx, Pids, Msg) end,
-    [{fanout, Times}] = rounds([{fanout, Send}], S, Rounds, Counters, Ctx),
-    [exit(C, shutdown) || C <- Counters],
-    round_figures(R * S, Times);
-%% A pg group of M members spread over the sink nodes; S senders each publish one
-%% message per round. Plain modes measure both plain-OTP ways, a loop of `!' over
-%% pg:get_members/2 and Phoenix.PubSub's (one message per node to a dispatcher
-%% there, which sends to pg:get_local_members/2), their rounds interleaved, and
-%% report the better one as deliveries/s; convoy modes use convoy:publish/3.
-measure(publish, #{members := M, senders := S, rounds := Rounds0}, Ctx = #{sinks := Sinks}) ->
-    Rounds = rounds(Rounds0, S),
-    Scope = ?PUB_SCOPE,
-    Group = {convoy_bench_publish, make_ref()},
-    Nodes = lists:usort([node() | Sinks]),
-    [ok = erpc:call(N, ?MODULE, pub_scope, [Scope]) || N <- Nodes],
-    Groups = [erpc:call(N, ?MODULE, pub_group, [Scope, Group, Share, Share * S, self()])
-              || {N, Share} <- lists:zip(Sinks, shares(M, length(Sinks)))],
-    Dispatchers = [erpc:call(N, ?MODULE, pub_dispatcher, [Scope, Group])
-                   || N <- lists:usort(Sinks)],
-    Counters = [C || {C, _} <- Groups],
-    await_members(Scope, Group, M, Ctx),
-    await_members(Scope, {dispatch, Group}, length(Dispatchers), Ctx),
-    Ways = case maps:get(mode, Ctx) of
-               convoy -> [convoy];
-               plain -> [loop, dispatch]
-           end,
-    Figures = rounds([{Way, fun(Msg) -> publish_once(Way, Scope, Group, Msg) end}
-                      || Way <- Ways], S, Rounds, Counters, Ctx),
-    [exit(P, shutdown) || P <- Counters ++ Dispatchers],
-    Rates = [{Way, round_figures(M * S, Times)} || {Way, Times} <- Figures],
-    [First | Others] = [F || {_, F} <- Rates],
-    PerWay = [{list_to_atom(atom_to_list(W) ++ "_s"), D}
-              || {W, #{deliveries_s := D}} <- Rates, W =/= convoy],
-    maps:merge(lists:foldl(fun faster/2, First, Others), maps:from_list(PerWay));
+%% One message to many processes on the sink nodes, to their pids or to a pg
+%% group's members (convoy_bench_fanout).
+measure(Fan, P, Ctx) when Fan =:= fanout; Fan =:= publish ->
+    convoy_bench_fanout:measure(Fan, P, Ctx);
 %% Phoenix.PubSub from the driver to subscribers on the sink nodes
 %% (convoy_bench_pubsub).
 measure(pubsub, P, Ctx) ->
     convoy_bench_pubsub:measure(P, Ctx);
+%% Clusters of more than two nodes (convoy_bench_mesh).
+measure(mesh, P, Ctx) ->
+    convoy_bench_mesh:measure(P, Ctx);
 %% seed 004: a producer and a slow consumer, on the driver node (`same') or on the
 %% sink node (`cross'): flooding, syncing every `every', or through a credit
 %% channel (`convoy_channel', window `window', `ack_every' 0 = its default). The
-%% consumer reports its peak queue length and its peak process memory.
-measure(mesh, P, Ctx) ->
-    convoy_bench_mesh:measure(P, Ctx);
+%% consumer reports its peak queue length and its peak process memory
+%% (convoy_bench_flow).
 measure(flow, P, Ctx) ->
     convoy_bench_flow:measure(P, Ctx).
 
@@ -268,6 +230,7 @@ snd(plain, Dest, Msg) -> erlang:send(Dest, Msg);
 snd(call, Dest, Msg) -> convoy_bench_call:send(Dest, Msg);
 snd(convoy, Dest, Msg) -> convoy:send(Dest, Msg);
 snd(send_many, Dest, Msg) -> convoy:send(Dest, Msg);
+snd(batch, Dest, Msg) -> convoy:batch(fun() -> convoy:send(Dest, Msg) end);
 snd(ceiling, Dest, Msg) -> convoy_bench_ceiling:send(Dest, Msg);
 snd(handover, Dest, Msg) -> convoy_bench_handover:send(Dest, Msg);
 snd(guarded, Dest, Msg) -> convoy_bench_handover:send_guarded(Dest, Msg).
@@ -310,7 +273,9 @@ oneway(Ctx = #{mode := M}, N, What, SinkOpts) ->
 %% N messages to Dest. The ceiling's sender batches them itself: lists of
 %% `max_batch' entries, or of as many as fit in convoy's `large_threshold' (64 KiB)
 %% of payload, a message alone going as a plain send (batching large messages buys
-%% nothing, see `convoy_bench_ceiling').
+%% nothing, see `convoy_bench_ceiling'). `send_many' hands convoy lists of
+%% `max_batch'; `batch' makes the convoy mode's sends, `max_batch' of them in each
+%% `convoy:batch/1' scope (the last one shorter).
 -spec send_all(mode(), pid(), term(), non_neg_integer()) -> term().
 send_all(ceiling, Dest, What, N) ->
     PerList = case What of
@@ -322,6 +287,8 @@ send_all(ceiling, Dest, What, N) ->
     ceiling_n(Dest, What, 1, N, PerList, 0, []);
 send_all(send_many, Dest, What, N) ->
     many_n(Dest, What, 1, N, convoy_bench_ceiling:batch_size(), 0, []);
+send_all(batch, Dest, What, N) ->
+    scopes_n(Dest, What, 1, N, convoy_bench_ceiling:batch_size());
 send_all(M, Dest, What, N) ->
     send_n(M, Dest, What, 1, N).
 
@@ -346,6 +313,15 @@ many_n(Dest, What, I, N, PerList, PerList, Acc) ->
     many_n(Dest, What, I, N, PerList, 0, []);
 many_n(Dest, What, I, N, PerList, K, Acc) ->
     many_n(Dest, What, I + 1, N, PerList, K + 1, [{Dest, shaped(What, I)} | Acc]).
+
+%% Messages I..N sent as the convoy mode sends them, in convoy:batch/1 scopes of
+%% `PerScope' sends.
+scopes_n(_Dest, _What, I, N, _PerScope) when I > N ->
+    ok;
+scopes_n(Dest, What, I, N, PerScope) ->
+    Last = min(N, I + PerScope - 1),
+    ok = convoy:batch(fun() -> send_n(convoy, Dest, What, I, Last) end),
+    scopes_n(Dest, What, Last + 1, N, PerScope).
 
 ceiling_ship(_Dest, []) -> ok;
 ceiling_ship(Dest, [{Dest, Msg}]) -> Dest ! Msg, ok;
@@ -661,140 +637,3 @@ bulk_sender(M, Sink, Bin, Driver) ->
             Exchange = fun(_Id) -> snd(M, Sink, Msg), receive true -> ok end end,
             window_loop(Exchange, fun(_, _) -> 1 end, Driver, Warm, Deadline, 1, [])
     end.
-
-shares(R, K) ->
-    [R div K + case I =< R rem K of true -> 1; false -> 0 end || I <- lists:seq(1, K)].
-
-%% @doc On a sink node: a counter with `Share' receivers, which tells the driver
-%% each time they got `PerRound' messages between them; returns them.
--spec fan_group(non_neg_integer(), non_neg_integer(), pid()) -> {pid(), [pid()]}.
-fan_group(Share, PerRound, Driver) ->
-    Self = self(),
-    Counter = spawn(?MODULE, fan_counter, [Share, PerRound, Driver, Self]),
-    receive {fan_ready, Counter, Pids} -> {Counter, Pids} end.
-
-%% @doc Counts receivers' hits; tells the driver when all of them got a round.
--spec fan_counter(non_neg_integer(), non_neg_integer(), pid(), pid()) -> ok.
-fan_counter(Share, PerRound, Driver, ReplyTo) ->
-    process_flag(message_queue_data, off_heap),
-    Self = self(),
-    Pids = [spawn_link(?MODULE, fan_receiver, [Self]) || _ <- lists:seq(1, Share)],
-    ReplyTo ! {fan_ready, Self, Pids},
-    fan_count(PerRound, PerRound, Driver).
-
-fan_count(Share, 0, Driver) ->
-    Driver ! {fan_done, self()},
-    fan_count(Share, Share, Driver);
-fan_count(Share, Left, Driver) ->
-    receive hit -> fan_count(Share, Left - 1, Driver) end.
-
-%% @doc One of the fan-out receivers.
--spec fan_receiver(pid()) -> no_return().
-fan_receiver(Counter) ->
-    receive {fan, _} -> Counter ! hit end,
-    fan_receiver(Counter).
-
-fan_send(#{mode := convoy}, Pids, Msg) -> convoy:multicast(Pids, Msg);
-fan_send(#{mode := plain}, Pids, Msg) -> [P ! Msg || P <- Pids], ok.
-
-%% Many senders send fewer rounds (each round delivers S times as much); at least 2.
-rounds(Rounds, 1) -> Rounds;
-rounds(Rounds, S) -> max(2, Rounds div S).
-
-%% For each way {Name, Send}: a warm-up round, then Rounds timed ones, the ways'
-%% rounds interleaved (so each meets the same machine). In a round every one of S
-%% senders calls Send({fan, I}) once (the driver itself when S = 1), and the round
-%% ends when every counter has seen its share. Returns each way's round durations
-%% in seconds.
-rounds(Ways, S, Rounds, Counters, Ctx) ->
-    WithSenders = [{Name, Send, senders(Send, S)} || {Name, Send} <- Ways],
-    [_ = round(0, Send, Senders, Counters, Ctx) || {_, Send, Senders} <- WithSenders],
-    Timed = [[round(I, Send, Senders, Counters, Ctx) || {_, Send, Senders} <- WithSenders]
-             || I <- lists:seq(1, Rounds)],
-    [begin unlink(P), exit(P, shutdown) end || {_, _, Senders} <- WithSenders, P <- Senders],
-    [{Name, [lists:nth(K, Row) || Row <- Timed]}
-     || {K, {Name, _, _}} <- lists:zip(lists:seq(1, length(WithSenders)), WithSenders)].
-
-senders(_Send, 1) -> [];
-senders(Send, S) -> [spawn_link(?MODULE, fan_sender, [Send]) || _ <- lists:seq(1, S)].
-
-%% Deliveries per round over the median round: a few slow rounds (a scheduler
-%% busy elsewhere on a shared machine) do not decide the figure.
-round_figures(Deliveries, Times) ->
-    Median = convoy_bench_stats:median(Times),
-    #{round_ms => 1000 * Median, deliveries_s => Deliveries / Median}.
-
-faster(F = #{deliveries_s := D}, #{deliveries_s := Best}) when D > Best -> F;
-faster(_F, Best) -> Best.
-
-round(I, Send, Senders, Counters, Ctx) ->
-    T0 = erlang:monotonic_time(),
-    case Senders of
-        [] -> Send({fan, I});
-        _ -> [P ! {go, I} || P <- Senders]
-    end,
-    [receive {fan_done, C} -> ok after timeout(Ctx) -> exit({timeout, fanout}) end
-     || C <- Counters],
-    secs(erlang:monotonic_time() - T0).
-
-%% @doc One of many concurrent senders: `Send({fan, I})' on each `{go, I}'.
--spec fan_sender(fun((term()) -> term())) -> no_return().
-fan_sender(Send) ->
-    receive {go, I} -> Send({fan, I}) end,
-    fan_sender(Send).
-
-publish_once(convoy, Scope, Group, Msg) ->
-    convoy:publish(Scope, Group, Msg);
-publish_once(loop, Scope, Group, Msg) ->
-    [P ! Msg || P <- pg:get_members(Scope, Group)],
-    ok;
-publish_once(dispatch, Scope, Group, Msg) ->
-    [D ! {dispatch, Msg} || D <- pg:get_members(Scope, {dispatch, Group})],
-    ok.
-
-await_members(Scope, Group, N, Ctx) ->
-    Deadline = erlang:monotonic_time(millisecond) + timeout(Ctx),
-    await_members_until(Scope, Group, N, Deadline).
-
-await_members_until(Scope, Group, N, Deadline) ->
-    case length(pg:get_members(Scope, Group)) >= N of
-        true ->
-            ok;
-        false ->
-            erlang:monotonic_time(millisecond) < Deadline orelse exit({timeout, pg_members}),
-            receive after 10 -> await_members_until(Scope, Group, N, Deadline) end
-    end.
-
-%% @doc On every node taking part in `publish': the pg scope (left running).
--spec pub_scope(atom()) -> ok.
-pub_scope(Scope) ->
-    case pg:start(Scope) of
-        {ok, _} -> ok;
-        {error, {already_started, _}} -> ok
-    end.
-
-%% @doc On a sink node: `fan_group/3' whose receivers join `Group'.
--spec pub_group(atom(), term(), non_neg_integer(), non_neg_integer(), pid()) -> {pid(), [pid()]}.
-pub_group(Scope, Group, Share, PerRound, Driver) ->
-    {C, Pids} = fan_group(Share, PerRound, Driver),
-    ok = pg:join(Scope, Group, Pids),
-    {C, Pids}.
-
-%% @doc On a sink node: Phoenix.PubSub's dispatcher, one per node, a member of
-%% `{dispatch, Group}'; sends what it gets to the node's members of `Group'.
--spec pub_dispatcher(atom(), term()) -> pid().
-pub_dispatcher(Scope, Group) ->
-    Self = self(),
-    D = spawn(fun() ->
-                      process_flag(message_queue_data, off_heap),
-                      ok = pg:join(Scope, {dispatch, Group}, self()),
-                      Self ! {joined, self()},
-                      pub_dispatch(Scope, Group)
-              end),
-    receive {joined, D} -> D end.
-
-%% @doc The dispatcher's loop.
--spec pub_dispatch(atom(), term()) -> no_return().
-pub_dispatch(Scope, Group) ->
-    receive {dispatch, Msg} -> [P ! Msg || P <- pg:get_local_members(Scope, Group)] end,
-    pub_dispatch(Scope, Group).

@@ -152,13 +152,14 @@ waiting_to_run(Node) ->
     end.
 
 %% @doc Kill every process on this node that runs the harness's measuring code
-%% (spawned with a `convoy_bench_measure' function) and wait until they are gone;
-%% returns how many.
+%% (spawned with a function of one of its modules, `convoy_bench_measure' or a
+%% scenario's own: `convoy_bench_fanout', `convoy_bench_flow', ...) and wait until
+%% they are gone; returns how many.
 -spec kill_measurements() -> non_neg_integer().
 kill_measurements() ->
     Victims = [P || P <- processes(), P =/= self(),
-                    {initial_call, {convoy_bench_measure, _, _}} <-
-                        [erlang:process_info(P, initial_call)]],
+                    {initial_call, {M, _, _}} <- [erlang:process_info(P, initial_call)],
+                    lists:prefix("convoy_bench_", atom_to_list(M))],
     Mons = [{P, monitor(process, P)} || P <- Victims],
     [exit(P, kill) || P <- Victims],
     %% Dead before we answer: a registered sink's name is free again.

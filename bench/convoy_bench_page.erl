@@ -2,8 +2,10 @@
 %% page a user can read: the host and the command first, then per scenario what it
 %% measures, one table of every variant's primary figure beside plain, the best
 %% kernel flag and the floors (`handover', `guarded', `ceiling') where they ran,
-%% and the run's charts. `bench/RESULTS.md' is such a page, so every figure on it
-%% comes from one run whose command, date and host it prints.
+%% and beside the other variants some rows are compared with (`batch''s with
+%% `convoy' and `send_many', convoy's with `manifold'), and the run's charts.
+%% `bench/RESULTS.md' is such a page, so every figure on it comes from one run
+%% whose command, date and host it prints.
 -module(convoy_bench_page).
 
 -export([run/1, page/2]).
@@ -83,7 +85,10 @@ reading() ->
      "flag\" compares with the better of `dist_nodelay false` and `delay_send` in the\n",
      "same repeat, \"x handover\" and \"x guarded\" with a bare batching process and with\n",
      "that process doing only the per-message work convoy's promises need (the floor\n",
-     "convoy is judged against), \"x ceiling\" with the sender batching by hand.\n",
+     "convoy is judged against), \"x ceiling\" with the sender batching by hand;\n",
+     "\"x convoy\" and \"x send_many\" give `batch` (convoy's sends inside\n",
+     "`convoy:batch/1`) against convoy's single sends and the sender's own lists,\n",
+     "\"x manifold\" convoy's multicast against discord/manifold's in `fanout`.\n",
      "Absolute rates belong to this host, and the ratios too: on a host with other\n",
      "cores, another network or other load, the same code gives other ratios.\n",
      "Compare ratios within one run; measure your own cluster with `make bench`.\n\n"].
@@ -117,7 +122,7 @@ scenario(S = #{<<"name">> := Name, <<"title">> := Title, <<"spec">> := Spec}, Li
      "| point | variant | ", Label, " | ", lists:join(" | ", [H || {H, _} <- Cols]), " |\n",
      "|---|---|---|", [["---|"] || _ <- Cols], "\n",
      [["| ", P, " | ", V, " | ", cell(E, Fig, Spec), " | ",
-       lists:join(" | ", [ratio(from(E, Key, Fig)) || {_, Key} <- Cols]), " |\n"]
+       lists:join(" | ", [ratio(from(E, Keys, Fig)) || {_, Keys} <- Cols]), " |\n"]
       || E = #{<<"point">> := P, <<"variant">> := V} <- Rows],
      case Better of
          <<"lower">> -> ["\n", Label, ": lower is better; ratios below 1 are faster.\n"];
@@ -133,17 +138,26 @@ label(#{<<"figures">> := Figures}, Fig) ->
         [] -> Fig
     end.
 
-%% The ratio columns (heading, the summary's key) the scenario has data for, in
-%% the page's order.
+%% The ratio columns (heading, the summary's keys to the ratios) the scenario has
+%% data for, in the page's order: the baseline, the limits, then the variants
+%% some rows are compared with (`beside_ratios').
 columns(Rows, Fig) ->
-    All = [{"x plain", <<"ratios">>}, {"x best flag", <<"flag_ratios">>},
-           {"x handover", <<"handover_ratios">>}, {"x guarded", <<"guarded_ratios">>},
-           {"x ceiling", <<"ceiling_ratios">>}],
-    [C || C = {_, Key} <- All, lists:any(fun(E) -> from(E, Key, Fig) =/= null end, Rows)].
+    Beside = lists:uniq([V || #{<<"beside_ratios">> := B} <- Rows,
+                              V <- lists:sort(maps:keys(B))]),
+    All = [{"x plain", [<<"ratios">>]}, {"x best flag", [<<"flag_ratios">>]},
+           {"x handover", [<<"handover_ratios">>]}, {"x guarded", [<<"guarded_ratios">>]},
+           {"x ceiling", [<<"ceiling_ratios">>]}]
+        ++ [{["x ", V], [<<"beside_ratios">>, V]} || V <- Beside],
+    [C || C = {_, Keys} <- All, lists:any(fun(E) -> from(E, Keys, Fig) =/= null end, Rows)].
 
-from(E, Key, Fig) ->
+from(E, [], Fig) ->
     case E of
-        #{Key := #{Fig := #{<<"median">> := M}}} -> M;
+        #{Fig := #{<<"median">> := M}} -> M;
+        _ -> null
+    end;
+from(E, [Key | Keys], Fig) ->
+    case E of
+        #{Key := #{} = Under} -> from(Under, Keys, Fig);
         _ -> null
     end.
 

@@ -30,7 +30,7 @@
 %% without them the scenario reports its runs unavailable (`code_paths/0').
 -module(convoy_bench_pubsub).
 
--export([code_paths/0, root/0, measure/2]).
+-export([code_paths/0, elixir_paths/0, root/0, measure/2]).
 %% Run on the nodes taking part.
 -export([start_pubsub/3, subscribers/4, subscriber/5, publisher/5]).
 
@@ -53,13 +53,23 @@ code_paths() ->
                       ["Phoenix.PubSub and its convoy adapter are not built (no ",
                        filename:join(Build, "*/ebin"), "): run `make phoenix-build`"])};
         [] ->
-            case elixir_lib() of
-                {ok, Lib} ->
-                    {ok, Own ++ [filename:join([Lib, App, "ebin"]) || App <- ["elixir", "logger"]]};
-                error ->
-                    {error, <<"Elixir's own libraries (elixir, logger) were not found: "
-                              "install Elixir">>}
+            case elixir_paths() of
+                {ok, Elixir} -> {ok, Own ++ Elixir};
+                {error, _} = E -> E
             end
+    end.
+
+%% @doc The ebin directories of Elixir's own `elixir' and `logger', which every
+%% Elixir library the harness loads needs beside its own (Phoenix.PubSub here,
+%% manifold in `convoy_bench_fanout'): `{ok, Dirs}', or `{error, Why}' (a sentence
+%% for the report) when Elixir is not installed.
+-spec elixir_paths() -> {ok, [file:filename()]} | {error, binary()}.
+elixir_paths() ->
+    case elixir_lib() of
+        {ok, Lib} ->
+            {ok, [filename:join([Lib, App, "ebin"]) || App <- ["elixir", "logger"]]};
+        error ->
+            {error, <<"Elixir's own libraries (elixir, logger) were not found: install Elixir">>}
     end.
 
 app_file(Ebin) ->

@@ -63,38 +63,43 @@ cores(F) ->
         A -> io_lib:format("~b (~b available)", [maps:get(logical_processors, F), A])
     end.
 
-variant_text(#{name := N, kind := convoy, settings := S}) ->
-    io_lib:format("~s = convoy:send/2 with ~s", [N, settings_text(S)]);
-variant_text(#{name := N, kind := local}) ->
-    io_lib:format("~s = `!` on one node", [N]);
-variant_text(#{name := N, kind := local_call}) ->
-    io_lib:format("~s = `!` on one node behind one call to another module's function "
-                  "(convoy_bench_call:send/2), in the local scenario: what calling any "
-                  "library's send costs", [N]);
-variant_text(#{name := N, kind := plain_again}) ->
-    io_lib:format("~s = plain again (`!` between two nodes), interleaved with the others: "
-                  "the run's noise", [N]);
-variant_text(#{name := N, kind := ceiling}) ->
-    io_lib:format("~s = a batching router with no bookkeeping (convoy_bench_ceiling), "
-                  "where a scenario has one", [N]);
-variant_text(#{name := N, kind := handover}) ->
-    io_lib:format("~s = each message handed to one bare batching process per node, which "
-                  "ships lists of up to 1000 when its mailbox drains "
-                  "(convoy_bench_handover), in oneway, oneway8, flood, cast and mesh", [N]);
-variant_text(#{name := N, kind := guarded}) ->
-    io_lib:format("~s = the handover with only the sender's per-message work convoy's "
-                  "promises need (settings, size, marker, an exact bound of messages and "
-                  "bytes), where handover runs", [N]);
-variant_text(#{name := N, kind := send_many}) ->
-    io_lib:format("~s = convoy with the sender handing its messages over in lists of "
-                  "1000 (convoy:send_many/1), in oneway and oneway8", [N]);
-variant_text(#{name := N, kind := pg2}) ->
-    io_lib:format("~s = Phoenix.PubSub's own adapter, Phoenix.PubSub.PG2 (`!`), in pubsub, "
-                  "where convoy variants use Phoenix.PubSub.Convoy", [N]);
-variant_text(#{name := N, flags := []}) ->
-    io_lib:format("~s = `!` between two nodes", [N]);
-variant_text(#{name := N, flags := Flags}) ->
-    io_lib:format("~s = `!` between two nodes started with ~s", [N, lists:join(" ", Flags)]).
+variant_text(V = #{name := N}) ->
+    [N, " = ", variant_what(V)].
+
+variant_what(#{kind := convoy, settings := S}) ->
+    ["convoy:send/2 with ", settings_text(S)];
+variant_what(#{kind := Kind, flags := Flags}) ->
+    case {lists:keyfind(Kind, 1, variant_texts()), Flags} of
+        {{Kind, Text}, _} -> Text;
+        {false, []} -> "`!` between two nodes";
+        {false, _} -> ["`!` between two nodes started with ", lists:join(" ", Flags)]
+    end.
+
+%% What each kind of variant other than convoy's and the flags' sends with.
+variant_texts() ->
+    [{local, "`!` on one node"},
+     {local_call, "`!` on one node behind one call to another module's function "
+      "(convoy_bench_call:send/2), in the local scenario: what calling any library's send "
+      "costs"},
+     {plain_again, "plain again (`!` between two nodes), interleaved with the others: the "
+      "run's noise"},
+     {ceiling, "a batching router with no bookkeeping (convoy_bench_ceiling), where a scenario "
+      "has one"},
+     {handover, "each message handed to one bare batching process per node, which ships lists "
+      "of up to 1000 when its mailbox drains (convoy_bench_handover), in oneway, oneway8, "
+      "flood, cast and mesh"},
+     {guarded, "the handover with only the sender's per-message work convoy's promises need "
+      "(settings, size, marker, an exact bound of messages and bytes), where handover runs"},
+     {send_many, "convoy with the sender handing its messages over in lists of 1000 "
+      "(convoy:send_many/1), in oneway and oneway8"},
+     {batch, "convoy with its sends inside convoy:batch/1: a stream's in scopes of 1000 "
+      "sends, every other send in a scope of its own, in oneway, oneway8, pairs and latency; "
+      "also given as a fraction of convoy and send_many"},
+     {manifold, "discord/manifold's Manifold.send/2 (built by make manifold-build), in "
+      "fanout, where convoy variants use convoy:multicast/2 and are also given as a fraction "
+      "of it"},
+     {pg2, "Phoenix.PubSub's own adapter, Phoenix.PubSub.PG2 (`!`), in pubsub, where convoy "
+      "variants use Phoenix.PubSub.Convoy"}].
 
 settings_text(S) ->
     lists:join(" ", [io_lib:format("~s=~p", [K, V]) || {K, V} <- lists:sort(maps:to_list(S))]).
@@ -115,27 +120,32 @@ scenario_table(Result = #{name := Name, title := Title, spec := Spec, summary :=
      notes(Summary),
      confirmed(Result)].
 
-%% The columns that give convoy as a fraction of a limit measured beside it (the
-%% summary's key and the column's label), where the scenario has a convoy variant
-%% and the limit ran: the best distribution flag (`nodelay_false', `delay_send'),
-%% the `handover', `guarded' and `ceiling' variants.
-limits(#{spec := Spec, variants := Vs}) ->
+%% The columns that give a row as a fraction of another variant measured beside
+%% it (the summary's keys to the ratios and the column's label). Where the
+%% scenario has a convoy variant (or `send_many', `batch', `guarded') and the
+%% limit ran: the best distribution flag (`nodelay_false', `delay_send'), the
+%% `handover', `guarded' and `ceiling' variants. Then every variant some row is
+%% compared with in `beside_ratios' (`batch''s with `convoy' and `send_many',
+%% convoy's with `manifold').
+limits(#{spec := Spec, variants := Vs, summary := Summary}) ->
     Ran = fun(V) -> lists:member(V, Vs) end,
-    case lists:any(fun(<<"convoy", _/binary>>) -> true; (<<"send_many">>) -> true;
-                      (<<"guarded">>) -> true;
-                      (_) -> false end, Vs) of
-        false ->
-            [];
-        true ->
-            [{flag_ratios, <<"best flag">>}
-             || Ran(<<"nodelay_false">>) orelse Ran(<<"delay_send">>)]
-                ++ [{handover_ratios, <<"handover">>}
-                    || maps:get(handover, Spec, false), Ran(<<"handover">>)]
-                ++ [{guarded_ratios, <<"guarded">>}
-                    || maps:get(handover, Spec, false), Ran(<<"guarded">>)]
-                ++ [{ceiling_ratios, <<"ceiling">>}
-                    || maps:get(ceiling, Spec, false), Ran(<<"ceiling">>)]
-    end.
+    Limits = case lists:any(fun(<<"convoy", _/binary>>) -> true; (<<"send_many">>) -> true;
+                               (<<"batch">>) -> true; (<<"guarded">>) -> true;
+                               (_) -> false end, Vs) of
+                 false ->
+                     [];
+                 true ->
+                     [{[flag_ratios], <<"best flag">>}
+                      || Ran(<<"nodelay_false">>) orelse Ran(<<"delay_send">>)]
+                         ++ [{[handover_ratios], <<"handover">>}
+                             || maps:get(handover, Spec, false), Ran(<<"handover">>)]
+                         ++ [{[guarded_ratios], <<"guarded">>}
+                             || maps:get(handover, Spec, false), Ran(<<"guarded">>)]
+                         ++ [{[ceiling_ratios], <<"ceiling">>}
+                             || maps:get(ceiling, Spec, false), Ran(<<"ceiling">>)]
+             end,
+    Beside = lists:uniq([V || #{beside_ratios := B} <- Summary, V <- lists:sort(maps:keys(B))]),
+    Limits ++ [{[beside_ratios, V], V} || V <- Beside].
 
 %% --confirm: which rows have more repeats than the header says, and why.
 confirmed(#{confirmed := #{points := Ps, variants := Vs, repeats := N}, baseline := Base}) ->
@@ -157,9 +167,13 @@ row(#{variant := V, point := P, status := ok, figures := FS, ratios := RS} = S,
                 _ -> <<"-">>
             end || {F, _, Unit} <- Figs]
         ++ ratio_cells(RS, RatioFigs)
-        ++ lists:append([ratio_cells(maps:get(Key, S, #{}), RatioFigs) || {Key, _} <- Limits]);
+        ++ lists:append([ratio_cells(ratios_at(Keys, S), RatioFigs) || {Keys, _} <- Limits]);
 row(#{variant := V, point := P, status := Status}, MultiPoint, _Figs, _RatioFigs, _) ->
     [P || MultiPoint] ++ [V, status_text(Status)].
+
+%% The ratios under `Keys' in a summary row (none: `#{}').
+ratios_at([], Ratios) -> Ratios;
+ratios_at([K | Ks], Row) -> ratios_at(Ks, maps:get(K, Row, #{})).
 
 ratio_cells(Ratios, Figs) ->
     [case Ratios of

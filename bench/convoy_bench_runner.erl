@@ -27,11 +27,10 @@
 
 -type variant() :: #{name := binary(),
                      kind := local | local_call | plain | plain_again | ceiling
-                             | handover | guarded | send_many | nodelay_false | delay_send | pg2
-                             | convoy,
+                             | handover | guarded | send_many | batch | nodelay_false
+                             | delay_send | pg2 | manifold | convoy,
                      family := convoy_bench_nodes:family(),
-                     mode := plain | call | convoy | ceiling | handover | guarded | send_many
-                             | pg2,
+                     mode := convoy_bench_measure:mode(),
                      convoy := convoy_bench_nodes:convoy_setting()}.
 -type status() :: ok | error | awaiting | unavailable.
 -type run() :: #{scenario := atom(), variant := binary(), repeat := pos_integer(),
@@ -41,10 +40,11 @@
 -export_type([variant/0, run/0, opts/0]).
 
 %% @doc The variants that make sense for a scenario: all of them across nodes
-%% (`ceiling', `handover' and `send_many' only where the scenario has them, `local_call'
-%% nowhere); on one node (`local' scenario) `local', `local_call' and the convoy
-%% ones. `pg2' (Phoenix.PubSub's own adapter), `handover' and the convoy ones only,
-%% and `pg2' nowhere else, in a scenario of Phoenix.PubSub (`pubsub').
+%% (`ceiling', `handover', `send_many', `batch' and `manifold' only where the
+%% scenario has them, `local_call' nowhere); on one node (`local' scenario)
+%% `local', `local_call' and the convoy ones. `pg2' (Phoenix.PubSub's own
+%% adapter), `handover' and the convoy ones only, and `pg2' nowhere else, in a
+%% scenario of Phoenix.PubSub (`pubsub').
 -spec variants_for(convoy_bench_scenarios:spec(), [variant()]) -> [variant()].
 variants_for(#{placement := same_node}, Variants) ->
     [V || V = #{kind := K} <- Variants, on_one_node(K) orelse K =:= convoy];
@@ -53,9 +53,12 @@ variants_for(#{pubsub := true}, Variants) ->
 variants_for(#{placement := cross, ceiling := Ceiling, handover := Handover} = Spec,
              Variants) ->
     SendMany = maps:get(send_many, Spec, false),
+    Batch = maps:get(batch, Spec, false),
+    Manifold = maps:get(manifold, Spec, false),
     [V || V = #{kind := K} <- Variants, K =/= local_call, K =/= ceiling orelse Ceiling,
           (K =/= handover andalso K =/= guarded) orelse Handover,
-          K =/= send_many orelse SendMany, K =/= pg2].
+          K =/= send_many orelse SendMany, K =/= batch orelse Batch,
+          K =/= manifold orelse Manifold, K =/= pg2].
 
 %% Variants that run everything on one node, whatever the scenario.
 on_one_node(Kind) -> Kind =:= local orelse Kind =:= local_call.
@@ -71,7 +74,7 @@ baseline(#{placement := cross}) -> <<"plain">>.
 -spec run(convoy_bench_scenarios:spec(), [variant()], opts(), convoy_bench_nodes:state()) ->
           {[run()], convoy_bench_nodes:state()}.
 run(Spec = #{name := Name, points := Points}, Variants, Opts = #{repeat := Repeat}, Nodes0) ->
-    unbuilt(Spec, Opts),
+    unbuilt(Spec, Variants, Opts),
     Indexed = lists:zip(lists:seq(0, length(Points) - 1), Points),
     lists:foldl(
       fun(R, {Acc, N0}) ->
@@ -86,15 +89,33 @@ run(Spec = #{name := Name, points := Points}, Variants, Opts = #{repeat := Repea
               {Acc ++ Runs, N1}
       end, {[], Nodes0}, lists:seq(1, Repeat)).
 
-%% A scenario of Phoenix.PubSub whose beams are not built says so once; its runs
-%% are reported unavailable with the same note (skip_reason/3).
-unbuilt(#{name := Name, pubsub := true}, Opts) ->
-    case convoy_bench_pubsub:code_paths() of
-        {ok, _} -> ok;
-        {error, Why} -> progress(Opts, "~s  skipped: ~s", [Name, Why])
-    end;
-unbuilt(_Spec, _Opts) ->
+%% Variants whose Elixir beams are not built say so once (the whole scenario
+%% when none of its variants can run); their runs are reported unavailable with
+%% the same note (skip_reason/3).
+unbuilt(#{name := Name} = Spec, Variants, Opts) ->
+    Missing = [{Why, V} || #{name := V} = Variant <- Variants,
+                           Why <- [unbuilt_why(Spec, Variant)], Why =/= none],
+    [case [V || {W, V} <- Missing, W =:= Why] of
+         Vs when length(Vs) =:= length(Variants) ->
+             progress(Opts, "~s  skipped: ~s", [Name, Why]);
+         Vs ->
+             progress(Opts, "~s  ~s skipped: ~s", [Name, lists:join(", ", Vs), Why])
+     end || Why <- lists:usort([W || {W, _} <- Missing])],
     ok.
+
+%% What a variant needs built apart (Elixir) and is not, as a sentence saying how
+%% to build it; `none' when it has it or needs nothing: Phoenix.PubSub and its
+%% convoy adapter for every variant of a scenario of Phoenix.PubSub (`make
+%% phoenix-build'), manifold for the `manifold' variant (`make manifold-build').
+unbuilt_why(#{pubsub := true}, _Variant) ->
+    missing(convoy_bench_pubsub:code_paths());
+unbuilt_why(_Spec, #{kind := manifold}) ->
+    missing(convoy_bench_fanout:manifold_paths());
+unbuilt_why(_Spec, _Variant) ->
+    none.
+
+missing({ok, _Dirs}) -> none;
+missing({error, Why}) -> Why.
 
 rotate(L, 0) -> L;
 rotate([H | T], N) -> rotate(T ++ [H], N - 1).
@@ -153,14 +174,11 @@ placed(Spec = #{name := Name}, V = #{name := VName}, Nodes0, Opts) ->
 
 skip_reason(#{convoy := {awaiting, Why}}, #{kind := convoy}, _Nodes) ->
     {awaiting, Why};
-skip_reason(#{pubsub := true, sinks := K}, #{family := F}, Nodes) ->
-    %% Phoenix.PubSub's beams (Elixir) are built apart, by `make phoenix-build'.
-    case convoy_bench_pubsub:code_paths() of
-        {ok, _} -> available(F, K, Nodes);
-        {error, Why} -> {unavailable, Why}
-    end;
-skip_reason(#{sinks := K}, #{family := F}, Nodes) ->
-    available(F, K, Nodes).
+skip_reason(Spec = #{sinks := K}, Variant = #{family := F}, Nodes) ->
+    case unbuilt_why(Spec, Variant) of
+        none -> available(F, K, Nodes);
+        Why -> {unavailable, Why}
+    end.
 
 available(F, K, Nodes) ->
     case convoy_bench_nodes:available(F, 1 + K, Nodes) of
@@ -265,7 +283,7 @@ progress(#{t0 := T0}, F, A) ->
 
 %% @doc Per point and variant (in the given order): status, figures' spread, the
 %% compared figures' ratios to the baseline and, for the convoy variants (and
-%% `send_many'), to the
+%% `send_many' and `batch'), to the
 %% limits that ran beside them in the same repeat: the `ceiling' variant
 %% (`ceiling_ratios', where the scenario has one), the `handover' variant
 %% (`handover_ratios', where the scenario has it), the `guarded' variant
@@ -273,6 +291,8 @@ progress(#{t0 := T0}, F, A) ->
 %% best flag
 %% (`flag_ratios': per repeat, the better of `nodelay_false' and `delay_send',
 %% whichever of them measured that repeat; the higher rate, the lower time).
+%% `beside_ratios': the same ratios to the other ways of sending a kind of variant
+%% is compared with (`beside/1'), by variant name, those that ran at the point.
 %% Empty maps where there is nothing to compare.
 -spec summarise(convoy_bench_scenarios:spec(), [variant()], [run()]) -> [map()].
 summarise(Spec = #{points := Points, figures := Figs, ratio := RatioFigs}, Variants, Runs) ->
@@ -281,7 +301,8 @@ summarise(Spec = #{points := Points, figures := Figs, ratio := RatioFigs}, Varia
          Mine = [Run || Run = #{variant := VN, point := PL} <- Runs, VN =:= VName, PL =:= Label],
          Ok = [Run || Run = #{status := ok} <- Mine],
          Limit = fun(Ran, Of) ->
-                         case lists:member(Kind, [convoy, send_many, guarded]) andalso Ran of
+                         case lists:member(Kind, [convoy, send_many, batch, guarded])
+                             andalso Ran of
                              true -> ratios(RatioFigs, Ok, Of);
                              false -> #{}
                          end
@@ -293,6 +314,10 @@ summarise(Spec = #{points := Points, figures := Figs, ratio := RatioFigs}, Varia
            guarded_ratios => Limit(maps:get(handover, Spec, false) andalso Kind =/= guarded,
                                    Of(<<"guarded">>)),
            flag_ratios => Limit(true, fun(F) -> best_flag(F, Figs, Runs, Label) end),
+           beside_ratios => maps:from_list(
+                              [{Other, Rs} || Other <- beside(Kind),
+                                              Rs <- [ratios(RatioFigs, Ok, Of(Other))],
+                                              Rs =/= #{}]),
            status => summary_status(Mine, Ok),
            note => case Mine of [#{note := N} | _] when Ok =:= [] -> N; _ -> <<>> end,
            figures => maps:from_list(
@@ -304,6 +329,15 @@ summarise(Spec = #{points := Points, figures := Figs, ratio := RatioFigs}, Varia
                          false -> ratios(RatioFigs, Ok, Of(Base))
                      end}
      end || #{label := Label} <- Points, #{name := VName, kind := Kind} <- Variants].
+
+%% The variants a kind of variant is also compared with, where they ran beside it:
+%% `batch' (`convoy:batch/1' around the convoy variants' sends) with `convoy'
+%% (the same sends, no scope) and with `send_many' (the sender's own lists); the
+%% convoy variants with `manifold' (in `fanout': `Manifold.send/2' where convoy
+%% multicasts).
+beside(batch) -> [<<"convoy">>, <<"send_many">>];
+beside(convoy) -> [<<"manifold">>];
+beside(_) -> [].
 
 %% The distribution flags' variants, whose best per repeat convoy is compared with.
 -define(FLAGS, [<<"nodelay_false">>, <<"delay_send">>]).

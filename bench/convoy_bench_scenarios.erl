@@ -10,6 +10,12 @@
 %% (`convoy_bench_handover', each message handed to a bare batching process).
 %% `send_many' (default false): the scenario also runs the `send_many' variant
 %% (convoy, the sender handing its messages over in lists: `convoy:send_many/1').
+%% `batch' (default false): the scenario also runs the `batch' variant (convoy,
+%% the convoy variants' sends inside `convoy:batch/1': a stream's in scopes of
+%% `max_batch' sends, every other send in a scope of its own).
+%% `manifold' (default false): the scenario also runs the `manifold' variant
+%% (discord/manifold's `Manifold.send/2', where convoy sends with
+%% `convoy:multicast/2').
 %% `pubsub' (default false): the scenario measures Phoenix.PubSub's adapters, so
 %% it runs the `pg2' variant (the baseline) and the convoy ones, and no other.
 %%
@@ -45,6 +51,8 @@
                   ceiling := boolean(),
                   handover := boolean(),
                   send_many := boolean(),
+                  batch := boolean(),
+                  manifold := boolean(),
                   pubsub := boolean(),
                   timeout := pos_integer(),
                   deadline := pos_integer()}.
@@ -74,7 +82,8 @@ spec(Name, Size, Overrides) ->
     P0 = params(Name, Size),
     P = maps:merge(P0, maps:with(maps:keys(P0), Overrides)),
     Deadline = maps:get(deadline_ms, Overrides, deadline(Name, Size)),
-    Limits = #{ceiling => false, handover => false, send_many => false, pubsub => false},
+    Limits = #{ceiling => false, handover => false, send_many => false, batch => false,
+               manifold => false, pubsub => false},
     (maps:merge(Limits, describe(Name, P)))#{name => Name, params => P,
                                              timeout => case Size of
                                                             tiny -> 30000;
@@ -100,7 +109,8 @@ deadline(call, normal) -> 20000;      % 1.2 s window, up to 256 callers spawned
 deadline(bulk, normal) -> 20000;      % 1.8 s window
 deadline(hol, normal) -> 20000;       % 2.3 s window
 deadline(fanout, normal) -> 60000;    % 21 rounds to 10 k processes (~1-3 s); 100
-                                      % senders: 3 rounds of 1 M deliveries (~3-15 s)
+                                      % senders: 3 rounds of 1 M deliveries (~3-15 s);
+                                      % 100 senders x own 100: 21 rounds of 10 k
 deadline(publish, normal) -> 120000;  % as fanout, twice for plain modes (two ways)
 deadline(pubsub, normal) -> 30000;    % 1.2 s window, up to 256 publishers, 20 subscribers
 deadline(flow, normal) -> 60000;      % 100 k slow items, syncing (~2-10 s)
@@ -139,8 +149,8 @@ params(hol, normal) -> #{bulk_senders => 4, size => 10000000, probe_ms => 10,
                          duration_ms => 2000, warmup_ms => 300};
 params(hol, tiny) -> #{bulk_senders => 2, size => 200000, probe_ms => 2,
                        duration_ms => 150, warmup_ms => 20};
-params(fanout, normal) -> #{receivers => 10000, rounds => 20, senders => [1, 100]};
-params(fanout, tiny) -> #{receivers => 200, rounds => 3, senders => [1, 10]};
+params(fanout, normal) -> #{receivers => 10000, rounds => 20, senders => [1, 100], own => [100]};
+params(fanout, tiny) -> #{receivers => 200, rounds => 3, senders => [1, 10], own => [10]};
 params(publish, normal) -> #{members => 10000, rounds => 20, senders => [1, 100]};
 params(publish, tiny) -> #{members => 200, rounds => 3, senders => [1, 10]};
 params(pubsub, normal) -> #{subscribers => 10, publishers => [1, 16, 256], duration_ms => 1000,
@@ -182,7 +192,7 @@ describe(oneway, P = #{n := N}) ->
                  || Shape <- [atom, event]],
       figures => [{msg_s, <<"msg/s">>, rate}, {ns_msg, <<"ns/msg">>, ns}],
       ratio => [msg_s], primary => {msg_s, higher}, convoy => measured, ceiling => true,
-      handover => true, send_many => true};
+      handover => true, send_many => true, batch => true};
 describe(oneway8, P = #{n := N, senders := K}) ->
     #{title => fmt("~b senders at once, each ~b messages to its own process on the other "
                    "node; atom and event as in oneway; ns/msg: wall time per message, all "
@@ -192,7 +202,7 @@ describe(oneway8, P = #{n := N, senders := K}) ->
                  || Shape <- [atom, event]],
       figures => [{msg_s, <<"msg/s">>, rate}, {ns_msg, <<"ns/msg">>, ns}],
       ratio => [msg_s], primary => {msg_s, higher}, convoy => measured, ceiling => true,
-      handover => true, send_many => true};
+      handover => true, send_many => true, batch => true};
 describe(sizes, #{sizes := Sizes, budget := Budget, min_count := Min,
                       max_count := Max}) ->
     #{title => <<"one sender, one-way, binary payloads of each size (MB = 10^6 bytes)">>,
@@ -237,7 +247,8 @@ describe(pairs, P = #{pairs := Pairs, event_pairs := EventPairs, paced_pairs := 
               || Pace > 0, C <- PacedPairs],
       figures => [{rt_s, <<"rt/s">>, rate}, {p50_us, <<"p50">>, us},
                   {p99_us, <<"p99">>, us}, {p999_us, <<"p99.9">>, us}],
-      ratio => [rt_s, p50_us, p99_us], primary => {rt_s, higher}, convoy => measured};
+      ratio => [rt_s, p50_us, p99_us], primary => {rt_s, higher}, convoy => measured,
+      batch => true};
 describe(latency, P = #{n := N, burst := B}) ->
     #{title => fmt("idle round trip, one client, ~b sequential small round trips; "
                    "\"after burst\": the client first sends ~b one-way messages, "
@@ -246,7 +257,8 @@ describe(latency, P = #{n := N, burst := B}) ->
       points => [point(<<"idle">>, P#{burst => 0}), point(<<"after burst">>, P)],
       figures => [{p50_us, <<"p50">>, us}, {p99_us, <<"p99">>, us},
                   {p999_us, <<"p99.9">>, us}, {max_us, <<"max">>, us}],
-      ratio => [p50_us, p99_us], primary => {p50_us, lower}, convoy => measured};
+      ratio => [p50_us, p99_us], primary => {p50_us, lower}, convoy => measured,
+      batch => true};
 describe(cast, P = #{senders := K, per_sender := N}) ->
     #{title => fmt("~b senders, ~b casts each to one gen_server on another node: "
                    "gen_server:cast (convoy variants: convoy:cast; handover: the cast's "
@@ -297,20 +309,26 @@ describe(hol, P = #{bulk_senders := K, size := Size, probe_ms := Gap}) ->
       %% the receiving node's minor page faults per MB of bulk (Linux's /proc)
       optional => [sink_faults_mb],
       ratio => [p50_us, p99_us, bulk_mb_s], primary => {p99_us, lower}, convoy => measured};
-describe(fanout, P = #{receivers := R, senders := Senders}) ->
+describe(fanout, P = #{receivers := R, senders := Senders, own := Own}) ->
     #{title => fmt("one message to ~b processes on two remote nodes: convoy:multicast "
-                   "(convoy variants) vs a loop of sends; from one sender, and from ~s "
-                   "concurrent senders each sending one per round (fewer rounds: "
-                   "rounds div senders, at least 2)",
-                   [R, lists:join(", ", [integer_to_list(S) || S <- Senders, S > 1])]),
+                   "(convoy variants) vs Manifold.send (manifold) vs a loop of sends; from "
+                   "one sender, from ~s concurrent senders each sending one per round "
+                   "(fewer rounds: rounds div senders, at least 2), and from ~s concurrent "
+                   "senders each to its own share of the processes, half on each node "
+                   "(a round delivers ~b messages in all)",
+                   [R, join([S || S <- Senders, S > 1]), join(Own), R]),
       placement => cross, sinks => 2,
       points => [point(case S of
                            1 -> fmt("~b procs", [R]);
                            _ -> fmt("~b procs, ~b senders", [R, S])
-                       end, P#{senders => S})
-                 || S <- Senders],
+                       end, P#{senders => S, own => false})
+                 || S <- Senders]
+          ++ [point(fmt("~b procs, ~b senders x own ~b", [S * (R div S), S, R div S]),
+                    P#{senders => S, own => true})
+              || S <- Own],
       figures => [{round_ms, <<"ms/round">>, ms}, {deliveries_s, <<"deliveries/s">>, rate}],
-      ratio => [deliveries_s], primary => {deliveries_s, higher}, convoy => measured};
+      ratio => [deliveries_s], primary => {deliveries_s, higher}, convoy => measured,
+      manifold => true};
 describe(publish, P = #{members := M, senders := Senders}) ->
     #{title => fmt("a pg group of ~b members on two remote nodes, one message per "
                    "sender per round (rounds div senders, at least 2, with many): "
@@ -369,8 +387,7 @@ describe(flow, P = #{n := N, every := Every, window := W, ack_every := A}) ->
 describe(mesh, P = #{nodes := Counts, per_pair := M}) ->
     #{title => fmt("clusters of ~s nodes: on every node one sender per other node, each "
                    "~b event-shaped messages to a receiver there, all at once; msg/s in "
-                   "all and per node", [lists:join(", ", [integer_to_list(N) || N <- Counts]),
-                                        M]),
+                   "all and per node", [join(Counts), M]),
       placement => cross, sinks => lists:max(Counts) - 1,
       %% (`where => cross': the local variant, on one node, has nothing to measure)
       points => [point(fmt("~b nodes", [N]), P#{nodes => N, where => cross}) || N <- Counts],
@@ -384,6 +401,8 @@ size_label(S) when S >= 1048576, S rem 1048576 =:= 0 -> fmt("~b MiB", [S div 104
 size_label(S) when S >= 1024, S rem 1024 =:= 0 -> fmt("~b KiB", [S div 1024]);
 size_label(S) when S >= 1000, S rem 1000 =:= 0 -> fmt("~b kB", [S div 1000]);
 size_label(S) -> fmt("~b B", [S]).
+
+join(Ns) -> lists:join(", ", [integer_to_list(N) || N <- Ns]).
 
 plural(1) -> "";
 plural(_) -> "s".

@@ -8,7 +8,8 @@
 -include_lib("stdlib/include/assert.hrl").
 
 -export([all/0, suite/0, init_per_suite/1, end_per_suite/1]).
--export([every_scenario_tiny/1, noise_tiny/1, guarded_tiny/1, tune_tiny/1, cost_tiny/1,
+-export([every_scenario_tiny/1, noise_tiny/1, guarded_tiny/1, batch_tiny/1, manifold_tiny/1,
+         tune_tiny/1, cost_tiny/1,
          bar_charts/1, bars_tiny/1, given_nodes/1,
          arguments/1, deadline/1, deadline_leaves_clean_peers/1,
          deadline_leaves_clean_given_nodes/1, settle/1]).
@@ -17,7 +18,8 @@ suite() ->
     [{timetrap, {minutes, 6}}].
 
 all() ->
-    [arguments, bar_charts, every_scenario_tiny, noise_tiny, guarded_tiny, tune_tiny, cost_tiny,
+    [arguments, bar_charts, every_scenario_tiny, noise_tiny, guarded_tiny, batch_tiny,
+     manifold_tiny, tune_tiny, cost_tiny,
      bars_tiny, given_nodes,
      deadline, deadline_leaves_clean_peers, deadline_leaves_clean_given_nodes, settle].
 
@@ -35,7 +37,9 @@ arguments(_Config) ->
      || Opt <- ["--scenario", "--full", "--quick", "--tiny", "--repeat", "--convoy",
                 "--variants", "--param", "--tune", "tune SCENARIO", "--nodes", "--cookie",
                 "--netns", "--rate", "--peer-args", "--out", "--no-plots", "--quiet",
-                "--check", "--confirm", "--noise", "plain_again", "deadline_ms", "--help"]],
+                "--check", "--confirm", "--noise", "plain_again", "deadline_ms", "--help",
+                "batch (oneway, oneway8, pairs, latency", "manifold (fanout only",
+                "from 100 senders each to its own 100"]],
     [?assertMatch({error, <<_/binary>>}, convoy_bench:main(Args), Args)
      || Args <- [["--bogus"], ["--scenario", "nope"], ["--repeat", "0"],
                  ["--convoy", "lane=2"], ["--convoy", "lanes=0"], ["--convoy", "lanes"],
@@ -73,7 +77,7 @@ arguments(_Config) ->
 
 every_scenario_tiny(Config) ->
     Dir = filename:join(?config(priv_dir, Config), "all"),
-    PubsubBuilt = phoenix_build(),
+    Built = #{pubsub => phoenix_build(), manifold => manifold_build()},
     {ok, R} = convoy_bench:main(["--tiny", "--full", "--repeat", "2", "--quiet", "--check",
                                  "--convoy", "max_batch=50", "--out", Dir]),
     Names = convoy_bench_scenarios:names(),
@@ -81,7 +85,11 @@ every_scenario_tiny(Config) ->
     ?assertEqual(Names, [N || #{name := N} <- Scenarios]),
     ?assertMatch(#{otp_release := <<_/binary>>, schedulers_online := _,
                    logical_processors := _, convoy_defaults := #{lanes := _}}, Facts),
-    [check_scenario(S, PubsubBuilt) || S <- Scenarios],
+    [check_scenario(S, Built) || S <- Scenarios],
+    %% manifold (Manifold.send/2) runs in fanout only, convoy's rows there given
+    %% against it when it was measured
+    [?assertEqual(N =:= fanout, lists:member(<<"manifold">>, Vs), N)
+     || #{name := N, variants := Vs} <- Scenarios],
     %% mesh: every node of each point sent (per node = in all / nodes), every
     %% message arrived (the measurement exits otherwise)
     [?assert(abs(PerNode * N - All) < 1.0e-6 * All, {L, V})
@@ -193,6 +201,88 @@ guarded_tiny(Config) ->
             #{name := N1, spec := Spec} <- Scenarios, N1 =:= Name],
     {ok, Table} = file:read_file(filename:join(Dir, "table.txt")),
     ?assertNotEqual(nomatch, string:find(Table, "guarded = the handover with only")),
+    check_files(Dir, R),
+    ok.
+
+%% batch (convoy's sends inside convoy:batch/1) is measured where the scenario
+%% runs it, both ways of a round trip included; its rows are given against convoy
+%% and, where send_many runs, against send_many, in the summary, the table and
+%% results.json.
+batch_tiny(Config) ->
+    Dir = filename:join(?config(priv_dir, Config), "batch"),
+    {ok, R} = convoy_bench:main(["--tiny", "--scenario", "oneway,pairs", "--repeat", "1",
+                                 "--quiet", "--no-plots", "--out", Dir, "--variants",
+                                 "plain,send_many,batch,convoy"]),
+    [Oneway, Pairs] = maps:get(scenarios, R),
+    [?assert(lists:member(<<"batch">>, Vs)) || #{variants := Vs} <- [Oneway, Pairs]],
+    Rows = fun(#{summary := Sum}) -> [S || S = #{variant := <<"batch">>} <- Sum] end,
+    ?assertEqual(2, length(Rows(Oneway))),
+    ?assertEqual(4, length(Rows(Pairs))),
+    [begin
+         ?assertMatch(#{status := ok}, S, Name),
+         Ratios = lists:sort(maps:get(ratio, Spec)),
+         ?assertEqual(Ratios, lists:sort(maps:keys(maps:get(ratios, S))), Name),
+         ?assertEqual(lists:sort(Others), lists:sort(maps:keys(Beside)), Name),
+         [?assertEqual(Ratios, lists:sort(maps:keys(maps:get(O, Beside))), {Name, O})
+          || O <- Others]
+     end || {Scenario, Others} <- [{Oneway, [<<"convoy">>, <<"send_many">>]},
+                                   {Pairs, [<<"convoy">>]}],
+            #{name := Name, spec := Spec} <- [Scenario],
+            S = #{beside_ratios := Beside} <- Rows(Scenario)],
+    {ok, Table} = file:read_file(filename:join(Dir, "table.txt")),
+    [?assertNotEqual(nomatch, string:find(Table, Column), Column)
+     || Column <- ["x convoy msg/s", "x send_many msg/s", "x convoy rt/s", "x convoy p99",
+                   "batch = convoy with its sends inside convoy:batch/1"]],
+    {ok, Bin} = file:read_file(filename:join(Dir, "results.json")),
+    {ok, #{<<"scenarios">> := [#{<<"summary">> := JsonRows} | _]}} = convoy_bench_json:decode(Bin),
+    [?assertMatch(#{<<"convoy">> := #{<<"msg_s">> := #{<<"median">> := _}},
+                    <<"send_many">> := #{<<"msg_s">> := #{<<"median">> := _}}}, B)
+     || #{<<"variant">> := <<"batch">>, <<"beside_ratios">> := B} <- JsonRows],
+    check_files(Dir, R),
+    ok.
+
+%% fanout with manifold (discord/manifold's Manifold.send/2), built first where
+%% elixirc and its source are: measured at every point, the new one (senders each
+%% to its own receivers) included, and convoy's rows given against it; where it
+%% cannot be built, every manifold run says how to build it. A round of the
+%% own-receivers point delivers `receivers' messages in all, the other
+%% many-senders point `receivers' per sender.
+manifold_tiny(Config) ->
+    Dir = filename:join(?config(priv_dir, Config), "manifold"),
+    Built = manifold_build(),
+    {ok, R} = convoy_bench:main(["--tiny", "--scenario", "fanout", "--repeat", "1", "--quiet",
+                                 "--no-plots", "--out", Dir, "--variants",
+                                 "plain,convoy,manifold"]),
+    [#{variants := Vs, runs := Runs, summary := Summary,
+       spec := #{points := Points, params := #{receivers := Receivers}}}] =
+        maps:get(scenarios, R),
+    ?assertEqual([<<"plain">>, <<"manifold">>, <<"convoy">>], Vs),
+    ?assertEqual([<<"200 procs">>, <<"200 procs, 10 senders">>,
+                  <<"200 procs, 10 senders x own 20">>], [L || #{label := L} <- Points]),
+    [?assertMatch(#{status := ok}, Run) || Run = #{variant := V} <- Runs, V =/= <<"manifold">>],
+    Manifold = [Run || Run = #{variant := <<"manifold">>} <- Runs],
+    ?assertEqual(3, length(Manifold)),
+    {ok, Table} = file:read_file(filename:join(Dir, "table.txt")),
+    case Built of
+        true ->
+            [?assertMatch(#{status := ok}, Run) || Run <- Manifold],
+            [?assertEqual([deliveries_s], maps:keys(maps:get(<<"manifold">>, B)))
+             || #{variant := <<"convoy">>, beside_ratios := B} <- Summary],
+            ?assertNotEqual(nomatch, string:find(Table, "x manifold deliveries/s")),
+            ?assertNotEqual(nomatch, string:find(Table, "manifold = discord/manifold's"));
+        false ->
+            [?assertMatch(#{status := unavailable,
+                            note := <<"manifold is not built", _/binary>>}, Run)
+             || Run <- Manifold],
+            [?assertEqual(#{}, B) || #{beside_ratios := B} <- Summary]
+    end,
+    %% deliveries in a round, whatever the variant: deliveries/s x the median round
+    Delivered = [{L, round(D * Ms / 1000)}
+                 || #{point := L, status := ok,
+                      figures := #{deliveries_s := D, round_ms := Ms}} <- Runs],
+    Many = <<"200 procs, 10 senders">>,
+    ?assertEqual([Receivers], lists:usort([N || {L, N} <- Delivered, L =/= Many])),
+    ?assertEqual([10 * Receivers], lists:usort([N || {L, N} <- Delivered, L =:= Many])),
     check_files(Dir, R),
     ok.
 
@@ -420,7 +510,8 @@ variants() ->
 %%--------------------------------------------------------------------
 %% Checks
 
-check_scenario(Result = #{name := pubsub, runs := Runs, summary := Summary}, false) ->
+check_scenario(Result = #{name := pubsub, runs := Runs, summary := Summary},
+               #{pubsub := false}) ->
     %% Not built here (no Elixir, or no phoenix_pubsub beside the repository):
     %% every run says so.
     [?assertMatch(#{status := unavailable, note := <<"Phoenix.PubSub and its convoy ", _/binary>>},
@@ -429,11 +520,11 @@ check_scenario(Result = #{name := pubsub, runs := Runs, summary := Summary}, fal
     ?assertEqual([<<"handover">>, <<"pg2">>, <<"convoy">>, <<"convoy[max_batch=50]">>],
                  maps:get(variants, Result)),
     ok;
-check_scenario(Result, _PubsubBuilt) ->
-    check_scenario(Result).
-
 check_scenario(Result = #{name := Name, spec := Spec, runs := Runs0, summary := Summary,
-                          variants := Variants}) ->
+                          variants := Variants}, Built) ->
+    %% Variants that may not run here, and are reported unavailable: `local'
+    %% (flow's two-node points), manifold where it could not be built.
+    Unavailable = [<<"local">> | [<<"manifold">> || not maps:get(manifold, Built)]],
     Runs = first_runs(Result, Runs0),
     #{points := Points, figures := Figs, convoy := ConvoyStatus} = Spec,
     Keys = [K || {K, _, _} <- Figs],
@@ -452,8 +543,8 @@ check_scenario(Result = #{name := Name, spec := Spec, runs := Runs0, summary := 
                  [?assert(is_number(X) andalso X >= 0) || X <- maps:values(Fs)];
              {awaiting, {awaiting, _}, true} ->
                  ?assertEqual(#{}, Fs);
-             %% flow's two-node points for the one-node `local' variant.
-             {unavailable, _, false} when V =:= <<"local">> ->
+             {unavailable, _, false} ->
+                 ?assert(lists:member(V, Unavailable), {Name, V}),
                  ?assertEqual(#{}, Fs);
              Other ->
                  ct:fail({unexpected_run, Name, V, Other, Run})
@@ -471,7 +562,7 @@ check_scenario(Result = #{name := Name, spec := Spec, runs := Runs0, summary := 
          awaiting ->
              ok;
          unavailable ->
-             ?assertEqual(<<"local">>, V)
+             ?assert(lists:member(V, Unavailable), {Name, V})
      end || #{variant := V, status := S, figures := FS, ratios := RS} <- Summary],
     %% The ceiling runs exactly where the scenario has one, and every convoy row
     %% (send_many's too) there is also given as a fraction of it.
@@ -486,8 +577,10 @@ check_scenario(Result = #{name := Name, spec := Spec, runs := Runs0, summary := 
     %% scenario across nodes but pubsub, for the best distribution flag.
     Handover = maps:get(handover, Spec),
     ?assertEqual(Handover, lists:member(<<"handover">>, Variants), Name),
-    %% send_many (convoy, lists handed over) where the scenario has it.
+    %% send_many (convoy, lists handed over) and batch (convoy:batch/1 around
+    %% convoy's sends) where the scenario has them.
     ?assertEqual(maps:get(send_many, Spec), lists:member(<<"send_many">>, Variants), Name),
+    ?assertEqual(maps:get(batch, Spec), lists:member(<<"batch">>, Variants), Name),
     %% pubsub compares Phoenix.PubSub's adapters: pg2, convoy's and the handover's,
     %% nothing else.
     Pubsub = maps:get(pubsub, Spec),
@@ -513,22 +606,38 @@ check_scenario(Result = #{name := Name, spec := Spec, runs := Runs0, summary := 
 %% scenario fails this test; `false' where they are not (the scenario must then
 %% say so in every run).
 phoenix_build() ->
+    elixir_build(#{target => "phoenix-build", tool => "mix", env => "PHOENIX_PUBSUB_PATH",
+                   vendor => "phoenix_pubsub", file => "mix.exs",
+                   paths => fun convoy_bench_pubsub:code_paths/0}).
+
+%% The same for the fanout scenario's manifold variant: `make manifold-build'
+%% wherever elixirc and manifold's source are.
+manifold_build() ->
+    elixir_build(#{target => "manifold-build", tool => "elixirc", env => "MANIFOLD_PATH",
+                   vendor => "manifold", file => "lib/manifold.ex",
+                   paths => fun convoy_bench_fanout:manifold_paths/0}).
+
+%% `make Target' when `Tool', make and the source (`$Env', else the copy in
+%% shared/vendor beside the repository) are here, then its code paths found;
+%% `false' where they are not.
+elixir_build(#{target := Target, tool := Tool, env := Env, vendor := Vendor, file := File,
+               paths := Paths}) ->
     Root = convoy_bench_pubsub:root(),
-    Source = case os:getenv("PHOENIX_PUBSUB_PATH") of
+    Source = case os:getenv(Env) of
                  P when is_list(P), P =/= "" -> P;
-                 _ -> filename:join([Root, "..", "shared", "vendor", "phoenix_pubsub"])
+                 _ -> filename:join([Root, "..", "shared", "vendor", Vendor])
              end,
-    case os:find_executable("mix") =/= false andalso os:find_executable("make") =/= false
-        andalso filelib:is_regular(filename:join(Source, "mix.exs")) of
+    case os:find_executable(Tool) =/= false andalso os:find_executable("make") =/= false
+        andalso filelib:is_regular(filename:join(Source, File)) of
         false ->
-            ct:pal("pubsub: not built here (no mix, make or ~s)", [Source]),
+            ct:pal("~s: not built here (no ~s, make or ~s)", [Target, Tool, Source]),
             false;
         true ->
-            Out = os:cmd("make -C '" ++ Root ++ "' --no-print-directory phoenix-build 2>&1; "
+            Out = os:cmd("make -C '" ++ Root ++ "' --no-print-directory " ++ Target ++ " 2>&1; "
                          "echo \"exit $?\""),
-            ct:pal("make phoenix-build:~n~s", [Out]),
+            ct:pal("make ~s:~n~s", [Target, Out]),
             ?assertNotEqual(nomatch, string:find(Out, "exit 0\n"), Out),
-            ?assertMatch({ok, _}, convoy_bench_pubsub:code_paths()),
+            ?assertMatch({ok, _}, Paths()),
             true
     end.
 
@@ -550,8 +659,9 @@ first_runs(Result = #{spec := Spec}, Runs) ->
 is_convoy(<<"convoy", _/binary>>) -> true;
 is_convoy(_) -> false.
 
-%% The rows given as fractions of the limits: convoy's, send_many's included.
-has_limits(V) -> is_convoy(V) orelse V =:= <<"send_many">>.
+%% The rows given as fractions of the limits: convoy's, send_many's and batch's
+%% included.
+has_limits(V) -> is_convoy(V) orelse V =:= <<"send_many">> orelse V =:= <<"batch">>.
 
 check_files(Dir, R = #{scenarios := Scenarios, files := Files}) ->
     [?assert(filelib:is_regular(F), F) || F <- Files],

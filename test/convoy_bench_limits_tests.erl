@@ -2,7 +2,10 @@
 %% summaries (`convoy_bench_runner:summarise/3'), on fabricated runs: the
 %% `handover' variant and the best distribution flag (the better of
 %% `nodelay_false' and `delay_send' in the same repeat: the higher rate, the lower
-%% time), only for the convoy variants and only where the limit ran.
+%% time), only for the convoy variants and only where the limit ran; and where
+%% the variants run at all (`variants_for/2'), and the other variants a row is
+%% compared with (`beside_ratios': `batch''s with `convoy' and `send_many',
+%% convoy's with `manifold').
 -module(convoy_bench_limits_tests).
 
 -include_lib("eunit/include/eunit.hrl").
@@ -90,3 +93,70 @@ where_test() ->
     ?assertEqual([<<"handover">>, <<"pg2">>, <<"convoy">>],
                  [N || #{name := N} <- convoy_bench_runner:variants_for(
                                           convoy_bench_scenarios:spec(pubsub, tiny, #{}), Vs)]).
+
+%% batch (convoy:batch/1 around convoy's sends) runs where a scenario says so:
+%% oneway, oneway8, pairs and latency.
+batch_where_test() ->
+    Vs = variants(["plain", "send_many", "batch", "convoy"]),
+    Runs = fun(N) ->
+                   Spec = convoy_bench_scenarios:spec(N, tiny, #{}),
+                   [V || #{name := V} <- convoy_bench_runner:variants_for(Spec, Vs)]
+           end,
+    Ran = [N || N <- convoy_bench_scenarios:names(), lists:member(<<"batch">>, Runs(N))],
+    ?assertEqual([latency, oneway, oneway8, pairs], lists:sort(Ran)),
+    ?assertEqual(Ran, [N || N <- convoy_bench_scenarios:names(),
+                            maps:get(batch, convoy_bench_scenarios:spec(N, tiny, #{}))]).
+
+%% batch's rows are also given against convoy and send_many, repeat by repeat,
+%% where they ran (and against the limits, as convoy's); no other row is.
+batch_beside_test() ->
+    Spec = convoy_bench_scenarios:spec(oneway, tiny, #{}),
+    Vs = variants(["plain", "handover", "send_many", "batch", "convoy"]),
+    Runs = [run(Spec, V, R, #{msg_s => X, ns_msg => 1})
+            || {R, Xs} <- [{1, [100, 1000, 900, 400, 800]}, {2, [100, 1000, 600, 600, 500]}],
+               {V, X} <- lists:zip([<<"plain">>, <<"handover">>, <<"send_many">>, <<"batch">>,
+                                    <<"convoy">>], Xs)],
+    Summary = convoy_bench_runner:summarise(Spec, Vs, Runs),
+    Batch = row(<<"batch">>, Summary),
+    %% repeat 1: 400 / 800, 400 / 900; repeat 2: 600 / 500, 600 / 600
+    #{<<"convoy">> := #{msg_s := #{median := ToConvoy, min := 0.5, max := 1.2}},
+      <<"send_many">> := #{msg_s := #{median := ToMany}}} = maps:get(beside_ratios, Batch),
+    ?assert(abs(ToConvoy - 0.85) < 1.0e-9),
+    ?assert(abs(ToMany - (400 / 900 + 1) / 2) < 1.0e-9),
+    ?assertEqual(#{median => 0.5, min => 0.4, max => 0.6, n => 2},
+                 maps:get(msg_s, maps:get(handover_ratios, Batch))),
+    [?assertEqual(#{}, maps:get(beside_ratios, R)) || R = #{variant := V} <- Summary,
+                                                      V =/= <<"batch">>],
+    %% pairs has no send_many: batch against convoy only
+    Pairs = convoy_bench_scenarios:spec(pairs, tiny, #{}),
+    Fig = fun(Rt) -> #{rt_s => Rt, p50_us => 10, p99_us => 10, p999_us => 10} end,
+    PairRuns = [run(Pairs, <<"plain">>, 1, Fig(100)), run(Pairs, <<"batch">>, 1, Fig(90)),
+                run(Pairs, <<"convoy">>, 1, Fig(120))],
+    PairSummary = convoy_bench_runner:summarise(Pairs, convoy_bench_runner:variants_for(Pairs, Vs),
+                                                PairRuns),
+    ?assertEqual([<<"convoy">>], maps:keys(maps:get(beside_ratios,
+                                                    row(<<"batch">>, PairSummary)))).
+
+%% manifold (Manifold.send/2) runs in fanout only, beside plain and convoy, as
+%% pg2 runs in pubsub only; convoy's rows there are also given against it.
+manifold_where_test() ->
+    Vs = variants(["plain", "handover", "send_many", "batch", "pg2", "manifold", "convoy"]),
+    Runs = fun(N) ->
+                   Spec = convoy_bench_scenarios:spec(N, tiny, #{}),
+                   [V || #{name := V} <- convoy_bench_runner:variants_for(Spec, Vs)]
+           end,
+    ?assertEqual([fanout], [N || N <- convoy_bench_scenarios:names(),
+                                 lists:member(<<"manifold">>, Runs(N))]),
+    ?assertEqual([<<"plain">>, <<"manifold">>, <<"convoy">>], Runs(fanout)),
+    ?assertEqual([pubsub], [N || N <- convoy_bench_scenarios:names(),
+                                 lists:member(<<"pg2">>, Runs(N))]),
+    Spec = convoy_bench_scenarios:spec(fanout, tiny, #{}),
+    Fig = fun(D) -> #{round_ms => 1, deliveries_s => D} end,
+    Summary = convoy_bench_runner:summarise(
+                Spec, convoy_bench_runner:variants_for(Spec, Vs),
+                [run(Spec, <<"plain">>, 1, Fig(100)), run(Spec, <<"manifold">>, 1, Fig(400)),
+                 run(Spec, <<"convoy">>, 1, Fig(200))]),
+    ?assertEqual(#{<<"manifold">> => #{deliveries_s => #{median => 0.5, min => 0.5, max => 0.5,
+                                                         n => 1}}},
+                 maps:get(beside_ratios, row(<<"convoy">>, Summary))),
+    ?assertEqual(#{}, maps:get(beside_ratios, row(<<"manifold">>, Summary))).

@@ -1,6 +1,7 @@
 %% The results page (`bin/convoy-bench page DIR'): the run's command, host and
 %% commit first; per scenario, every variant's primary figure with its ratios, the
-%% ratio to `guarded' as the summary gives it, and the scenario's charts only.
+%% ratio to `guarded' and batch's to convoy (`beside_ratios') as the summary gives
+%% them, and the scenario's charts only.
 -module(convoy_bench_page_tests).
 
 -include_lib("eunit/include/eunit.hrl").
@@ -16,9 +17,11 @@ page_test() ->
     Has(<<"| memory | 23.5 GiB |">>),
     Has(<<"`--check`: 1 of 2 convoy cells">>),
     %% convoy over guarded as the summary gives it (for convoy only)
-    Has(<<"| 1000 msgs, atom | convoy | 2.50 M [2.00 M - 3.00 M] | 10.0 | 1.75 |">>),
-    Has(<<"| 1000 msgs, atom | plain | 250 k [250 k - 250 k] |  |  |">>),
-    Has(<<"| point | variant | msg/s | x plain | x guarded |">>),
+    Has(<<"| 1000 msgs, atom | plain | 250 k [250 k - 250 k] |  |  |  |">>),
+    Has(<<"| point | variant | msg/s | x plain | x guarded | x convoy |">>),
+    %% batch beside convoy, as the summary gives it
+    Has(<<"| 1000 msgs, atom | batch | 2.00 M [2.00 M - 2.00 M] | 8.00 |  | 0.80 |">>),
+    Has(<<"| 1000 msgs, atom | convoy | 2.50 M [2.00 M - 3.00 M] | 10.0 | 1.75 |  |">>),
     Has(<<"![oneway: oneway_x_plain](charts/oneway_x_plain.png)">>),
     Hasnt(<<"oneway8_x_plain">>),  % another scenario's chart
     Hasnt(<<"| local |">>).       % `!' on one node only in `local'
@@ -57,4 +60,9 @@ result() ->
                                Summary(<<"guarded">>, Spread(1.5e6, 1.0e6, 2.0e6), #{}, #{}),
                                Summary(<<"convoy">>, Spread(2.5e6, 2.0e6, 3.0e6),
                                        #{<<"msg_s">> => Spread(10.0, 8.0, 12.0)},
-                                       #{<<"msg_s">> => Spread(1.75, 1.5, 2.0)})]}]}.
+                                       #{<<"msg_s">> => Spread(1.75, 1.5, 2.0)}),
+                               (Summary(<<"batch">>, Spread(2.0e6, 2.0e6, 2.0e6),
+                                        #{<<"msg_s">> => Spread(8.0, 8.0, 8.0)}, #{}))#{
+                                 <<"beside_ratios">> =>
+                                     #{<<"convoy">> => #{<<"msg_s">> => Spread(0.8, 0.7, 0.9)}}}
+                              ]}]}.
