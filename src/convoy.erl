@@ -209,9 +209,10 @@ call(ServerRef, Request, Timeout) ->
 
 %% @doc Run `Fun' and return what it returns, the caller's `send/2', `cast/2' and
 %% `multicast/2' to other nodes inside it collected and sent together when it
-%% returns: runs of sends as one `send_many/1', each multicast in its place, so a
-%% loop that sends (a `handle_info' notifying subscribers, an `Enum.each' over
-%% sockets' owners) hands its lane one batch instead of a message at a time.
+%% returns: runs of sends as one `send_many/1' (a run of one as `send/2'), each
+%% multicast in its place, so a loop that sends (a `handle_info' notifying
+%% subscribers, an `Enum.each' over sockets' owners) hands its lane one batch
+%% instead of a message at a time.
 %% Destinations are checked at each call (a bad one raises there, as `!' would);
 %% local destinations get their message at once. What was collected leaves
 %% earlier where a call must come behind it: before `send/3', `multicast/3', `send_many/1',

@@ -266,6 +266,7 @@ send_items([], Run) ->
     send_run(Run).
 
 send_run([]) -> ok;
+send_run([{Dest, Msg}]) -> ok = send(Dest, Msg, #{}); % one send: send/2's own path
 send_run(Run) -> send_many(lists:reverse(Run)).
 
 %% Everything is checked before anything is sent, so a bad destination raises

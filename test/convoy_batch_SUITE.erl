@@ -124,10 +124,10 @@ nested_and_send3_leave_first(_Config) ->
                                                 ok = convoy:multicast([Sink], 6, #{overload => error}),
                                                 ok = convoy:send(Sink, 7)
                                         end)
-                   end, [{convoy_route, send_many, 1}]),
-    %% 1 before the inner batch, 2 at its end, 3 before send/3, 5 before
-    %% multicast/3, 7 at the end
-    ?assertEqual(5, length(Calls)),
+                   end, [{convoy_send, remote, 4}]),
+    %% each left alone, by send/2's path: 1 before the inner batch, 2 at its
+    %% end, 3 before send/3, 4 (send/3 itself), 5 before multicast/3, 7 at the end
+    ?assertEqual(6, length(Calls)),
     ?assertEqual([1, 2, 3, 4, 5, 6, 7], received(Sink, 7)).
 
 %% At max_batch collected calls the scope sends them: 12 sends under max_batch 5
