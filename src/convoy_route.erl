@@ -7,7 +7,7 @@
 %%
 %% Inside `convoy:batch/1', `send/2' (and `cast/2', which sends through it) to a
 %% remote destination and `multicast/2''s remote part are checked at once and
-%% collected in the caller's state (`convoy_sender'); they leave in their order
+%% collected in the caller's scope (`convoy_scope'); they leave in their order
 %% when the scope ends, by returning or by an exception (then re-raised): runs of
 %% sends as one `send_many/1', each multicast in its place. `convoy' has them
 %% leave earlier before the calls that must come behind them (`leave/0'), and
@@ -34,8 +34,9 @@ send(Name, Msg) when is_atom(Name) ->
 send(Pid, Msg) when is_pid(Pid) ->
     send_remote(node(Pid), Pid, Msg);
 send(Dest, Msg) ->
-    case convoy_sender:scope() =:= open andalso resolve(Dest) of
-        {remote, _Node, _To} -> collect({send, Dest, Msg}); % inside convoy:batch/1
+    case convoy_scope:is_open() andalso resolve(Dest) of
+        {remote, Node, Dest} -> collected(convoy_scope:collect_send(Node, Dest, Msg)); % alias
+        {remote, _Node, _Name} -> collected(convoy_scope:collect_send(mixed, Dest, Msg));
         _ -> ok = send(Dest, Msg, #{})
     end.
 
@@ -43,9 +44,10 @@ send(Dest, Msg) ->
 %% inside `convoy:batch/1', collected.
 -spec send_remote(node(), pid(), term()) -> ok.
 send_remote(Node, Pid, Msg) ->
-    case convoy_sender:scope() of
+    case convoy_scope:collect_send(Node, Pid, Msg) of
         none -> convoy_send:remote(persistent_term:get(?RUNTIME_KEY, undefined), Node, Pid, Msg);
-        open -> collect({send, Pid, Msg})
+        collected -> ok;
+        full -> leave()
     end.
 
 %% @doc See `convoy:send/3' (options already checked there).
@@ -162,10 +164,10 @@ one_by_one(RT, Remote) ->
 multicast(Dests, Msg) when is_list(Dests) ->
     {Local, Remote} = group(Dests, Msg, [], #{}),
     lists:foreach(fun(D) -> erlang:send(D, Msg) end, Local),
-    case convoy_sender:scope() of
+    case map_size(Remote) =:= 0 orelse convoy_scope:collect({multicast, Remote, Msg}) of
+        true -> ok;
         none -> multicast_remote(Remote, Msg);
-        open when map_size(Remote) =:= 0 -> ok;
-        open -> collect({multicast, Remote, Msg}) % inside convoy:batch/1
+        Collected -> collected(Collected) % inside convoy:batch/1
     end;
 multicast(Dests, Msg) ->
     erlang:error(badarg, [Dests, Msg]).
@@ -216,10 +218,10 @@ multicast_entry(Node, Tos, Msg) ->
 %% @doc See `convoy:batch/1'.
 -spec batch(fun(() -> T)) -> T.
 batch(Fun) when is_function(Fun, 0) ->
-    Outer = convoy_sender:scope(),
+    Outer = convoy_scope:is_open(),
     case Outer of
-        none -> convoy_sender:open_scope();
-        open -> leave() % what the outer scope collected goes first
+        false -> convoy_scope:open(max_batch());
+        true -> leave() % what the outer scope collected goes first
     end,
     try Fun() of
         Result ->
@@ -230,7 +232,7 @@ batch(Fun) when is_function(Fun, 0) ->
             leave(),
             erlang:raise(Class, Reason, Stack)
     after
-        Outer =:= none andalso convoy_sender:close_scope()
+        Outer orelse convoy_scope:close()
     end;
 batch(Fun) ->
     erlang:error(badarg, [Fun]).
@@ -238,16 +240,17 @@ batch(Fun) ->
 %% @doc Send what the caller's `batch/1' scope collected, if it is in one.
 -spec leave() -> ok.
 leave() ->
-    case convoy_sender:take_collected() of
-        [] -> ok;
-        Items -> send_items(Items, [])
+    case convoy_scope:take() of
+        {_, [{Dest, Msg}]} -> ok = send(Dest, Msg, #{}); % send/2's own path
+        {mixed, Items} -> send_segments(segments(Items, [], []));
+        {none, []} -> ok;
+        {Node, Sends} -> many(persistent_term:get(?RUNTIME_KEY, undefined),
+                              [{Node, lists:reverse(Sends)}]) % checked when collected
     end.
 
-collect(Item) ->
-    case convoy_sender:collect(Item) >= max_batch() of
-        true -> leave();
-        false -> ok
-    end.
+%% A scope holding max_batch calls sends them.
+collected(collected) -> ok;
+collected(full) -> leave().
 
 max_batch() ->
     case persistent_term:get(?RUNTIME_KEY, undefined) of
@@ -255,19 +258,32 @@ max_batch() ->
         undefined -> 1000
     end.
 
-%% Runs of sends as one send_many/1, a multicast in its place.
-send_items([{send, Dest, Msg} | Rest], Run) ->
-    send_items(Rest, [{Dest, Msg} | Run]);
-send_items([{multicast, Remote, Msg} | Rest], Run) ->
-    send_run(Run),
-    multicast_remote(Remote, Msg),
-    send_items(Rest, []);
-send_items([], Run) ->
-    send_run(Run).
+%% The collected calls (newest first) as segments, oldest first: runs of sends
+%% (oldest first, each send as it was collected) and multicasts. One walk, no
+%% copy of the sends.
+segments([{multicast, _, _} = M | Rest], Run, Segments) ->
+    segments(Rest, [], [M | run(Run, Segments)]);
+segments([Send | Rest], Run, Segments) ->
+    segments(Rest, [Send | Run], Segments);
+segments([], Run, Segments) ->
+    run(Run, Segments).
 
-send_run([]) -> ok;
-send_run([{Dest, Msg}]) -> ok = send(Dest, Msg, #{}); % one send: send/2's own path
-send_run(Run) -> send_many(lists:reverse(Run)).
+run([], Segments) -> Segments;
+run(Run, Segments) -> [{sends, Run} | Segments].
+
+%% A run of sends as one send_many/1 (a run of one by send/2's own path), a
+%% multicast in its place.
+send_segments([{sends, [{Dest, Msg}]} | Rest]) ->
+    ok = send(Dest, Msg, #{}),
+    send_segments(Rest);
+send_segments([{sends, Run} | Rest]) ->
+    send_many(Run),
+    send_segments(Rest);
+send_segments([{multicast, Remote, Msg} | Rest]) ->
+    multicast_remote(Remote, Msg),
+    send_segments(Rest);
+send_segments([]) ->
+    ok.
 
 %% Everything is checked before anything is sent, so a bad destination raises
 %% badarg with nothing sent. Remote pids of one node in a row (as a list of a

@@ -2,7 +2,7 @@
 %% A sending process's own state, and the lane's calm as that sender finds it.
 %%
 %% The state is one entry of the sender's process dictionary (`?KEY', an atom:
-%% it hashes and compares at once), a `#sender{}' with five parts:
+%% it hashes and compares at once), a `#sender{}' with four parts:
 %% <ul>
 %% <li>`marked': the nodes this sender's traffic went to through a lane or an
 %%   inbox since its last barrier (rule 3 of `convoy_send'), each `true', or
@@ -13,9 +13,9 @@
 %%   reuses, its last recorded small send to each node);</li>
 %% <li>`skipped': the records a marked sender skipped in a row;</li>
 %% <li>`refs': the counters and held array of each node it streams to, as it read
-%%   them under the lanes then running (`refs/2');</li>
-%% <li>`scope': inside `convoy:batch/1', the calls it collected (`convoy_route').</li>
+%%   them under the lanes then running (`refs/2').</li>
 %% </ul>
+%% What it collects inside `convoy:batch/1' is kept apart (`convoy_scope').
 %% A process that never sent remotely has no entry, and the paths that need no
 %% state (a fresh process's first send to a busy node) write none.
 -module(convoy_sender).
@@ -23,29 +23,21 @@
 -export([marker/1, is_marked/1, mark/1, mark_lane/1, mark_pieces/2, confirmed/1, unmark/1]).
 -export([unmarked_calm/3, marked_calm/3, unheld_calm/4, skipped_record/3, entry_calm/3]).
 -export([refs/2, forget_refs/1]).
--export([scope/0, open_scope/0, close_scope/0, collect/1, take_collected/0]).
 -export([parts/0]).
 
--export_type([marker/0, scope_item/0]).
+-export_type([marker/0]).
 
 -include("convoy_runtime.hrl").
 
 -define(KEY, '$convoy_sender').
 
 -type marker() :: false | true | {pieces, atom()}.
-%% A call collected inside `convoy:batch/1': a send, or a multicast's (checked)
-%% remote destinations by node.
--type scope_item() :: {send, convoy:dest(), term()} |
-                      {multicast, #{node() => [convoy:dest()]}, term()}.
 
 -record(sender, {marked = #{} :: #{node() => true | {pieces, atom()}},
                  own :: convoy_path:own() | undefined,
                  skipped :: non_neg_integer() | undefined,
                  refs = #{} :: #{node() => {tuple(), counters:counters_ref(),
-                                            convoy_held:held()}},
-                 %% none, or inside convoy:batch/1: how many calls were collected,
-                 %% and they, newest first
-                 scope = none :: none | {non_neg_integer(), [scope_item()]}}).
+                                            convoy_held:held()}}}).
 
 -compile({inline, [state/0, set_marked/2, slots/2, now_us/1]}).
 
@@ -157,53 +149,6 @@ forget_refs(Node) ->
             ok;
         _ ->
             ok
-    end.
-
-%%--------------------------------------------------------------------
-%% A batch scope (`convoy:batch/1', carried out by `convoy_route')
-
-%% @doc Whether the caller is inside `convoy:batch/1'.
--spec scope() -> none | open.
-scope() ->
-    case get(?KEY) of
-        #sender{scope = {_, _}} -> open;
-        _ -> none
-    end.
-
-%% @doc The caller enters `convoy:batch/1': nothing collected yet.
--spec open_scope() -> ok.
-open_scope() ->
-    put(?KEY, (state())#sender{scope = {0, []}}),
-    ok.
-
-%% @doc The caller leaves `convoy:batch/1' (what it collected was taken).
--spec close_scope() -> ok.
-close_scope() ->
-    case get(?KEY) of
-        S = #sender{} -> put(?KEY, S#sender{scope = none});
-        _ -> ok
-    end,
-    ok.
-
-%% @doc Collect `Item' in the open scope; how many it holds now.
--spec collect(scope_item()) -> pos_integer().
-collect(Item) ->
-    S = #sender{scope = {N, Items}} = get(?KEY),
-    put(?KEY, S#sender{scope = {N + 1, [Item | Items]}}),
-    N + 1.
-
-%% @doc What the open scope collected, oldest first, the scope left open and
-%% empty; `[]' outside a scope.
--spec take_collected() -> [scope_item()].
-take_collected() ->
-    case get(?KEY) of
-        #sender{scope = {0, _}} ->
-            [];
-        S = #sender{scope = {_, Items}} ->
-            put(?KEY, S#sender{scope = {0, []}}),
-            lists:reverse(Items);
-        _ ->
-            []
     end.
 
 %% @doc The calling process's state, by part (for tests).

@@ -12,7 +12,8 @@
 -export([sends_leave_together/1, order_with_casts_and_multicasts/1,
          exception_sends_then_raises/1, call_and_flush_see_collected/1,
          nested_and_send3_leave_first/1, max_batch_bounds_a_scope/1,
-         bad_destination_raises_there/1, local_at_once/1, not_running/1]).
+         bad_destination_raises_there/1, local_at_once/1, not_running/1,
+         names_pids_and_nodes_mixed/1]).
 %% Run on the peer.
 -export([tally/0]).
 
@@ -22,7 +23,7 @@ suite() ->
 all() ->
     [sends_leave_together, order_with_casts_and_multicasts, exception_sends_then_raises,
      call_and_flush_see_collected, nested_and_send3_leave_first, max_batch_bounds_a_scope,
-     bad_destination_raises_there, local_at_once, not_running].
+     bad_destination_raises_there, local_at_once, not_running, names_pids_and_nodes_mixed].
 
 init_per_testcase(not_running, Config) ->
     _ = application:stop(convoy),
@@ -37,8 +38,8 @@ end_per_testcase(_TC, _Config) ->
 
 %%--------------------------------------------------------------------
 
-%% 100 sends in a scope: none leaves before the scope ends, then one
-%% send_many/1 carries them; the node's counters are those of 100 sends.
+%% 100 sends in a scope: none leaves before the scope ends, then one hand-over
+%% carries them (send_many/1's); the node's counters are those of 100 sends.
 sends_leave_together(_Config) ->
     {_Peer, Node} = convoy_ct_peers:convoy_peer(?MODULE, ?CT_PEER_NAME(), #{}),
     Sink = sink_on(Node),
@@ -50,8 +51,8 @@ sends_leave_together(_Config) ->
                                                 ?assertEqual(Before, accepted_and_direct(Node)),
                                                 inside
                                         end)
-                   end, [{convoy_route, send_many, 1}, {convoy_send, remote, 4}]),
-    ?assertEqual([{convoy_route, send_many, 1}], Calls),
+                   end, [{convoy_send, together, 2}, {convoy_send, remote, 4}]),
+    ?assertEqual([{convoy_send, together, 2}], Calls), % one hand-over for all 100
     ?assertEqual([{m, I} || I <- lists:seq(1, 100)], received(Sink, 100)),
     {A0, _} = Before,
     {A1, _} = accepted_and_direct(Node),
@@ -138,9 +139,31 @@ max_batch_bounds_a_scope(_Config) ->
     Sink = sink_on(Node),
     Calls = traced(fun() ->
                            convoy:batch(fun() -> [ok = convoy:send(Sink, I) || I <- lists:seq(1, 12)] end)
-                   end, [{convoy_route, send_many, 1}]),
+                   end, [{convoy_send, together, 2}]),
     ?assertEqual(3, length(Calls)),
     ?assertEqual(lists:seq(1, 12), received(Sink, 12)).
+
+%% A scope's sends to a registered name, to pids of two nodes and to the first
+%% node again: each receiver gets its messages in order, once.
+names_pids_and_nodes_mixed(_Config) ->
+    {PeerB, B} = convoy_ct_peers:convoy_peer(?MODULE, ?CT_PEER_NAME(mixed_b), #{}),
+    {_, C} = convoy_ct_peers:convoy_peer(?MODULE, ?CT_PEER_NAME(mixed_c), #{}),
+    [SB, SC, Named] = [sink_on(N) || N <- [B, C, B]],
+    true = peer:call(PeerB, erlang, register, [convoy_batch_named, Named]),
+    ok = convoy:batch(fun() ->
+                              [begin
+                                   ok = convoy:send(SB, {b, I}),
+                                   ok = convoy:send({convoy_batch_named, B}, {n, I}),
+                                   ok = convoy:send(SC, {c, I})
+                               end || I <- lists:seq(1, 30)],
+                              ok
+                      end),
+    ?assertEqual([{b, I} || I <- lists:seq(1, 30)], received(SB, 30)),
+    ?assertEqual([{c, I} || I <- lists:seq(1, 30)], received(SC, 30)),
+    ?assertEqual([{n, I} || I <- lists:seq(1, 30)], received(Named, 30)),
+    %% one node's pids alone: the same, through the one-node hand-over
+    ok = convoy:batch(fun() -> [ok = convoy:send(SC, {again, I}) || I <- [1, 2, 3]], ok end),
+    ?assertEqual([{again, I} || I <- [1, 2, 3]], lists:nthtail(30, received(SC, 33))).
 
 %% A bad destination raises badarg at the call, as `!' would; what was collected
 %% before it still leaves.
