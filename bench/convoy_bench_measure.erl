@@ -251,7 +251,8 @@ us(Native) -> erlang:convert_time_unit(Native, native, nanosecond) / 1000.
 %% N messages to a fresh consumer, then `done'; rate in messages per second from
 %% the first send to the consumer's answer, and the sender's time (native units)
 %% from the first send to the return of the last. Checks that nothing was lost.
-%% `What' is a message shape (`atom', `event') or `{data, Term}' (always Term).
+%% `What' is a message shape (`atom', `event', `phoenix') or `{data, Term}' (always
+%% Term).
 oneway(Ctx, N, What) ->
     oneway(Ctx, N, What, ?SINK_OPTS).
 
@@ -329,26 +330,44 @@ ceiling_ship(Dest, Entries) -> convoy_bench_ceiling:ship(node(Dest), Entries).
 
 -compile({inline, [shaped/2]}).
 shaped(atom, _I) -> message;
-shaped(event, I) -> message(event, I);
-shaped({data, Term}, _I) -> Term.
+shaped({data, Term}, _I) -> Term;
+shaped(Shape, I) -> message(Shape, I).
 
-%% Messages I..N. The event shape is built per message (its Id is I), as a real
-%% sender would; the others are the same term every time.
+%% Messages I..N. The event and phoenix shapes are built per message (their Id is
+%% I), as a real sender would; the others are the same term every time.
 send_n(_M, _Dest, _What, I, N) when I > N -> ok;
 send_n(M, Dest, atom, I, N) ->
     snd(M, Dest, message),
     send_n(M, Dest, atom, I + 1, N);
-send_n(M, Dest, event, I, N) ->
-    snd(M, Dest, message(event, I)),
-    send_n(M, Dest, event, I + 1, N);
+send_n(M, Dest, Shape, I, N) when Shape =:= event; Shape =:= phoenix ->
+    snd(M, Dest, message(Shape, I)),
+    send_n(M, Dest, Shape, I + 1, N);
 send_n(M, Dest, {data, Term} = What, I, N) ->
     snd(M, Dest, Term),
     send_n(M, Dest, What, I + 1, N).
 
-%% The realistic message shape: a tagged tuple with the sequence number, a small
-%% binary and a small map.
+%% The realistic message shapes. `event': a tagged tuple with the sequence number,
+%% a small binary and a small map. `phoenix': what a Phoenix.PubSub broadcast of a
+%% channel message carries, ten binary keys and a payload map of a few string
+%% keys, about 420 bytes encoded (`phoenix_shape_test'), the sequence number in
+%% its ref, payload and timestamp.
 -compile({inline, [message/2]}).
-message(event, Id) -> {event, Id, <<"user-42">>, #{k => Id}}.
+message(event, Id) -> {event, Id, <<"user-42">>, #{k => Id}};
+message(phoenix, Id) ->
+    #{<<"topic">> => <<"room:lobby">>,
+      <<"event">> => <<"new_msg">>,
+      <<"ref">> => integer_to_binary(Id),
+      <<"join_ref">> => <<"12">>,
+      <<"payload">> => #{<<"body">> => <<"see you all at the standup in ten minutes">>,
+                         <<"user_id">> => 42,
+                         <<"user">> => <<"user-42">>,
+                         <<"msg_id">> => Id,
+                         <<"mentions">> => <<"user-7,user-19">>},
+      <<"status">> => <<"ok">>,
+      <<"node">> => <<"app@web-1.example.internal">>,
+      <<"channel">> => <<"Elixir.MyAppWeb.RoomChannel">>,
+      <<"sent_at">> => 1764000000000 + Id,
+      <<"serializer">> => <<"Elixir.Phoenix.Socket.V2.JSONSerializer">>}.
 
 pingpong_rate(Ctx = #{mode := M}, N) ->
     C = spawn_opt(sink(Ctx), ?MODULE, consumer, [M, 0], ?SINK_OPTS),
@@ -637,3 +656,24 @@ bulk_sender(M, Sink, Bin, Driver) ->
             Exchange = fun(_Id) -> snd(M, Sink, Msg), receive true -> ok end end,
             window_loop(Exchange, fun(_, _) -> 1 end, Driver, Warm, Deadline, 1, [])
     end.
+
+-ifdef(TEST).
+-include_lib("eunit/include/eunit.hrl").
+
+%% The phoenix shape: ten binary keys, a payload map of string keys, 300-600
+%% bytes encoded whatever its Id, a term of its own per message.
+phoenix_shape_test() ->
+    Ids = [1, 999, 1000000, 1 bsl 40],
+    [begin
+         M = message(phoenix, Id),
+         ?assertEqual(10, map_size(M)),
+         ?assert(lists:all(fun is_binary/1, maps:keys(M))),
+         #{<<"payload">> := P} = M,
+         ?assert(lists:all(fun is_binary/1, maps:keys(P))),
+         Bytes = erlang:external_size(M),
+         ?assert(Bytes >= 300 andalso Bytes =< 600, {Id, Bytes})
+     end || Id <- Ids],
+    [First, Second] = [message(phoenix, Id) || Id <- lists:seq(1, 2)],
+    ?assertNotEqual(First, Second),
+    ?assertEqual(message(phoenix, 7), shaped(phoenix, 7)).
+-endif.

@@ -28,7 +28,10 @@
 %% seed's `{ping, Pid}'; `req' = `{req, Pid, Payload}') and `event', a realistic
 %% one: `{event, Id, <<"user-42">>, #{k => Id}}' with Id the message's sequence
 %% number (in `pairs' the request is `{req, Pid, Event}' with the payload in the
-%% map: `#{k => Id, body => Payload}').
+%% map: `#{k => Id, body => Payload}'). `oneway' and `oneway8' measure a third,
+%% `phoenix': a map as a Phoenix.PubSub broadcast of a channel message carries
+%% (ten binary keys, a payload map of string keys, about 420 bytes encoded, the
+%% sequence number inside; `convoy_bench_measure:message/2').
 -module(convoy_bench_scenarios).
 
 -export([names/0, default_selection/0, spec/3, param_keys/1, apart/1]).
@@ -185,21 +188,22 @@ describe(flood, P = #{pingers := N}) ->
       handover => true};
 describe(oneway, P = #{n := N}) ->
     #{title => fmt("one sender, ~b messages to one remote process; atom: the atom "
-                   "'message', event: {event, Id, <<\"user-42\">>, #{k => Id}}; "
+                   "'message', event: {event, Id, <<\"user-42\">>, #{k => Id}}, phoenix: "
+                   "a Phoenix.PubSub broadcast's map of ten binary keys (~~420 bytes); "
                    "ns/msg: the sender's wall time per message", [N]),
       placement => cross, sinks => 1,
       points => [point(fmt("~b msgs, ~s", [N, Shape]), P#{shape => Shape})
-                 || Shape <- [atom, event]],
+                 || Shape <- [atom, event, phoenix]],
       figures => [{msg_s, <<"msg/s">>, rate}, {ns_msg, <<"ns/msg">>, ns}],
       ratio => [msg_s], primary => {msg_s, higher}, convoy => measured, ceiling => true,
       handover => true, send_many => true, batch => true};
 describe(oneway8, P = #{n := N, senders := K}) ->
     #{title => fmt("~b senders at once, each ~b messages to its own process on the other "
-                   "node; atom and event as in oneway; ns/msg: wall time per message, all "
-                   "senders together", [K, N div K]),
+                   "node; atom, event and phoenix as in oneway; ns/msg: wall time per "
+                   "message, all senders together", [K, N div K]),
       placement => cross, sinks => 1,
       points => [point(fmt("~b x ~b msgs, ~s", [K, N div K, Shape]), P#{shape => Shape})
-                 || Shape <- [atom, event]],
+                 || Shape <- [atom, event, phoenix]],
       figures => [{msg_s, <<"msg/s">>, rate}, {ns_msg, <<"ns/msg">>, ns}],
       ratio => [msg_s], primary => {msg_s, higher}, convoy => measured, ceiling => true,
       handover => true, send_many => true, batch => true};

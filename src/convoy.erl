@@ -43,7 +43,8 @@
                       max_buffered_bytes => pos_integer() | infinity,
                       overload => block | drop | error,
                       block_timeout => non_neg_integer(),
-                      telemetry => boolean()}.
+                      telemetry => boolean(),
+                      compress => never | 1..9}.
 %% Settings, each one optional: those not given keep their defaults (for
 %% `set_config/1', the values in force); `settings/0' lists the accepted values,
 %% the README's Settings table says what each one means. Wherever they are taken,
@@ -69,7 +70,10 @@
                        refused := non_neg_integer(),
                        blocked_us := non_neg_integer(),
                        queued := non_neg_integer(),
-                       queued_bytes := non_neg_integer()}.
+                       queued_bytes := non_neg_integer(),
+                       compressed_batches := non_neg_integer(),
+                       compressed_bytes_in := non_neg_integer(),
+                       compressed_bytes_out := non_neg_integer()}.
 %% One remote node's route and counters, as `info/0' describes them.
 -type info() :: #{running := boolean(),
                   settings := options(),
@@ -289,8 +293,10 @@ flush(Which, Timeout) ->
 %% drain before a large message, a piece; see the README), `waited_us' (time
 %% senders waited for such answers), `unanswered' (true from a wait that ran out
 %% until the node answers again: meanwhile its senders go through their lanes),
-%% `queued' and `queued_bytes' (held by convoy now, lane mailboxes included) and
-%% `route'.
+%% `queued' and `queued_bytes' (held by convoy now, lane mailboxes included),
+%% `compressed_batches' (batches the lanes sent compressed, see the `compress'
+%% setting), `compressed_bytes_in' (their messages' encoded size) and
+%% `compressed_bytes_out' (their compressed size), and `route'.
 %% A multicast counts as one message per entry (see `convoy:multicast/2'). `lost'
 %% counts messages a lane that died had been handed and had not disposed of (not
 %% per node: the lane took that with it). All counters are cumulative since convoy

@@ -24,7 +24,7 @@
 -export([options/1, settings/0, defaults/0, keys/0, validate/1, merge/2, from_env/1,
          send_options/1, channel_options/1]).
 
--export_type([config/0, error/0, overload/0, accepts/0, channel_config/0]).
+-export_type([config/0, error/0, overload/0, compress/0, accepts/0, channel_config/0]).
 
 -include("convoy_limits.hrl").
 
@@ -43,7 +43,8 @@
                     max_buffered_bytes := pos_integer() | infinity,
                     overload := overload(),
                     block_timeout := non_neg_integer(),
-                    telemetry := boolean()}.
+                    telemetry := boolean(),
+                    compress := compress()}.
 -type error() :: {bad_option, term()} | {bad_value, atom(), term()} |
                  {duplicate_option, atom()} | {not_a_map, term()}.
 %% `bad_option': a key that is not a setting (or not one this entry point takes);
@@ -52,6 +53,9 @@
 %% `{Key, Value}' (an Elixir keyword list) are `not_a_map'.
 -type overload() :: block | drop | error.
 %% What a sender gets when a node's bound is reached (the `overload' setting).
+-type compress() :: never | 1..9.
+%% Whether a lane compresses its batches, and at which zlib level (the
+%% `compress' setting; see `convoy_compress').
 -type accepts() :: [atom() | {integer, Min :: integer(), Max :: integer() | unbounded}].
 %% A value is accepted when it is one of the atoms, or an integer within one of
 %% the (inclusive) ranges.
@@ -80,6 +84,10 @@
 %% receiving inbox, so one sender's window is all that node has in flight there,
 %% and 16 moved more bulk than 8 beside small round trips that stayed well under
 %% those beside plain sends (doc/decisions.md).
+%%
+%% `compress' defaults to `never': compressing costs the lane CPU on every batch
+%% it ships and pays only where the link, not the CPU, is the limit, which convoy
+%% cannot tell by itself yet (doc/decisions.md).
 -spec settings() -> [{atom(), term(), accepts()}].
 settings() ->
     [{lanes, 1, [{integer, 1, ?MAX_LANES}]},
@@ -97,7 +105,8 @@ settings() ->
      {max_buffered_bytes, 64 * 1024 * 1024, [infinity, {integer, 1, unbounded}]},
      {overload, block, [block, drop, error]},
      {block_timeout, 5000, [{integer, 0, ?MAX_BLOCK_MS}]},
-     {telemetry, true, [true, false]}].
+     {telemetry, true, [true, false]},
+     {compress, never, [never, {integer, 1, 9}]}].
 
 %% @private
 %% @doc The settings used where nothing else is given.
@@ -297,6 +306,14 @@ bounds_test() ->
                  validate(#{block_timeout => 3600001})),
     ?assertEqual({error, {bad_value, bypass_after, infinity}},
                  validate(#{bypass_after => infinity})).
+
+%% A zlib level or `never', from a map or a keyword list alike.
+compress_test() ->
+    ?assertMatch({ok, #{compress := never}}, validate(#{})),
+    ?assertMatch({ok, #{compress := 1}}, validate(#{compress => 1})),
+    ?assertMatch({ok, #{compress := 9}}, validate([{compress, 9}])),
+    [?assertEqual({error, {bad_value, compress, V}}, validate(#{compress => V}))
+     || V <- [0, 10, -1, true, auto, 6.0, "6"]].
 
 large_threshold_infinity_test() ->
     ?assertMatch({ok, #{large_threshold := infinity}},

@@ -10,7 +10,9 @@
 %% limits, destinations of an old incarnation of this node and stray terms are
 %% counted (see `convoy:info/0', `rejected') and the first of each kind is logged
 %% (`undeliverable' is only counted); the valid entries of a batch are still
-%% delivered.
+%% delivered. A compressed batch (`convoy_compress') is decoded here and takes
+%% the plain batch's path; one that does not decode to a list of entries is
+%% counted `bad_compressed' and nothing of it is delivered.
 %%
 %% Bounded work before other traffic gets its turn: a long batch is delivered in
 %% slices (see `convoy_inbox_core'), and while some batch is unfinished the inbox
@@ -130,11 +132,14 @@ handle({timeout, TRef, ?TICK}, S) when is_reference(TRef) ->
 handle(Msg, S) ->
     case convoy_wire:decode(Msg) of
         {batch, _Vsn, From, Entries} ->
-            case peer(From, S) of
-                {ok, C, S1} ->
-                    core({batch, From, C, Entries, here()}, S1#s{from = From});
-                unknown ->
-                    convoy_metrics:rejected(unknown_node, #{from => From}),
+            batch(From, Entries, S);
+        {zbatch, _Vsn, From, Bin} ->
+            %% Delivered as the batch it encodes, or refused whole.
+            case convoy_compress:decode(Bin) of
+                {ok, Entries} ->
+                    batch(From, Entries, S);
+                error ->
+                    convoy_metrics:rejected(bad_compressed, #{from => From}),
                     S
             end;
         {error, Kind} ->
@@ -147,6 +152,15 @@ handle(Msg, S) ->
 stray(S) ->
     convoy_metrics:rejected(unknown_message),
     S.
+
+batch(From, Entries, S) ->
+    case peer(From, S) of
+        {ok, C, S1} ->
+            core({batch, From, C, Entries, here()}, S1#s{from = From});
+        unknown ->
+            convoy_metrics:rejected(unknown_node, #{from => From}),
+            S
+    end.
 
 %% A batch must come from a connected peer (it cannot come from anywhere else).
 %% The node's counters are cached until its nodedown: convoy_peers forgets only

@@ -19,11 +19,12 @@
 %%   `net_kernel' for a connection, as `!' would; if that fails, the node's queue is
 %%   dropped and counted.</li>
 %% </ul>
-%% Peers that run a compatible convoy get batches in their inbox; others get plain
-%% sends, one per message. A publish entry (`convoy:publish/3') goes as it is to a
-%% peer at protocol version 2; a version-1 peer gets multicast entries, and a plain
-%% one plain sends, to the group's members on that node as this node sees them
-%% when the lane ships.
+%% Peers that run a compatible convoy get batches in their inbox (compressed under
+%% the `compress' setting when the peer reads them and it pays, see
+%% `convoy_compress'); others get plain sends, one per message. A publish entry
+%% (`convoy:publish/3') goes as it is to a peer at protocol version 2; a
+%% version-1 peer gets multicast entries, and a plain one plain sends, to the
+%% group's members on that node as this node sees them when the lane ships.
 %%
 %% Lanes are retired and replaced when `lanes' changes at run time and when convoy
 %% stops; see `convoy_control' for the protocol (hold, retire, release). Messages
@@ -294,9 +295,9 @@ act({accepted, Node, K}, _Now, S = #s{refs = Refs}) ->
     {C, _} = R = refs(Node, S),
     convoy_metrics:add(C, accepted, K),
     S#s{refs = Refs#{Node => R}};
-act({ship, Node, Wire, _Reason}, Now, S) ->
+act({ship, Node, Wire, Bytes, _Reason}, Now, S) ->
     {Route, S1} = route(Node, S),
-    {Outcome, S2} = ship(Node, Route, Wire, S1),
+    {Outcome, S2} = ship(Node, Route, {Wire, Bytes}, S1),
     core({shipped, Node, Outcome}, Now, S2);
 act({sent, Node, Msgs, Sends, Reason, Route}, _Now, S = #s{index = I, rt = RT, slots = Slots}) ->
     %% What batching achieves, for senders to decide whether the lane pays.
@@ -378,35 +379,59 @@ route(Node, S = #s{routes = Routes}) ->
         Route -> {Route, S#s{routes = Routes#{Node => Route}}}
     end.
 
-%% Large messages never share a batch with small ones (a chunk is a run of them);
-%% their copies in the lane's heap are collected once the lane is idle (see
-%% GC_IDLE_MS).
-ship(Node, Route, [{?TAG_LARGE, _, _} | _] = Wire, S) ->
-    ship_route(Node, Route, Wire, S#s{gc = true});
-ship(Node, Route, Wire, S) ->
-    ship_route(Node, Route, Wire, S).
+%% Large messages never share a batch with small ones (a chunk is a run of them)
+%% and are never compressed; their copies in the lane's heap are collected once
+%% the lane is idle (see GC_IDLE_MS). Bytes: the chunk's messages' encoded size.
+ship(Node, Route, {[{?TAG_LARGE, _, _} | _], _Bytes} = Chunk, S) ->
+    ship_route(Node, Route, Chunk, S#s{gc = true});
+ship(Node, Route, Chunk, S) ->
+    ship_route(Node, Route, Chunk, S).
 
-ship_route(_Node, unknown, _Wire, S) ->
+ship_route(_Node, unknown, _Chunk, S) ->
     {unroutable, S};
-ship_route(Node, {convoy, Vsn, Inboxes}, [{?TAG_LARGE, _, _} | _] = Wire, S0 = #s{index = I}) ->
+ship_route(Node, {convoy, Vsn, Inboxes}, {[{?TAG_LARGE, _, _} | _] = Wire, _Bytes},
+           S0 = #s{index = I}) ->
     Target = {convoy_wire:lane_inbox(I, Inboxes), Node},
     {Probe, S} = probe(Node, S0),
     ship_run(Node, Target, Vsn, Probe, convoy_batch:run_groups(Wire), 0, 0, S);
-ship_route(Node, {convoy, Vsn, Inboxes}, Wire, S0 = #s{index = I}) ->
+ship_route(Node, {convoy, Vsn, Inboxes}, {Wire, Bytes}, S0 = #s{index = I}) ->
     Target = {convoy_wire:lane_inbox(I, Inboxes), Node},
     {Probe, S} = probe(Node, S0),
-    Batch = convoy_wire:batch(node(), wire_entries(Wire, Vsn, Node) ++ Probe),
+    Msgs = length(Wire),
+    {Batch, Zipped} = envelope(Vsn, wire_entries(Wire, Vsn, Node) ++ Probe, {Msgs, Bytes}, S),
     case erlang:send(Target, Batch, ?SEND_OPTS) of
         ok ->
-            {{sent, 1, convoy}, S};
+            {{sent, 1, convoy}, compressed(Node, Zipped, S)};
         nosuspend ->
-            Msgs = length(Wire),
-            {{courier, 0, 0, convoy}, courier(Node, [{Target, Batch, Msgs}], S)};
+            {{courier, 0, 0, convoy},
+             courier(Node, [{Target, Batch, Msgs}], compressed(Node, Zipped, S))};
         noconnect ->
             {{unconnected, 0, 0, Wire, convoy}, S}
     end;
-ship_route(Node, plain, Wire, S) ->
+ship_route(Node, plain, {Wire, _Bytes}, S) ->
     plain(Node, Wire, 0, 0, S).
+
+%% The batch, or the batch compressed when the `compress' setting and the peer's
+%% version allow it and it pays (`convoy_compress'), with what to count for it.
+envelope(Vsn, Entries, {Msgs, Bytes} = Size, #s{rt = RT}) ->
+    case convoy_compress:envelope(node(), Entries, Size, RT#runtime.compress, Vsn) of
+        {batch, Batch} -> {Batch, plain};
+        {zbatch, ZBatch, Out} -> {ZBatch, {Msgs, Bytes, Out}}
+    end.
+
+%% A compressed batch that left, or went to a courier, counted and reported once:
+%% one that could not leave (not connected) goes back to the queue and is
+%% compressed again when it ships.
+compressed(_Node, plain, S) ->
+    S;
+compressed(Node, {Msgs, In, Out}, S = #s{rt = RT}) ->
+    C = counters(Node, S),
+    convoy_metrics:add(C, compressed_batches, 1),
+    convoy_metrics:add(C, compressed_bytes_in, In),
+    convoy_metrics:add(C, compressed_bytes_out, Out),
+    event(RT, [convoy, batch, compressed], #{entries => Msgs, bytes_in => In, bytes_out => Out},
+          #{node => Node}),
+    S.
 
 %% A run of large messages, in groups of one distribution message each
 %% (convoy_batch:run_groups/1), one after the other, the probe (`probe/2') behind

@@ -21,7 +21,9 @@
 %% Accounting: every message accepted here is, at any time, pending, queued, being
 %% shipped, in a courier, or disposed of (sent or dropped) exactly once; a disposal
 %% is reported with its bytes (`{disposed, Node, K, Bytes}'), which the lane gives
-%% back to the node's held counts and to its admission counters.
+%% back to the node's held counts and to its admission counters. A chunk to ship
+%% carries its messages' bytes too (`{ship, Node, Wire, Bytes, Reason}'), for the
+%% lane's choice of a compressed batch (`convoy_compress').
 -module(convoy_lane_core).
 
 -include("convoy_tags.hrl").
@@ -83,7 +85,7 @@
                | {barriers, [node()]} | {barrier_done, node()}
                | shutdown_ship | shutdown_drop.
 -type action() :: {accepted, node(), pos_integer()}
-                | {ship, node(), [term()], convoy_batch:reason()}
+                | {ship, node(), [term()], Bytes :: non_neg_integer(), convoy_batch:reason()}
                 | {sent, node(), Msgs :: non_neg_integer(), Sends :: non_neg_integer(),
                    convoy_batch:reason() | resumed, route() | courier}
                 | {dropped, node(), pos_integer(), Why :: atom()}
@@ -280,11 +282,20 @@ ship(Node, Reason, {C = #core{queues = Q, max_batch = MB}, A}) ->
                 [] ->
                     ship(Node, Reason, answer_marks(Marks, {C1, A}));
                 _ ->
-                    Out = {length(Wire), Marks, Reason},
+                    Msgs = length(Wire),
+                    Out = {Msgs, Marks, Reason},
                     {C1#core{shipping = (C1#core.shipping)#{Node => Out}},
-                     [{ship, Node, Wire, Reason} | A]}
+                     [{ship, Node, Wire, chunk_bytes(Node, Msgs, C1), Reason} | A]}
             end
     end.
+
+%% The bytes senders took for a chunk of Msgs messages about to ship: a node ships
+%% one chunk at a time, from the head of its queue, and a run's bytes are given
+%% back only once it left, so the oldest Msgs messages of its runs are the
+%% chunk's (a part of a run counted in proportion, as `release/3' gives it back).
+chunk_bytes(Node, Msgs, #core{segments = Segs}) ->
+    {Bytes, _Rest} = release(Msgs, maps:get(Node, Segs, queue:new()), 0),
+    Bytes.
 
 %% A mark is told from a message by its whole shape, never by its first element
 %% alone: a message's entry is `{To, Msg}' (To a name, which may be any atom,

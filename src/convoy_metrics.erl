@@ -29,13 +29,16 @@
 -define(LOST, {convoy, lost}).
 
 -type counter() :: accepted | messages | batches | dropped | received | direct
-                 | refused | blocked_us | chunked | stalled | waited_us.
+                 | refused | blocked_us | chunked | stalled | waited_us
+                 | compressed_batches | compressed_bytes_in | compressed_bytes_out.
 -type rejection() :: bad_version | malformed_batch | bad_entry | bad_hello
                    | unknown_message | unknown_node | undeliverable | too_costly
-                   | unsolicited | bad_piece | partial_discarded | reassembly_full.
+                   | unsolicited | bad_piece | partial_discarded | reassembly_full
+                   | bad_compressed.
 
 -define(COUNTERS, [accepted, messages, batches, dropped, received, direct, refused,
-                   blocked_us, chunked, stalled, waited_us]).
+                   blocked_us, chunked, stalled, waited_us, compressed_batches,
+                   compressed_bytes_in, compressed_bytes_out]).
 %% Beside the counters, the mark of a forgotten row (`close/1') and the node's
 %% unanswered mark (`unanswered/2'), not counted among them.
 -define(CLOSED_IX, (length(?COUNTERS) + 1)).
@@ -43,7 +46,8 @@
 -define(DIRECT_IX, 6).
 -define(REJECTIONS, [bad_version, malformed_batch, bad_entry, bad_hello,
                      unknown_message, unknown_node, undeliverable, too_costly,
-                     unsolicited, bad_piece, partial_discarded, reassembly_full]).
+                     unsolicited, bad_piece, partial_discarded, reassembly_full,
+                     bad_compressed]).
 
 %% @doc Create the rejection counters (once per start of the application).
 -spec init() -> ok.
@@ -189,7 +193,10 @@ index(refused) -> 7;
 index(blocked_us) -> 8;
 index(chunked) -> 9;
 index(stalled) -> 10;
-index(waited_us) -> 11.
+index(waited_us) -> 11;
+index(compressed_batches) -> 12;
+index(compressed_bytes_in) -> 13;
+index(compressed_bytes_out) -> 14.
 
 %% @doc Count one rejected input; the first of each kind is logged.
 -spec rejected(rejection()) -> ok.
@@ -223,7 +230,8 @@ cause(too_costly) -> "a multicast entry over the limits";
 cause(unsolicited) -> "a welcome that answers no request of this node";
 cause(bad_piece) -> "a piece of no message held, out of sequence or past its size";
 cause(partial_discarded) -> "a partial message whose sender or node went";
-cause(reassembly_full) -> "a message in pieces over max_reassembly_bytes".
+cause(reassembly_full) -> "a message in pieces over max_reassembly_bytes";
+cause(bad_compressed) -> "a compressed batch that does not decode to a list of entries".
 
 rejection_index(K, [K | _], I) -> I;
 rejection_index(K, [_ | T], I) -> rejection_index(K, T, I + 1).

@@ -315,7 +315,7 @@ wire({welcome, #{node := Node} = Info}, S = #s{requests = Rs}) ->
     end;
 wire({error, Kind}, S) ->
     rejected(Kind, S);
-wire({batch, _, _, _}, S) ->
+wire({Batch, _, _, _}, S) when Batch =:= batch; Batch =:= zbatch ->
     rejected(unknown_message, S).
 
 rejected(Kind, S) ->

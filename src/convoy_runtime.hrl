@@ -42,5 +42,7 @@
     max_reassembly_bytes :: pos_integer() | infinity,
     barrier_timeout :: non_neg_integer(),
     telemetry :: boolean(),
+    %% the zlib level a lane compresses its batches with (convoy_compress)
+    compress :: never | 1..9,
     config :: map()
 }).

@@ -64,6 +64,14 @@
 %%   most 1,000,000): no entry costs more than `max_entry_words/0', and the
 %%   receiver delivers a long batch in slices of that cost (see `convoy_inbox') so
 %%   other traffic is not held behind it.</li>
+%% <li>Version 4, kind `zbatch': `{'$convoy', 1, zbatch, FromNode, Bin}' is a
+%%   batch compressed (`convoy_compress'): `Bin' is `term_to_binary(Entries,
+%%   [{compressed, Level}])' of exactly the entries a `batch' would carry. The
+%%   receiver decodes it (as distribution decodes: no `safe', the peer is a
+%%   connected node) and delivers it as that batch, in arrival order with the
+%%   others. A `Bin' that does not decode to a proper list is `bad_compressed':
+%%   nothing of it is delivered. A multicast or publish of a message that is
+%%   itself a compressed batch is `bad_entry', as one of a batch.</li>
 %% <li>`{'$convoy', 1, hello | welcome, Info}' goes between `convoy_peers' processes
 %%   (the exchange is described in `convoy_peers'). `Info' is a map; unknown keys
 %%   are ignored, so a later release can add some before anyone relies on them.
@@ -82,7 +90,8 @@
 %% version-1 peer reads every batch it is sent) and adds entry kinds, listed with
 %% the entries above, that a sender puts only in batches for a peer whose
 %% negotiated version is 2 or more (`supports/2'); version 3 adds a kind of start
-%% piece in the same way.
+%% piece in the same way, and version 4 the compressed batch, a message a lane
+%% sends only to a peer whose negotiated version is 4 or more.
 %%
 %% The limits on a multicast entry bound the work one entry costs its receiver
 %% (a few milliseconds at `max_entry_words/0'): a send that wakes a waiting
@@ -93,7 +102,7 @@
 -module(convoy_wire).
 
 -export([version/0, versions/0, max_inboxes/0, max_dests/0, max_entry_words/0,
-         batch/2, barrier/2, publish/3, piece_start/6, piece_start/7, piece/3, hello/2,
+         batch/2, zbatch/2, barrier/2, publish/3, piece_start/6, piece_start/7, piece/3, hello/2,
          supports/2,
          address/2, send_words/1, take_members/3, entry_to/3, decode/1, entry/3, cost/1, send_cost/0,
          multicast_entries/2, multicast_entries/3, per_entry/1, plain_run/4,
@@ -106,11 +115,13 @@
 
 %% The newest version this release speaks, and the one a batch's envelope carries
 %% (unchanged since version 1).
--define(VSN, 3).
+-define(VSN, 4).
 -define(BATCH_VSN, 1).
-%% Any batch (`batch/2'), as a pattern: a message that is one is refused in an entry
-%% (`entry/3', `entry_to/3') and ends a plain run (`plain_run/4').
--define(ANY_BATCH, {?TAG_WIRE, _, batch, _, _}).
+%% Any batch, plain (`batch/2') or compressed (`zbatch/2'), as a pattern of kind
+%% `Kind' and the guard on it: a message that is one is refused in a multicast or
+%% publish entry (`entry/3', `entry_to/3').
+-define(ANY_BATCH(Kind), {?TAG_WIRE, _, Kind, _, _}).
+-define(IS_BATCH(Kind), (Kind =:= batch orelse Kind =:= zbatch)).
 -define(MAX_INBOXES, ?MAX_LANES).
 %% A start piece's acknowledgement interval: at most the largest `chunk_window'.
 -define(MAX_ACK_EVERY, ?MAX_CHUNK_WINDOW).
@@ -121,8 +132,8 @@
 -define(MAX_DESTS, (?MAX_ENTRY_WORDS div ?SEND_WORDS)).
 
 -type dest() :: pid() | atom() | reference().
--type entry_kind() :: publish | piece | piece_path | piece_acks.
-%% An entry kind added after version 1 (see `supports/2').
+-type entry_kind() :: publish | piece | piece_path | piece_acks | zbatch.
+%% An entry or message kind added after version 1 (see `supports/2').
 -type entry() :: {dest() | [dest()], term()} | {?TAG_BARRIER, pid() | reference(), term()}
                | {?TAG_PUBLISH, atom(), term(), term()}
                | {?TAG_PIECE, reference(), pos_integer(), binary()}
@@ -133,6 +144,7 @@
 -type hello_info() :: #{versions := [pos_integer()], node := node(), peers := pid(),
                         inboxes := pos_integer(), request => reference()}.
 -type decoded() :: {batch, pos_integer(), node(), maybe_improper_list()}
+                 | {zbatch, pos_integer(), node(), term()}
                  | {hello | welcome, hello_info()}
                  | {error, bad_version | malformed_batch | bad_hello | unknown_message}.
 -type checked() :: {deliver, dest(), term()}
@@ -150,9 +162,10 @@ version() -> ?VSN.
 
 %% @doc Versions this release accepts.
 -spec versions() -> [pos_integer()].
-versions() -> [1, 2, ?VSN].
+versions() -> [1, 2, 3, ?VSN].
 
-%% @doc Whether a peer that negotiated version `Vsn' reads entries of `Kind'.
+%% @doc Whether a peer that negotiated version `Vsn' reads entries (or messages)
+%% of `Kind'.
 -spec supports(pos_integer(), entry_kind()) -> boolean().
 supports(Vsn, Kind) -> Vsn >= since(Kind).
 
@@ -160,7 +173,8 @@ supports(Vsn, Kind) -> Vsn >= since(Kind).
 since(publish) -> 2;
 since(piece) -> 2;
 since(piece_path) -> 3;
-since(piece_acks) -> 3.
+since(piece_acks) -> 3;
+since(zbatch) -> 4.
 
 -spec max_inboxes() -> pos_integer().
 max_inboxes() -> ?MAX_INBOXES.
@@ -181,6 +195,10 @@ address(PidOrRef, _Node) -> PidOrRef.
 
 -spec batch(node(), [entry()]) -> tuple().
 batch(FromNode, Entries) -> {?TAG_WIRE, ?BATCH_VSN, batch, FromNode, Entries}.
+
+%% @doc A compressed batch (version 4): `Bin' encodes the entries (`convoy_compress').
+-spec zbatch(node(), binary()) -> tuple().
+zbatch(FromNode, Bin) -> {?TAG_WIRE, ?BATCH_VSN, zbatch, FromNode, Bin}.
 
 %% @doc A publish entry (version 2): `Msg' to the receiving node's members of
 %% `Group' in the `pg' scope `Scope'.
@@ -212,11 +230,13 @@ hello(Kind, Info) -> {?TAG_WIRE, ?BATCH_VSN, Kind, Info}.
 
 %% @doc Classify anything that arrived at a convoy process from outside.
 -spec decode(term()) -> decoded().
-decode({?TAG_WIRE, Vsn, batch, From, Entries}) when is_integer(Vsn) ->
-    %% Every version so far writes the batch envelope of version 1.
+decode({?TAG_WIRE, Vsn, Kind, From, Payload}) when is_integer(Vsn), ?IS_BATCH(Kind) ->
+    %% Every version so far writes the batch envelope of version 1. A compressed
+    %% batch's payload is decoded by its receiver (`convoy_compress:decode/1').
     case Vsn =:= ?BATCH_VSN of
         false -> {error, bad_version};
-        true when is_atom(From), is_list(Entries) -> {batch, Vsn, From, Entries};
+        true when is_atom(From), Kind =:= zbatch -> {zbatch, Vsn, From, Payload};
+        true when is_atom(From), is_list(Payload) -> {batch, Vsn, From, Payload};
         true -> {error, malformed_batch}
     end;
 decode({?TAG_WIRE, Vsn, Kind, Info}) when Kind =:= hello; Kind =:= welcome ->
@@ -259,14 +279,14 @@ negotiate(Theirs) ->
 %% multicast's check visits at most its first 8193 destinations and about
 %% `max_entry_words/0' / destinations words of its message.
 -spec entry(term(), node(), node()) -> checked().
-entry({Tos, ?ANY_BATCH}, _From, _Local) when is_list(Tos) ->
+entry({Tos, ?ANY_BATCH(K)}, _From, _Local) when is_list(Tos), ?IS_BATCH(K) ->
     %% A batch multicast (or published) to an inbox would make it feed itself:
     %% multicasts of batches of multicasts multiply the work of one input with
     %% every level. A message shaped as a batch in a plain entry is delivered
     %% (any term is a message): to an inbox, it is a smaller input than the one
     %% that carried it, as its sender could have sent it there itself.
     {error, bad_entry};
-entry({?TAG_PUBLISH, _Scope, _Group, ?ANY_BATCH}, _From, _Local) ->
+entry({?TAG_PUBLISH, _Scope, _Group, ?ANY_BATCH(K)}, _From, _Local) when ?IS_BATCH(K) ->
     {error, bad_entry}; % as above
 entry({?TAG_PUBLISH, Scope, Group, Msg}, _From, _Local) when is_atom(Scope) ->
     {publish, Scope, Group, Msg};
@@ -318,7 +338,7 @@ entry(_, _From, _Local) ->
 %% bad entry, a costly one too costly), `other' if it is anything else (then
 %% `entry/3' checks it). Compares up to the whole of `Tos'.
 -spec entry_to(term(), [dest()], pos_integer()) -> checked() | other.
-entry_to({Tos, ?ANY_BATCH}, Tos, _N) ->
+entry_to({Tos, ?ANY_BATCH(K)}, Tos, _N) when ?IS_BATCH(K) ->
     {error, bad_entry};
 entry_to({Tos, Msg}, Tos, N) when N >= 2 ->
     case convoy_size:copy_words(Msg, ?MAX_ENTRY_WORDS div N - ?SEND_WORDS) of
@@ -528,7 +548,11 @@ decode_batch_test() ->
     B = batch(a@h, [{self(), hi}]),
     ?assertMatch({batch, 1, a@h, [_]}, decode(B)),
     %% Version 2 writes version 1's envelope: no batch says 2.
-    ?assertEqual({error, bad_version}, decode({'$convoy', 2, batch, a@h, []})).
+    ?assertEqual({error, bad_version}, decode({'$convoy', 2, batch, a@h, []})),
+    %% a compressed batch's envelope is checked here, its payload by convoy_compress
+    ?assertEqual({zbatch, 1, a@h, x}, decode({'$convoy', 1, zbatch, a@h, x})),
+    ?assertEqual({error, bad_version}, decode({'$convoy', 4, zbatch, a@h, <<>>})),
+    ?assertEqual({error, malformed_batch}, decode({'$convoy', 1, zbatch, "a", <<>>})).
 
 decode_rejects_test() ->
     ?assertEqual({error, bad_version}, decode({'$convoy', 99, batch, a@h, []})),
@@ -667,6 +691,8 @@ publish_entry_test() ->
     ?assertEqual({error, bad_entry}, entry({'$convoy_publish', pg, g}, a@h, L)),
     %% a batch as the message would make the inbox feed itself
     ?assertEqual({error, bad_entry}, entry(publish(pg, g, batch(a@h, [{self(), x}])), a@h, L)),
+    ?assertEqual({error, bad_entry}, entry(publish(pg, g, zbatch(a@h, <<>>)), a@h, L)),
+    ?assertEqual({error, bad_entry}, entry({[self()], zbatch(a@h, <<>>)}, a@h, L)),
     ?assert(supports(2, publish)),
     ?assertNot(supports(1, publish)),
     ?assertEqual(?SEND_WORDS, cost({publish, pg, g, m})).
@@ -683,6 +709,7 @@ entry_to_test() ->
     ?assertEqual(other, entry_to(publish(pg, g, m), Tos, 2)),
     ?assertEqual(other, entry_to(x, Tos, 2)),
     ?assertEqual({error, bad_entry}, entry_to({Tos, batch(a@h, [])}, Tos, 2)),
+    ?assertEqual({error, bad_entry}, entry_to({Tos, zbatch(a@h, <<>>)}, Tos, 2)),
     Big = lists:seq(1, ?MAX_ENTRY_WORDS div 2),
     ?assertEqual({error, too_costly}, entry_to({Tos, Big}, Tos, 2)),
     ?assertEqual(entry({Tos, Big}, a@h, L), entry_to({Tos, Big}, Tos, 2)).
@@ -738,6 +765,10 @@ piece_entry_test() ->
     [?assertEqual({error, bad_entry}, A(K)) || K <- [0, -1, 1025, 1.0, x]].
 
 negotiate_test() ->
+    ?assertEqual(4, negotiate([1, 2, 3, 4, 5])),
+    ?assertEqual(3, negotiate([1, 2, 3])),
+    ?assert(supports(4, zbatch)),
+    ?assertNot(supports(3, zbatch)),
     ?assertEqual(2, negotiate([1, 2])),
     ?assertEqual(1, negotiate([1])),
     ?assertEqual(none, negotiate([7])).

@@ -47,6 +47,11 @@ arguments(_Config) ->
                  ["--nodes", "a@h"], ["--netns"], ["--confirm", "-1"], ["--confirm"]]],
     {ok, #{convoy := [{<<"max_batch=5000,lanes=2">>, #{max_batch := 5000, lanes := 2}}]}} =
         convoy_bench:parse(["--convoy", "max_batch=5000,lanes=2"]),
+    %% a zlib level is an integer setting, `never' an atom one
+    {ok, #{convoy := [{<<"compress=6">>, #{compress := 6}},
+                      {<<"compress=never">>, #{compress := never}}]}} =
+        convoy_bench:parse(["--convoy", "compress=6", "--convoy", "compress=never"]),
+    ?assertMatch({error, <<_/binary>>}, convoy_bench:main(["--convoy", "compress=10"])),
     {ok, #{check := true, params := #{deadline_ms := 5}}} =
         convoy_bench:parse(["--check", "--param", "deadline_ms=5"]),
     {ok, #{confirm := 3}} = convoy_bench:parse(["--check"]),
@@ -191,7 +196,8 @@ guarded_tiny(Config) ->
      || #{name := Name, variants := Vs} <- Scenarios],
     Rows = [{Name, S} || #{name := Name, summary := Sum} <- Scenarios,
                          S = #{variant := <<"guarded">>} <- Sum],
-    ?assertEqual(4, length(Rows)),
+    %% oneway's atom, event and phoenix points, flood's ping and event
+    ?assertEqual(5, length(Rows)),
     [begin
          ?assertMatch(#{status := ok}, S, Name),
          Ratios = lists:sort(maps:get(ratio, Spec)),
@@ -216,7 +222,7 @@ batch_tiny(Config) ->
     [Oneway, Pairs] = maps:get(scenarios, R),
     [?assert(lists:member(<<"batch">>, Vs)) || #{variants := Vs} <- [Oneway, Pairs]],
     Rows = fun(#{summary := Sum}) -> [S || S = #{variant := <<"batch">>} <- Sum] end,
-    ?assertEqual(2, length(Rows(Oneway))),
+    ?assertEqual(3, length(Rows(Oneway))), % atom, event, phoenix
     ?assertEqual(4, length(Rows(Pairs))),
     [begin
          ?assertMatch(#{status := ok}, S, Name),
@@ -304,10 +310,10 @@ bar_charts(Config) ->
                                              {<<"ceiling">>, [400, 300]},
                                              {<<"handover">>, [150, none]},
                                              {<<"convoy">>, [250, 100]}]),
-                            Scenario(oneway, [{<<"plain">>, [100, 100]},
-                                              {<<"nodelay_false">>, [90, 110]},
-                                              {<<"guarded">>, [250, 150]},
-                                              {<<"convoy">>, [80, 120]}]),
+                            Scenario(oneway, [{<<"plain">>, [100, 100, 100]},
+                                              {<<"nodelay_false">>, [90, 110, 100]},
+                                              {<<"guarded">>, [250, 150, 140]},
+                                              {<<"convoy">>, [80, 120, 110]}]),
                             Scenario(cast, [{<<"plain">>, [100]}])]},
             {Pngs, Notes} = convoy_bench_plot:plots(Dir, Result),
             ?assertEqual(["flood_x_plain.png", "oneway_x_plain.png"],

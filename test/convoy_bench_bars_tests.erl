@@ -54,10 +54,11 @@ flood_dat_test() ->
 %% The limits are hatched and say so in the key; convoy and the others are solid,
 %% in colours unlike the limits'; the line at 1 is the baseline.
 styles_test() ->
-    S = scenario(oneway, [{<<"plain">>, [100, 100]}, {<<"nodelay_false">>, [90, 110]},
-                          {<<"ceiling">>, [900, 500]}, {<<"handover">>, [300, 200]},
-                          {<<"guarded">>, [250, 150]}, {<<"convoy">>, [80, 120]},
-                          {<<"convoy[lanes=2]">>, [85, 125]}]),
+    %% (points: atom, event, phoenix)
+    S = scenario(oneway, [{<<"plain">>, [100, 100, 100]}, {<<"nodelay_false">>, [90, 110, 100]},
+                          {<<"ceiling">>, [900, 500, 400]}, {<<"handover">>, [300, 200, 200]},
+                          {<<"guarded">>, [250, 150, 150]}, {<<"convoy">>, [80, 120, 110]},
+                          {<<"convoy[lanes=2]">>, [85, 125, 115]}]),
     #{script := Gp} = chart(S),
     Lines = binary:split(Gp, <<"\n">>, [global]),
     Style = fun(V) ->
@@ -147,11 +148,12 @@ many_points_test() ->
     ?assert(has(Gp, "set terminal pngcairo size 900,560 noenhanced")),
     ?assert(has(Gp, "rotate by 90")),
     ?assert(has(Gp, "\"channel\\nW=1000,\\nsame node\" 4")),
-    Wide = scenario(oneway, [{<<"plain">>, [1, 1]}]
-                    ++ [{V, [2, 2]} || V <- [<<"nodelay_false">>, <<"delay_send">>,
+    Wide = scenario(oneway, [{<<"plain">>, [1, 1, 1]}]
+                    ++ [{V, [2, 2, 2]} || V <- [<<"nodelay_false">>, <<"delay_send">>,
                                              <<"ceiling">>, <<"handover">>, <<"guarded">>,
                                              <<"send_many">>, <<"convoy">>,
                                              <<"convoy[lanes=2]">>, <<"convoy[lanes=4]">>,
                                              <<"convoy[lanes=8]">>]]),
     #{script := WGp} = chart(Wide),
-    ?assert(has(WGp, "set terminal pngcairo size 930,560 noenhanced")).
+    %% 10 variants x 3 points: 330 + 30 px a bar
+    ?assert(has(WGp, "set terminal pngcairo size 1230,560 noenhanced")).

@@ -38,7 +38,7 @@
 %% A message kind on the rejected counters, and all of them.
 -define(KINDS, [bad_version, malformed_batch, bad_entry, bad_hello, unknown_message,
                 unknown_node, undeliverable, too_costly, unsolicited, bad_piece,
-                partial_discarded, reassembly_full]).
+                partial_discarded, reassembly_full, bad_compressed]).
 
 suite() ->
     [{timetrap, {seconds, 60}}].
@@ -502,11 +502,24 @@ entries(Ctx) ->
     end.
 
 batch(Ctx) ->
-    Kind = case rnd(20) of
-               1 -> pick([hello, welcome, other, "batch"]);
-               _ -> batch
-           end,
-    {'$convoy', vsn(), Kind, from(Ctx), entries(Ctx)}.
+    case rnd(20) of
+        1 -> {'$convoy', vsn(), pick([hello, welcome, other, "batch"]), from(Ctx), entries(Ctx)};
+        N when N =< 5 -> {'$convoy', vsn(), zbatch, from(Ctx), compressed(Ctx)};
+        _ -> {'$convoy', vsn(), batch, from(Ctx), entries(Ctx)}
+    end.
+
+%% A compressed batch's payload (protocol version 4): entries (perhaps an
+%% improper list, or not a list) compressed at some level, or something that
+%% does not decode: random bytes, a cut zlib stream, a term that is not a binary.
+compressed(Ctx) ->
+    case rnd(10) of
+        N when N =< 6 -> term_to_binary(entries(Ctx), [{compressed, rnd(9)}]);
+        7 -> rand:bytes(rnd(40) - 1);
+        8 -> Z = term_to_binary(entries(Ctx), [{compressed, 9}]),
+             binary:part(Z, 0, byte_size(Z) div 2);
+        9 -> term_to_binary(term(Ctx, 2), [compressed]);
+        10 -> term(Ctx, 1)
+    end.
 
 hello_info(#{a := A, b := B, ct := CT, ghosts := G, peers_a := PA} = Ctx) ->
     Node = pick([A, A, B, CT | G]),
@@ -557,6 +570,11 @@ decode({'$convoy', V, batch, From, Entries}) when is_integer(V) ->
        is_atom(From), is_list(Entries) -> {batch, From, Entries};
        true -> {error, malformed_batch}
     end;
+decode({'$convoy', V, zbatch, From, Payload}) when is_integer(V) ->
+    if V =/= 1 -> {error, bad_version};
+       is_atom(From) -> {zbatch, From, Payload};
+       true -> {error, malformed_batch}
+    end;
 decode({'$convoy', V, Kind, Info}) when Kind =:= hello; Kind =:= welcome ->
     case is_integer(V) andalso good_hello(Info) andalso good_request(Kind, Info) of
         true -> {Kind, Info};
@@ -582,18 +600,41 @@ proper([]) -> true;
 proper([_ | T]) -> proper(T);
 proper(_) -> false.
 
+%% An inbox decodes a compressed batch's payload, trusted as distribution is:
+%% the proper list of entries it encodes, or nothing at all.
+inflate(Payload) when is_binary(Payload) ->
+    try binary_to_term(Payload) of
+        Entries -> case proper(Entries) of
+                       true -> {ok, Entries};
+                       false -> error
+                   end
+    catch
+        error:badarg -> error
+    end;
+inflate(_) ->
+    error.
+
 %% Effects of one input to an inbox, added to Acc.
 inbox_effect({NodeUpDown, _}, _Ctx, Acc) when NodeUpDown =:= nodeup; NodeUpDown =:= nodedown ->
     Acc;
-inbox_effect(Term, Ctx = #{connected := Connected}, Acc) ->
+inbox_effect(Term, Ctx, Acc) ->
     case decode(Term) of
         {batch, From, Entries} ->
-            case lists:member(From, Connected) of
-                true -> entries_effect(Entries, From, Ctx, Acc);
-                false -> reject(unknown_node, Acc)
+            batch_effect(From, Entries, Ctx, Acc);
+        {zbatch, From, Payload} ->
+            %% decoded first, then taken as the batch it encodes
+            case inflate(Payload) of
+                {ok, Entries} -> batch_effect(From, Entries, Ctx, Acc);
+                error -> reject(bad_compressed, Acc)
             end;
         {error, Kind} -> reject(Kind, Acc);
         {Hello, _} when Hello =:= hello; Hello =:= welcome -> reject(unknown_message, Acc)
+    end.
+
+batch_effect(From, Entries, Ctx = #{connected := Connected}, Acc) ->
+    case lists:member(From, Connected) of
+        true -> entries_effect(Entries, From, Ctx, Acc);
+        false -> reject(unknown_node, Acc)
     end.
 
 entries_effect([], _From, _Ctx, Acc) ->
@@ -603,9 +644,10 @@ entries_effect([E | Rest], From, Ctx, Acc) ->
 entries_effect(_Tail, _From, _Ctx, Acc) ->
     reject(malformed_batch, Acc).
 
-%% A batch multicast inside a batch is never delivered (an inbox would feed
-%% itself); in a plain entry it is a message like any other.
-entry_effect({Tos, {'$convoy', _, batch, _, _}}, _From, _Ctx, Acc) when is_list(Tos) ->
+%% A batch (plain or compressed) multicast inside a batch is never delivered (an
+%% inbox would feed itself); in a plain entry it is a message like any other.
+entry_effect({Tos, {'$convoy', _, Batch, _, _}}, _From, _Ctx, Acc)
+  when is_list(Tos), Batch =:= batch orelse Batch =:= zbatch ->
     reject(bad_entry, Acc);
 %% A barrier is answered only to a process of the node the batch says it is from.
 entry_effect({'$convoy_barrier', R, _}, From, #{counter := C, sink := S, alias := Al}, Acc)
@@ -621,7 +663,8 @@ entry_effect({'$convoy_barrier', R, _}, From, #{counter := C, sink := S, alias :
 %% (the sink is the only member of ?PG_GROUP, and other groups have none); a scope
 %% that does not run here is undeliverable; a scope that is not an atom is a bad
 %% entry.
-entry_effect({'$convoy_publish', _Scope, _Group, {'$convoy', _, batch, _, _}}, _From, _Ctx, Acc) ->
+entry_effect({'$convoy_publish', _Scope, _Group, {'$convoy', _, Batch, _, _}}, _From, _Ctx, Acc)
+  when Batch =:= batch; Batch =:= zbatch ->
     reject(bad_entry, Acc);
 entry_effect({'$convoy_publish', ?PG_SCOPE, Group, _Msg}, From, _Ctx, Acc) ->
     case Group of
@@ -672,6 +715,7 @@ peers_effect({NodeUpDown, _, _}, _Ctx, Acc) when NodeUpDown =:= nodeup; NodeUpDo
 peers_effect(Term, #{connected := Connected}, Acc) ->
     case decode(Term) of
         {batch, _, _} -> reject(unknown_message, Acc);
+        {zbatch, _, _} -> reject(unknown_message, Acc);
         {error, Kind} -> reject(Kind, Acc);
         {welcome, _} -> reject(unsolicited, Acc);
         {hello, #{node := N}} ->

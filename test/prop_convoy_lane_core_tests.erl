@@ -176,9 +176,10 @@ event(Event, St = #{core := C, now := Now}) ->
 
 act({accepted, _Node, K}, St = #{accepted := A}) ->
     St#{accepted := A + K};
-act({ship, Node, Wire, _Reason}, St = #{core := C, max_batch := MB, shutdown := Down}) ->
+act({ship, Node, Wire, Bytes, _Reason}, St = #{core := C, max_batch := MB, shutdown := Down}) ->
     Msgs = convoy_batch:count_messages(Wire),
     Msgs =< MB orelse throw({chunk_over_max_batch, Node, Wire}),
+    chunk_bytes(Node, Msgs, Bytes, St),
     Large = [E || {'$convoy_large', _, _} = E <- Wire],
     %% Large messages never share a chunk with others (a run of them may).
     (Large =:= [] orelse length(Large) =:= length(Wire)) orelse throw({large_not_alone, Wire}),
@@ -233,6 +234,17 @@ act({stray, _Event}, St) ->
     St;
 act(Other, _St) ->
     throw({unexpected_action, Other}).
+
+%% A chunk carries the bytes its messages took (what the lane will give back for
+%% them): within what the node holds, and all of it when the chunk is all the
+%% node holds (a node ships one chunk at a time, so it holds nothing else then).
+chunk_bytes(Node, Msgs, Bytes, #{handed_by := HB, bytes_by := BB, disposed_by := DB,
+                                 disposed_bytes := DBy}) ->
+    Held = maps:get(Node, HB, 0) - maps:get(Node, DB, 0),
+    HeldBytes = maps:get(Node, BB, 0) - maps:get(Node, DBy, 0),
+    (Bytes >= 0 andalso Bytes =< HeldBytes) orelse throw({chunk_bytes, Node, Bytes, HeldBytes}),
+    (Msgs < Held orelse Bytes =:= HeldBytes)
+        orelse throw({chunk_not_all_bytes, Node, Bytes, HeldBytes}).
 
 is_held(Node, C) ->
     case maps:get(held, convoy_lane_core:summary(C)) of
@@ -415,8 +427,8 @@ tag_named_destinations_test() ->
     {C1, _} = lists:foldl(fun(M, {C, _}) -> convoy_lane_core:handle({send, M}, 0, C) end,
                           {C0, []}, Sends),
     {C2, A2} = convoy_lane_core:handle({flush, b@h, self(), t}, 0, C1),
-    ?assertMatch([{accepted, b@h, 4}, {ship, b@h, _, drained}], A2),
-    {ship, b@h, Wire, drained} = lists:last(A2),
+    ?assertMatch([{accepted, b@h, 4}, {ship, b@h, _, 4, drained}], A2),
+    {ship, b@h, Wire, 4, drained} = lists:last(A2),
     ?assertEqual([{Name, Msg} || {_, _, Name, Msg, _} <- Sends], Wire),
     {_, A3} = convoy_lane_core:handle({shipped, b@h, {sent, 1, convoy}}, 0, C2),
     ?assertMatch([{sent, b@h, 4, 1, drained, convoy}, {disposed, b@h, 4, 4},

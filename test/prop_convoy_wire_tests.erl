@@ -111,7 +111,8 @@ entry_gen() ->
                {3, {'$convoy_barrier', oneof([pid_gen(), ref_gen(), atom(), any()]), any()}},
                {1, {'$convoy_mark', any(), any()}},
                {2, {'$convoy_publish', oneof([atom(), any()]), any(),
-                    oneof([any(), {'$convoy', any(), batch, any(), any()}])}},
+                    oneof([any(), {'$convoy', any(), oneof([batch, zbatch]), any(), any()}])}},
+               {1, {dests(), {'$convoy', any(), oneof([batch, zbatch, other]), any(), any()}}},
                {1, oneof([{'$convoy_publish', atom(), any()},
                           {'$convoy_publish', atom(), any(), any(), any()}])},
                {1, {'$convoy_barrier', any()}},
@@ -124,10 +125,11 @@ entries() ->
 
 vsn() -> frequency([{6, 1}, {2, oneof([0, 2, 99, -1, 1 bsl 70])}, {1, oneof([x, 1.0, "1", [1]])}]).
 
-kind() -> frequency([{6, batch}, {3, hello}, {3, welcome}, {1, oneof([hi, "batch", 1])}]).
+kind() -> frequency([{6, batch}, {2, zbatch}, {3, hello}, {3, welcome},
+                     {1, oneof([hi, "batch", 1])}]).
 
 versions() ->
-    frequency([{4, non_empty(list(oneof([1, 2, 3, choose(1, 1000)])))}, {1, []},
+    frequency([{4, non_empty(list(oneof([1, 2, 3, 4, choose(1, 1000)])))}, {1, []},
                {1, oneof([[0], [-1], [x], [1 | 2], 1, [1.0], "a"])}]).
 
 hello_info() ->
@@ -167,6 +169,14 @@ expected_decode({'$convoy', V, batch, From, Entries}) when is_integer(V) ->
         true when is_atom(From), is_list(Entries) -> {batch, V, From, Entries};
         true -> {error, malformed_batch}
     end;
+%% A compressed batch's envelope as a batch's; its payload is the receiver's to
+%% decode (convoy_compress).
+expected_decode({'$convoy', V, zbatch, From, Payload}) when is_integer(V) ->
+    case V =:= 1 of
+        false -> {error, bad_version};
+        true when is_atom(From) -> {zbatch, V, From, Payload};
+        true -> {error, malformed_batch}
+    end;
 expected_decode({'$convoy', V, Kind, Info}) when Kind =:= hello; Kind =:= welcome ->
     case is_integer(V) andalso good_hello(Info) of
         true -> {Kind, Info};
@@ -191,11 +201,13 @@ proper_list([_ | T]) -> proper_list(T);
 proper_list(_) -> false.
 
 %% A barrier answers only a process of the node the batch came from.
-%% A batch multicast inside a batch: never delivered (an inbox would feed
+%% A batch (plain or compressed) multicast inside a batch: never delivered (an inbox would feed
 %% itself, each level multiplying the work); in a plain entry it is a message.
-expected_entry({To, {'$convoy', _, batch, _, _}}, _From, _Local) when is_list(To) ->
+expected_entry({To, {'$convoy', _, Batch, _, _}}, _From, _Local)
+  when is_list(To), Batch =:= batch orelse Batch =:= zbatch ->
     {error, bad_entry};
-expected_entry({'$convoy_publish', _Scope, _Group, {'$convoy', _, batch, _, _}}, _From, _Local) ->
+expected_entry({'$convoy_publish', _Scope, _Group, {'$convoy', _, Batch, _, _}}, _From, _Local)
+  when Batch =:= batch; Batch =:= zbatch ->
     {error, bad_entry};
 expected_entry({'$convoy_publish', Scope, Group, Msg}, _From, _Local) when is_atom(Scope) ->
     {publish, Scope, Group, Msg};
