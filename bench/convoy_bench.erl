@@ -187,7 +187,9 @@ usage() ->
      "                      own network namespaces joined by a veth pair (10.77.0.1 and\n"
      "                      10.77.0.2, long names); everything is removed afterwards\n"
      "  --rate R            with --netns: cap the veth at R with tc tbf, e.g. 1gbit\n"
-     "                      (netem delay/loss is not available on this machine)\n"
+     "                      (netem delay/loss is not available on this machine);\n"
+     "                      sizes then sends what the link carries in 2 s per point\n"
+     "                      (--link-rate R, which --rate passes on, does that alone)\n"
      "  --peer-args \"...\"   extra emulator flags for every peer node, e.g. \"+S 1\"\n"
      "  --out DIR           results directory (default bench/results/<timestamp>)\n"
      "  --no-plots          do not run gnuplot\n"
@@ -260,6 +262,8 @@ parse(["--noise" | R], O) -> parse(R, O#{noise => true});
 parse(["--confirm", N | R], O) -> parse(R, O#{confirm => non_neg_int("--confirm", N)});
 parse(["--peer-args", A | R], O) -> parse(R, O#{peer_args => string:lexemes(A, " ")});
 parse(["--nodes-note", N | R], O) -> parse(R, O#{nodes_note => list_to_binary(N)});
+parse(["--link-rate", Rate | R], O = #{params := P}) ->
+    parse(R, O#{params => P#{link_rate => link_rate(Rate)}});
 parse(["--netns" | _], _O) ->
     throw({bad_arg, "--netns is handled by bin/convoy-bench (it sets up the namespaces, "
           "then runs the harness with --nodes)", []});
@@ -355,6 +359,18 @@ setting_value(V) ->
             try list_to_existing_atom(V)
             catch error:badarg -> throw({bad_arg, "--convoy: bad value ~s", [V]})
             end
+    end.
+
+%% A tc rate ("100mbit", "1gbit", "500kbit", "8000bit") as bytes/s.
+link_rate(Rate) ->
+    case re:run(Rate, "^([0-9]+)(bit|kbit|mbit|gbit)$", [{capture, all_but_first, list}]) of
+        {match, [N, Unit]} ->
+            Bits = list_to_integer(N) * proplists:get_value(Unit, [{"bit", 1}, {"kbit", 1000},
+                                                               {"mbit", 1000000},
+                                                               {"gbit", 1000000000}]),
+            max(1, Bits div 8);
+        nomatch ->
+            throw({bad_arg, "--link-rate: ~s is not a rate such as 100mbit or 1gbit", [Rate]})
     end.
 
 param(S) ->

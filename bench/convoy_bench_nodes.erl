@@ -23,7 +23,7 @@
 -module(convoy_bench_nodes).
 
 -export([new/1, families/0, family_flags/1, available/3, prepare/4, reset/2, settle/1,
-         stop/1, facts/1]).
+         stop/1, facts/1, drain/1]).
 %% Called on given nodes by reset/2.
 -export([kill_measurements/0]).
 
@@ -44,6 +44,10 @@
 -define(SETTLE_POLL_MS, 10).
 -define(SETTLE_QUIET_POLLS, 3).
 -define(SETTLE_MS, 10000).
+%% Before convoy stops: how often to look at what it still holds, and how long
+%% without progress before stopping it anyway.
+-define(DRAIN_POLL_MS, 200).
+-define(DRAIN_STALL_MS, 10000).
 
 %% @doc A fresh state. `Given' is `none' (start peers) or the user's nodes.
 -spec new(#{given := [node()] | none, peer_args := [string()]}) -> state().
@@ -330,6 +334,7 @@ push_convoy(Node) ->
 %% Stop convoy on every node, then start it with the wanted settings and wait until
 %% each node routes to every other through convoy.
 set_convoy(Nodes, Wanted) ->
+    ok = drain(Nodes),
     [case erpc:call(N, application, stop, [convoy]) of
          ok -> ok;
          {error, {not_started, convoy}} -> ok
@@ -341,6 +346,48 @@ set_convoy(Nodes, Wanted) ->
             [start_convoy(N, Settings) || N <- Nodes],
             await_routes(Nodes, erlang:monotonic_time(millisecond) + ?ROUTE_WAIT_MS)
     end.
+
+%% What convoy still holds on Nodes for their peers ships before it stops: on a
+%% slow link that takes as long as the link needs, where convoy's own drain at
+%% stop is bounded (10 s) and would drop the rest. Waits while the count goes
+%% down, says what it waits for, and stops waiting after ?DRAIN_STALL_MS without
+%% progress (a peer that takes nothing).
+-spec drain([node()]) -> ok.
+drain(Nodes) ->
+    case held(Nodes) of
+        0 ->
+            ok;
+        Held ->
+            io:format(standard_error, "convoy-bench: waiting for convoy to ship ~b messages "
+                      "still held for its peers before it stops~n", [Held]),
+            T0 = erlang:monotonic_time(millisecond),
+            Left = drain(Nodes, Held, T0),
+            io:format(standard_error, "convoy-bench: ~s after ~.1f s~n",
+                      [case Left of
+                           0 -> "shipped";
+                           _ -> io_lib:format("~b still held, no progress: stopping anyway",
+                                              [Left])
+                       end, (erlang:monotonic_time(millisecond) - T0) / 1000]),
+            ok
+    end.
+
+drain(Nodes, Held, Since) ->
+    timer:sleep(?DRAIN_POLL_MS),
+    Now = erlang:monotonic_time(millisecond),
+    case held(Nodes) of
+        0 -> 0;
+        Less when Less < Held -> drain(Nodes, Less, Now);
+        Same when Now - Since >= ?DRAIN_STALL_MS -> Same;
+        Same -> drain(Nodes, Same, Since)
+    end.
+
+%% Messages convoy holds on Nodes (room taken for them until their lane ships
+%% them: in its mailbox or its queues).
+held(Nodes) ->
+    lists:sum([maps:get(queued, Counts, 0)
+               || N <- Nodes,
+                  #{nodes := PerNode} <- [catch erpc:call(N, convoy, info, [], 5000)],
+                  Counts <- maps:values(PerNode)]).
 
 start_convoy(Node, Settings) ->
     [ok = erpc:call(Node, application, unset_env, [convoy, K])

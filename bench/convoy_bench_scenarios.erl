@@ -61,6 +61,11 @@
                   deadline := pos_integer()}.
 -export_type([spec/0, size/0, unit/0, point/0]).
 
+%% `sizes' on a capped link (`at_rate/3'): seconds of the link per point, and the
+%% fewest messages of a size.
+-define(SIZES_LINK_SECONDS, 2).
+-define(SIZES_LINK_MIN, 10).
+
 %% @doc Every scenario, in report order.
 -spec names() -> [atom()].
 names() ->
@@ -83,7 +88,8 @@ param_keys(Name) ->
 -spec spec(atom(), size(), map()) -> spec().
 spec(Name, Size, Overrides) ->
     P0 = params(Name, Size),
-    P = maps:merge(P0, maps:with(maps:keys(P0), Overrides)),
+    P = maps:merge(P0, maps:with(maps:keys(P0), maps:merge(at_rate(Name, P0, Overrides),
+                                                             Overrides))),
     Deadline = maps:get(deadline_ms, Overrides, deadline(Name, Size)),
     Limits = #{ceiling => false, handover => false, send_many => false, batch => false,
                manifold => false, pubsub => false},
@@ -93,6 +99,17 @@ spec(Name, Size, Overrides) ->
                                                             normal -> 300000
                                                         end,
                                              deadline => Deadline}.
+
+%% On a link capped at `link_rate' (bytes/s, `--netns --rate'): the bytes a
+%% `sizes' point sends are what the link carries in ?SIZES_LINK_SECONDS (at most
+%% the normal budget), and a size may send as few as ?SIZES_LINK_MIN of its
+%% messages, so the scenario fits in a few minutes at that rate; parameters given
+%% with `--param' still win.
+at_rate(sizes, #{budget := Budget}, #{link_rate := BytesPerSec}) ->
+    #{budget => max(1, min(Budget, BytesPerSec * ?SIZES_LINK_SECONDS)),
+      min_count => ?SIZES_LINK_MIN};
+at_rate(_Name, _Params, _Overrides) ->
+    #{}.
 
 %% How long one point may take, set-up and clean-up included, before it is
 %% reported as FAILED (`deadline N ms') and its nodes are replaced: a few times the

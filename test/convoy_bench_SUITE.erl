@@ -12,7 +12,7 @@
          tune_tiny/1, cost_tiny/1,
          bar_charts/1, bars_tiny/1, given_nodes/1,
          arguments/1, deadline/1, deadline_leaves_clean_peers/1,
-         deadline_leaves_clean_given_nodes/1, settle/1]).
+         deadline_leaves_clean_given_nodes/1, settle/1, drain_before_stop/1]).
 
 suite() ->
     [{timetrap, {minutes, 6}}].
@@ -21,7 +21,8 @@ all() ->
     [arguments, bar_charts, every_scenario_tiny, noise_tiny, guarded_tiny, batch_tiny,
      manifold_tiny, tune_tiny, cost_tiny,
      bars_tiny, given_nodes,
-     deadline, deadline_leaves_clean_peers, deadline_leaves_clean_given_nodes, settle].
+     deadline, deadline_leaves_clean_peers, deadline_leaves_clean_given_nodes, settle,
+     drain_before_stop].
 
 init_per_suite(Config) ->
     Config.
@@ -486,6 +487,27 @@ settle(_Config) ->
     Waited = convoy_bench_nodes:settle(State),
     ?assert(Waited >= 200, Waited),
     [?assertNot(is_process_alive(P)) || P <- Busy].
+
+%% Before convoy stops between variants, what it holds ships: the harness waits
+%% while a suspended lane holds 2,000 messages, until the lane runs again.
+drain_before_stop(_Config) ->
+    ok = convoy_ct_peers:restart_here(),
+    try
+        {_Peer, Node} = convoy_ct_peers:convoy_peer(?MODULE, ?CT_PEER_NAME(), #{}),
+        Sink = convoy_ct_peers:sink_on(Node),
+        ok = convoy:set_config(#{bypass_after => never}), % every message to the lane
+        [Lane] = [P || {_, P, _, _} <- supervisor:which_children(convoy_lane_sup)],
+        ok = sys:suspend(Lane),
+        [ok = convoy:send(Sink, {m, I}) || I <- lists:seq(1, 2000)],
+        _ = spawn(fun() -> timer:sleep(500), sys:resume(Lane) end),
+        T0 = erlang:monotonic_time(millisecond),
+        ok = convoy_bench_nodes:drain([node()]),
+        ?assert(erlang:monotonic_time(millisecond) - T0 >= 400),
+        #{nodes := #{Node := #{queued := 0}}} = convoy:info(),
+        ?assertEqual([{m, I} || I <- lists:seq(1, 2000)], convoy_ct_peers:received(Sink, 2000))
+    after
+        application:stop(convoy)
+    end.
 
 spin(Stop) ->
     case erlang:monotonic_time(millisecond) < Stop of

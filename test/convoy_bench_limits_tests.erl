@@ -160,3 +160,20 @@ manifold_where_test() ->
                                                          n => 1}}},
                  maps:get(beside_ratios, row(<<"convoy">>, Summary))),
     ?assertEqual(#{}, maps:get(beside_ratios, row(<<"manifold">>, Summary))).
+
+%% On a capped link (`--netns --rate', which passes `--link-rate' on) `sizes'
+%% sends what the link carries in 2 s per point; `--param' still wins; other
+%% scenarios are untouched.
+link_rate_test() ->
+    {ok, #{params := P}} = convoy_bench:parse(["--link-rate", "100mbit"]),
+    ?assertEqual(#{link_rate => 12500000}, P),
+    ?assertMatch({error, _}, convoy_bench:parse(["--link-rate", "fast"])),
+    #{params := Sizes} = convoy_bench_scenarios:spec(sizes, normal, P),
+    ?assertMatch(#{budget := 25000000, min_count := 10}, Sizes),
+    #{params := Given} = convoy_bench_scenarios:spec(sizes, normal, P#{budget => 1000}),
+    ?assertMatch(#{budget := 1000, min_count := 10}, Given),
+    #{params := Fast} = convoy_bench_scenarios:spec(sizes, tiny, #{link_rate => 1 bsl 40}),
+    #{params := Tiny} = convoy_bench_scenarios:spec(sizes, tiny, #{}),
+    ?assertEqual(maps:get(budget, Tiny), maps:get(budget, Fast)), % never above the budget
+    ?assertEqual(convoy_bench_scenarios:spec(oneway, normal, #{}),
+                 convoy_bench_scenarios:spec(oneway, normal, P)).
