@@ -73,29 +73,52 @@ old_peer_gets_plain(_Config) ->
     ?assert(Plain > 0),
     ?assertEqual(0, Compressed).
 
-%% `compress' switched never -> 6 -> never -> 9 while 4 senders stream: nothing
-%% lost, nothing reordered, every message accepted was sent (accepted = messages
-%% + dropped, none dropped), and the lanes compressed while it was on.
+%% `compress' switched never -> 6 -> never -> 9 -> never between five phases of
+%% 4 senders streaming (each phase delivered before the next setting): nothing
+%% lost, nothing reordered across the switches, every message accepted was sent
+%% (accepted = messages + dropped, none dropped), and batches were compressed in
+%% the phases at a level and only there. Every message goes through the lane
+%% (`bypass_after => never'), so each phase's traffic is batched under its setting.
 switched_while_streaming(_Config) ->
-    convoy_ct_peers:start_local(#{}),
+    convoy_ct_peers:start_local(#{bypass_after => never}),
     {_Peer, B} = convoy_ct_peers:convoy_peer(?MODULE, ?CT_PEER_NAME(cz_switch), #{}),
     Before = node_counts(B),
-    ok = stream(B, fun(Receiver) ->
-                           Quarter = ?MESSAGES div ?RECEIVERS div 5,
-                           [begin
-                                _ = convoy_ct_seq:await(Receiver, K * Quarter),
-                                ok = convoy:set_config(#{compress => Level})
-                            end || {K, Level} <- lists:zip([1, 2, 3, 4], [6, never, 9, never])],
-                           ok
-                   end),
-    ok = convoy:flush(),
+    Receivers = [convoy_ct_seq:start(B) || _ <- lists:seq(1, ?RECEIVERS)],
+    Levels = [never, 6, never, 9, never],
+    Per = ?MESSAGES div ?SENDERS div length(Levels),
+    Self = self(),
+    Senders = [spawn_link(fun() -> phases(I, Receivers, Per, 1, length(Levels), Self) end)
+               || I <- lists:seq(1, ?SENDERS)],
+    Compressed =
+        [begin
+             ok = convoy:set_config(#{compress => Level}),
+             C0 = maps:get(compressed_batches, node_counts(B)),
+             [S ! {go, P} || S <- Senders],
+             [receive {phase_done, S, P} -> ok after 60000 -> ct:fail({sender_stuck, S, P}) end
+              || S <- Senders],
+             {Level, maps:get(compressed_batches, node_counts(B)) - C0}
+         end || {P, Level} <- lists:zip(lists:seq(1, length(Levels)), Levels)],
+    ct:pal("compressed batches per phase: ~p", [Compressed]),
+    [?assertEqual({never, 0}, {L, N}) || {L, N} <- Compressed, L =:= never],
+    [?assert(N > 0, {L, N}) || {L, N} <- Compressed, L =/= never],
+    PerReceiver = ?MESSAGES div ?RECEIVERS,
+    [?assertEqual({PerReceiver, []}, convoy_ct_seq:await(R, PerReceiver)) || R <- Receivers],
     Counts = convoy_ct_peers:await(
                fun() -> delta(Before, node_counts(B)) end,
                fun(#{accepted := A, messages := M, dropped := D}) -> A =:= M + D end, 10000),
-    ct:pal("counters: ~p", [Counts]),
     ?assertMatch(#{accepted := ?MESSAGES, dropped := 0}, Counts),
-    ?assert(maps:get(compressed_batches, Counts) > 0),
     ?assertMatch(#{buffered := 0, queued := 0}, node_counts(B)).
+
+%% Sender I's phases P..Last: on `{go, P}' its messages of phase P (numbering
+%% going on from the phase before), then flushed (delivered) before it says so.
+phases(_I, _Receivers, _Per, P, Last, _Driver) when P > Last ->
+    ok;
+phases(I, Receivers, Per, P, Last, Driver) ->
+    receive {go, P} -> ok end,
+    send_events(I, Receivers, (P - 1) * Per, Per),
+    ok = convoy:flush(),
+    Driver ! {phase_done, self(), P},
+    phases(I, Receivers, Per, P + 1, Last, Driver).
 
 %% A compressed batch that is not zlib, and one that decodes to something other
 %% than a list, sent by hand to the peer's inbox: both refused and counted
@@ -144,11 +167,15 @@ stream(Node, While) ->
 %% Message J of sender I goes to receiver J rem 4: each receiver gets each
 %% sender's messages numbered 1, 2, ...
 send_events(I, Receivers, Per) ->
+    send_events(I, Receivers, 0, Per).
+
+%% Messages From .. From + Per - 1 of sender I.
+send_events(I, Receivers, From, Per) ->
     K = length(Receivers),
     lists:foreach(fun(J) ->
                           To = lists:nth(J rem K + 1, Receivers),
                           ok = convoy:send(To, convoy_ct_seq:event(I, J div K + 1))
-                  end, lists:seq(0, Per - 1)).
+                  end, lists:seq(From, From + Per - 1)).
 
 node_counts(Node) ->
     maps:get(Node, maps:get(nodes, convoy:info())).
