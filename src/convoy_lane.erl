@@ -295,9 +295,9 @@ act({accepted, Node, K}, _Now, S = #s{refs = Refs}) ->
     {C, _} = R = refs(Node, S),
     convoy_metrics:add(C, accepted, K),
     S#s{refs = Refs#{Node => R}};
-act({ship, Node, Wire, Bytes, _Reason}, Now, S) ->
+act({ship, Node, Wire, Size, _Reason}, Now, S) ->
     {Route, S1} = route(Node, S),
-    {Outcome, S2} = ship(Node, Route, {Wire, Bytes}, S1),
+    {Outcome, S2} = ship(Node, Route, {Wire, Size}, S1),
     core({shipped, Node, Outcome}, Now, S2);
 act({sent, Node, Msgs, Sends, Reason, Route}, _Now, S = #s{index = I, rt = RT, slots = Slots}) ->
     %% What batching achieves, for senders to decide whether the lane pays.
@@ -381,24 +381,24 @@ route(Node, S = #s{routes = Routes}) ->
 
 %% Large messages never share a batch with small ones (a chunk is a run of them)
 %% and are never compressed; their copies in the lane's heap are collected once
-%% the lane is idle (see GC_IDLE_MS). Bytes: the chunk's messages' encoded size.
-ship(Node, Route, {[{?TAG_LARGE, _, _} | _], _Bytes} = Chunk, S) ->
+%% the lane is idle (see GC_IDLE_MS). A chunk: its messages and their size, how
+%% many and their encoded bytes, as the core counted them.
+ship(Node, Route, {[{?TAG_LARGE, _, _} | _], _Size} = Chunk, S) ->
     ship_route(Node, Route, Chunk, S#s{gc = true});
 ship(Node, Route, Chunk, S) ->
     ship_route(Node, Route, Chunk, S).
 
 ship_route(_Node, unknown, _Chunk, S) ->
     {unroutable, S};
-ship_route(Node, {convoy, Vsn, Inboxes}, {[{?TAG_LARGE, _, _} | _] = Wire, _Bytes},
+ship_route(Node, {convoy, Vsn, Inboxes}, {[{?TAG_LARGE, _, _} | _] = Wire, _Size},
            S0 = #s{index = I}) ->
     Target = {convoy_wire:lane_inbox(I, Inboxes), Node},
     {Probe, S} = probe(Node, S0),
     ship_run(Node, Target, Vsn, Probe, convoy_batch:run_groups(Wire), 0, 0, S);
-ship_route(Node, {convoy, Vsn, Inboxes}, {Wire, Bytes}, S0 = #s{index = I}) ->
+ship_route(Node, {convoy, Vsn, Inboxes}, {Wire, {Msgs, _Bytes} = Size}, S0 = #s{index = I}) ->
     Target = {convoy_wire:lane_inbox(I, Inboxes), Node},
     {Probe, S} = probe(Node, S0),
-    Msgs = length(Wire),
-    {Batch, Zipped} = envelope(Vsn, wire_entries(Wire, Vsn, Node) ++ Probe, {Msgs, Bytes}, S),
+    {Batch, Zipped} = envelope(Vsn, wire_entries(Wire, Vsn, Node) ++ Probe, Size, S),
     case erlang:send(Target, Batch, ?SEND_OPTS) of
         ok ->
             {{sent, 1, convoy}, compressed(Node, Zipped, S)};
@@ -408,7 +408,7 @@ ship_route(Node, {convoy, Vsn, Inboxes}, {Wire, Bytes}, S0 = #s{index = I}) ->
         noconnect ->
             {{unconnected, 0, 0, Wire, convoy}, S}
     end;
-ship_route(Node, plain, {Wire, _Bytes}, S) ->
+ship_route(Node, plain, {Wire, _Size}, S) ->
     plain(Node, Wire, 0, 0, S).
 
 %% The batch, or the batch compressed when the `compress' setting and the peer's

@@ -22,8 +22,8 @@
 %% shipped, in a courier, or disposed of (sent or dropped) exactly once; a disposal
 %% is reported with its bytes (`{disposed, Node, K, Bytes}'), which the lane gives
 %% back to the node's held counts and to its admission counters. A chunk to ship
-%% carries its messages' bytes too (`{ship, Node, Wire, Bytes, Reason}'), for the
-%% lane's choice of a compressed batch (`convoy_compress').
+%% carries its size too, messages and bytes (`{ship, Node, Wire, {Msgs, Bytes},
+%% Reason}'), for the lane's choice of a compressed batch (`convoy_compress').
 -module(convoy_lane_core).
 
 -include("convoy_tags.hrl").
@@ -85,7 +85,8 @@
                | {barriers, [node()]} | {barrier_done, node()}
                | shutdown_ship | shutdown_drop.
 -type action() :: {accepted, node(), pos_integer()}
-                | {ship, node(), [term()], Bytes :: non_neg_integer(), convoy_batch:reason()}
+                | {ship, node(), [term()], {Msgs :: pos_integer(), Bytes :: non_neg_integer()},
+                   convoy_batch:reason()}
                 | {sent, node(), Msgs :: non_neg_integer(), Sends :: non_neg_integer(),
                    convoy_batch:reason() | resumed, route() | courier}
                 | {dropped, node(), pos_integer(), Why :: atom()}
@@ -285,7 +286,7 @@ ship(Node, Reason, {C = #core{queues = Q, max_batch = MB}, A}) ->
                     Msgs = length(Wire),
                     Out = {Msgs, Marks, Reason},
                     {C1#core{shipping = (C1#core.shipping)#{Node => Out}},
-                     [{ship, Node, Wire, chunk_bytes(Node, Msgs, C1), Reason} | A]}
+                     [{ship, Node, Wire, {Msgs, chunk_bytes(Node, Msgs, C1)}, Reason} | A]}
             end
     end.
 

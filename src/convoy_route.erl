@@ -241,11 +241,9 @@ batch(Fun) ->
 -spec leave() -> ok.
 leave() ->
     case convoy_scope:take() of
-        {_, [{Dest, Msg}]} -> ok = send(Dest, Msg, #{}); % send/2's own path
-        {mixed, Items} -> send_segments(segments(Items, [], []));
         {none, []} -> ok;
-        {Node, Sends} -> many(persistent_term:get(?RUNTIME_KEY, undefined),
-                              [{Node, lists:reverse(Sends)}]) % checked when collected
+        {mixed, Items} -> send_segments(segments(Items, [], []));
+        {Node, Sends} -> send_run(Node, lists:reverse(Sends))
     end.
 
 %% A scope holding max_batch calls sends them.
@@ -271,13 +269,19 @@ segments([], Run, Segments) ->
 run([], Segments) -> Segments;
 run(Run, Segments) -> [{sends, Run} | Segments].
 
-%% A run of sends as one send_many/1 (a run of one by send/2's own path), a
-%% multicast in its place.
-send_segments([{sends, [{Dest, Msg}]} | Rest]) ->
-    ok = send(Dest, Msg, #{}),
-    send_segments(Rest);
+%% A run of collected sends, oldest first: one alone by send/2's own path; sends
+%% to pids of one node `Node' as that node's messages as they are (checked when
+%% collected); others (`mixed') as one send_many/1.
+send_run(_Node, [{Dest, Msg}]) ->
+    ok = send(Dest, Msg, #{});
+send_run(mixed, Run) ->
+    send_many(Run);
+send_run(Node, Run) ->
+    many(persistent_term:get(?RUNTIME_KEY, undefined), [{Node, Run}]).
+
+%% Each run of sends as `send_run/2' sends it, a multicast in its place.
 send_segments([{sends, Run} | Rest]) ->
-    send_many(Run),
+    send_run(mixed, Run),
     send_segments(Rest);
 send_segments([{multicast, Remote, Msg} | Rest]) ->
     multicast_remote(Remote, Msg),

@@ -44,6 +44,10 @@
 
 -export_type([entry_size/0]).
 
+%% An entry message's measured size (`none' where it is not measured: convoy not
+%% running or stopping).
+-type entry_size() :: {multicast | large, non_neg_integer()} | none.
+
 -include("convoy_runtime.hrl").
 -include("convoy_tags.hrl").
 
@@ -53,10 +57,6 @@
 %% sender's lane, the node, the destination there (an entry's list of them, or a
 %% `pg' group), the message, its encoded size once measured
 %% (`{small | multicast | large, Bytes}'), and whether it is an entry.
-%% An entry message's measured size (`none' where it is not measured: convoy not
-%% running or stopping).
--type entry_size() :: {multicast | large, non_neg_integer()} | none.
-
 -record(send, {rt :: #runtime{},
                lane :: pos_integer(),
                node :: node(),

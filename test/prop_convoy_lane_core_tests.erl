@@ -176,8 +176,10 @@ event(Event, St = #{core := C, now := Now}) ->
 
 act({accepted, _Node, K}, St = #{accepted := A}) ->
     St#{accepted := A + K};
-act({ship, Node, Wire, Bytes, _Reason}, St = #{core := C, max_batch := MB, shutdown := Down}) ->
+act({ship, Node, Wire, {Counted, Bytes}, _Reason},
+    St = #{core := C, max_batch := MB, shutdown := Down}) ->
     Msgs = convoy_batch:count_messages(Wire),
+    Counted =:= Msgs orelse throw({chunk_count, Node, Counted, Msgs}),
     Msgs =< MB orelse throw({chunk_over_max_batch, Node, Wire}),
     chunk_bytes(Node, Msgs, Bytes, St),
     Large = [E || {'$convoy_large', _, _} = E <- Wire],
@@ -427,8 +429,8 @@ tag_named_destinations_test() ->
     {C1, _} = lists:foldl(fun(M, {C, _}) -> convoy_lane_core:handle({send, M}, 0, C) end,
                           {C0, []}, Sends),
     {C2, A2} = convoy_lane_core:handle({flush, b@h, self(), t}, 0, C1),
-    ?assertMatch([{accepted, b@h, 4}, {ship, b@h, _, 4, drained}], A2),
-    {ship, b@h, Wire, 4, drained} = lists:last(A2),
+    ?assertMatch([{accepted, b@h, 4}, {ship, b@h, _, {4, 4}, drained}], A2),
+    {ship, b@h, Wire, {4, 4}, drained} = lists:last(A2),
     ?assertEqual([{Name, Msg} || {_, _, Name, Msg, _} <- Sends], Wire),
     {_, A3} = convoy_lane_core:handle({shipped, b@h, {sent, 1, convoy}}, 0, C2),
     ?assertMatch([{sent, b@h, 4, 1, drained, convoy}, {disposed, b@h, 4, 4},
