@@ -1,6 +1,7 @@
 %% Experiment (not part of the harness): does a fan-out on the receiving node gain
 %% from more than one delivering process? Node A sends, peers B and C hold the
-%% receivers (each tells a counter on its node, as the harness's `fanout' does).
+%% receivers: the harness's own (`convoy_bench_fanout:fan_group/3', each tells a
+%% counter on its node), each message `{fan, Round}' as in `fanout'.
 %% Ways, rounds interleaved in each repeat:
 %%   convoy     convoy:multicast/2;
 %%   {split, K} per node, the destinations cut into K chunks, each sent straight
@@ -9,20 +10,20 @@
 %%   manifold   'Elixir.Manifold':send/2, when its beams are on the code path.
 %% Cases: one sender to all receivers, and 100 senders each to its own 100.
 %%
-%% Run from the repository, with convoy compiled (`rebar3 compile'):
+%% Run from the repository, with the harness compiled (`rebar3 as bench compile'):
 %%   erlc -o /tmp bench/experiments/fanout_workers.erl
-%%   erl -sname fw -noshell -pa _build/default/lib/convoy/ebin -pa /tmp \
+%%   erl -sname fw -noshell -pa _build/bench/lib/convoy/ebin \
+%%       -pa _build/bench/lib/convoy/bench -pa /tmp \
 %%       [-pa MANIFOLD_EBIN -pa ELIXIR_LIB/elixir/ebin -pa ELIXIR_LIB/logger/ebin] \
 %%       -s fanout_workers run -s init stop
 -module(fanout_workers).
 
 -export([run/0]).
 %% Run on the peers.
--export([receivers/2, counter/2, workers/1]).
+-export([workers/1]).
 
 -define(REPEATS, 3).
 -define(ROUNDS, 60).
--define(MSG, {fan, <<"user-42">>, #{k => 1}}).
 
 run() ->
     Peers = [peer_node(N) || N <- [fw_b, fw_c]],
@@ -50,8 +51,8 @@ started(App, Nodes) ->
 
 case_(Name, S, Per, Ways, Nodes = [B, C]) ->
     Half = S * Per div 2,
-    Counters = [erpc:call(N, ?MODULE, counter, [self(), Half]) || N <- Nodes],
-    [RB, RC] = [erpc:call(N, ?MODULE, receivers, [Half, Ctr]) || {N, Ctr} <- lists:zip(Nodes, Counters)],
+    [{CB, RB}, {CC, RC}] = [erpc:call(N, convoy_bench_fanout, fan_group, [Half, Half, self()])
+                            || N <- Nodes],
     Groups = groups(RB, RC, Per),
     Workers = maps:from_list([{K, #{B => erpc:call(B, ?MODULE, workers, [K]),
                                     C => erpc:call(C, ?MODULE, workers, [K])}}
@@ -60,42 +61,43 @@ case_(Name, S, Per, Ways, Nodes = [B, C]) ->
     io:format("~s: deliveries/s, median of ~b repeats (each ~b rounds)~n", [Name, ?REPEATS, ?ROUNDS]),
     [io:format("  ~-12s ~8.3f M~n", [io_lib:format("~p", [W]), median([R || Row <- Rates, {W1, R} <- Row, W1 =:= W]) / 1.0e6])
      || W <- Ways],
-    [exit(P, kill) || P <- RB ++ RC ++ Counters].
+    [exit(P, kill) || P <- [CB, CC]]. % its receivers are linked to it
 
 rate(Way, Groups, Workers, PerRound) ->
     Self = self(),
     Senders = [spawn_link(fun() -> sender(Way, G, Workers, Self) end) || G <- Groups],
-    round_(Senders), % warm-up
+    round_(Senders, 0), % warm-up
     T0 = erlang:monotonic_time(),
-    [round_(Senders) || _ <- lists:seq(1, ?ROUNDS)],
+    [round_(Senders, I) || I <- lists:seq(1, ?ROUNDS)],
     Secs = erlang:convert_time_unit(erlang:monotonic_time() - T0, native, microsecond) / 1.0e6,
     [begin unlink(P), exit(P, kill) end || P <- Senders],
     PerRound * ?ROUNDS / Secs.
 
-round_(Senders) ->
-    [P ! go || P <- Senders],
-    [receive done -> ok end || _ <- [1, 2]].
+round_(Senders, I) ->
+    [P ! {go, I} || P <- Senders],
+    [receive {fan_done, _} -> ok end || _ <- [1, 2]].
 
 sender(Way, G, Workers, Driver) ->
-    receive go -> send(Way, G, Workers) end,
+    receive {go, I} -> send(Way, G, Workers, {fan, I}) end,
     sender(Way, G, Workers, Driver).
 
-send(convoy, G, _) -> convoy:multicast(G, ?MSG);
-send(manifold, G, _) -> 'Elixir.Manifold':send(G, ?MSG);
-send({split, K}, G, Workers) ->
+send(convoy, G, _, Msg) -> convoy:multicast(G, Msg);
+send(manifold, G, _, Msg) -> 'Elixir.Manifold':send(G, Msg);
+send({split, K}, G, Workers, Msg) ->
     ByNode = maps:groups_from_list(fun erlang:node/1, G),
-    maps:foreach(fun(N, Ps) -> chunks(maps:get(N, maps:get(K, Workers)), Ps, K) end, ByNode).
+    maps:foreach(fun(N, Ps) -> chunks(maps:get(N, maps:get(K, Workers)), Ps, K, Msg) end,
+                 ByNode).
 
-chunks(Ws, Ps, K) ->
+chunks(Ws, Ps, K, Msg) ->
     Size = (length(Ps) + K - 1) div K,
-    chunks_to(Ws, Ps, Size).
+    chunks_to(Ws, Ps, Size, Msg).
 
-chunks_to([W | Ws], Ps, Size) when length(Ps) > Size, Ws =/= [] ->
+chunks_to([W | Ws], Ps, Size, Msg) when length(Ps) > Size, Ws =/= [] ->
     {Now, Later} = lists:split(Size, Ps),
-    W ! {Now, ?MSG},
-    chunks_to(Ws, Later, Size);
-chunks_to([W | _], Ps, _Size) ->
-    W ! {Ps, ?MSG}.
+    W ! {Now, Msg},
+    chunks_to(Ws, Later, Size, Msg);
+chunks_to([W | _], Ps, _Size, Msg) ->
+    W ! {Ps, Msg}.
 
 %% Each sender's receivers, half on B and half on C, taking turns.
 groups([], [], _Per) -> [];
@@ -106,20 +108,7 @@ groups(RB, RC, Per) ->
 
 median(L) -> lists:nth((length(L) + 1) div 2, lists:sort(L)).
 
-%% On the peers.
-receivers(N, Counter) ->
-    [spawn(fun() -> receiver(Counter) end) || _ <- lists:seq(1, N)].
-
-receiver(Counter) ->
-    receive _ -> Counter ! hit end,
-    receiver(Counter).
-
-counter(Driver, PerRound) ->
-    spawn(fun() -> count(Driver, PerRound, PerRound) end).
-
-count(Driver, PerRound, 0) -> Driver ! done, count(Driver, PerRound, PerRound);
-count(Driver, PerRound, Left) -> receive hit -> count(Driver, PerRound, Left - 1) end.
-
+%% On the peers: K delivering processes.
 workers(K) ->
     [spawn(fun worker/0) || _ <- lists:seq(1, K)].
 
