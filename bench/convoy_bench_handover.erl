@@ -21,7 +21,9 @@
 %% messages take another path; the byte bound), the sender's marker read (order
 %% across a path switch), and room taken in an exact bound of messages and bytes
 %% held for the node (one `atomics:add_get/3' on one word, given back when it
-%% does not fit, and by the batcher, per list, once shipped). Its batcher is
+%% does not fit, and by the batcher, per list, once shipped); a sender that
+%% finds no room waits for it, as convoy's default `overload => block' does,
+%% for at most `block_timeout' (5 s), polling the word. Its batcher is
 %% another registered process beside the bare one. What it costs beside
 %% `handover' is the floor of any design that keeps those promises per message.
 -module(convoy_bench_handover).
@@ -44,6 +46,9 @@
 -define(BYTE_BITS, 40).
 -define(MSG, (1 bsl ?BYTE_BITS)).
 -define(BYTES_MASK, (?MSG - 1)).
+%% convoy's default block_timeout, and how often a blocked sender looks for room.
+-define(BLOCK_MS, 5000).
+-define(ROOM_POLL_MS, 1).
 
 -type dest() :: pid() | {atom(), node()}.
 
@@ -86,20 +91,36 @@ guarded(Held, Node, Dest, Msg) ->
     case erlang:external_size(Msg) of
         Bytes when Bytes < ?LARGE ->
             marked(Node),
-            Add = ?MSG + Bytes,
-            W = atomics:add_get(Held, 1, Add),
-            case W bsr ?BYTE_BITS =< ?MAX_MSGS andalso W band ?BYTES_MASK =< ?MAX_BYTES of
-                true ->
-                    ?GUARDED_BATCHER ! {Dest, Msg, Bytes},
-                    ok;
-                false ->
-                    atomics:sub(Held, 1, Add),
-                    {error, overload}
-            end;
+            hold(Held, ?MSG + Bytes, {Dest, Msg, Bytes}, undefined);
         _Large ->
             Dest ! Msg,
             ok
     end.
+
+%% Room taken for one message (Add: one message and its bytes) and the message
+%% handed over; without room, waits for it until a deadline, then refused.
+hold(Held, Add, Handed, Deadline) ->
+    W = atomics:add_get(Held, 1, Add),
+    case W bsr ?BYTE_BITS =< ?MAX_MSGS andalso W band ?BYTES_MASK =< ?MAX_BYTES of
+        true ->
+            ?GUARDED_BATCHER ! Handed,
+            ok;
+        false ->
+            atomics:sub(Held, 1, Add),
+            Now = erlang:monotonic_time(millisecond),
+            case Deadline of
+                undefined ->
+                    room_wait(Held, Add, Handed, Now + ?BLOCK_MS);
+                _ when Now >= Deadline ->
+                    {error, overload};
+                _ ->
+                    room_wait(Held, Add, Handed, Deadline)
+            end
+    end.
+
+room_wait(Held, Add, Handed, Deadline) ->
+    receive after ?ROOM_POLL_MS -> ok end,
+    hold(Held, Add, Handed, Deadline).
 
 marked(Node) ->
     case get(?MARKED_KEY) of

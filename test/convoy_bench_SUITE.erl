@@ -12,7 +12,8 @@
          tune_tiny/1, cost_tiny/1,
          bar_charts/1, bars_tiny/1, given_nodes/1,
          arguments/1, deadline/1, deadline_leaves_clean_peers/1,
-         deadline_leaves_clean_given_nodes/1, settle/1, drain_before_stop/1]).
+         deadline_leaves_clean_given_nodes/1, settle/1, drain_before_stop/1,
+         guarded_waits_for_room/1]).
 
 suite() ->
     [{timetrap, {minutes, 6}}].
@@ -22,7 +23,7 @@ all() ->
      manifold_tiny, tune_tiny, cost_tiny,
      bars_tiny, given_nodes,
      deadline, deadline_leaves_clean_peers, deadline_leaves_clean_given_nodes, settle,
-     drain_before_stop].
+     drain_before_stop, guarded_waits_for_room].
 
 init_per_suite(Config) ->
     Config.
@@ -507,6 +508,36 @@ drain_before_stop(_Config) ->
         ?assertEqual([{m, I} || I <- lists:seq(1, 2000)], convoy_ct_peers:received(Sink, 2000))
     after
         application:stop(convoy)
+    end.
+
+%% The guarded floor keeps convoy's default overload policy, block: a sender
+%% that finds the node's bound full waits until there is room, and its message
+%% arrives (it was dropped, so `oneway' lost messages of the ~420-byte shape).
+guarded_waits_for_room(_Config) ->
+    Bench = filename:dirname(code:which(convoy_bench_handover)),
+    {Peer, Node} = convoy_ct_peers:start(?MODULE, ?CT_PEER_NAME(), #{args => ["-pa", Bench]}),
+    try
+        ok = convoy_bench_handover:start([node(), Node]),
+        Sink = convoy_ct_peers:sink_on(Node),
+        Held = persistent_term:get({convoy_bench_handover, guard}),
+        Full = 1000000 bsl 40, % the bound's messages, as the held word counts them
+        ok = atomics:add(Held, 1, Full),
+        Self = self(),
+        _ = spawn_link(fun() ->
+                               T0 = erlang:monotonic_time(millisecond),
+                               R = convoy_bench_handover:send_guarded(Sink, waited),
+                               Self ! {sent, R, erlang:monotonic_time(millisecond) - T0}
+                       end),
+        receive {sent, _, _} = Early -> ct:fail({did_not_wait, Early}) after 300 -> ok end,
+        ok = atomics:sub(Held, 1, Full),
+        receive
+            {sent, ok, Ms} -> ?assert(Ms >= 300, Ms)
+        after 5000 -> ct:fail(still_blocked)
+        end,
+        ?assertEqual([waited], convoy_ct_peers:received(Sink, 1)),
+        ok = convoy_bench_handover:stop([node(), Node])
+    after
+        peer:stop(Peer)
     end.
 
 spin(Stop) ->
