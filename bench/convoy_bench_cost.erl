@@ -46,7 +46,10 @@
 
 -include("../src/convoy_runtime.hrl").
 
--type row() :: #{step := binary(), shape := atom | event, ns := float()}.
+%% The harness's message shapes (`convoy_bench_measure:shaped/2').
+-define(SHAPES, [atom, event, phoenix]).
+
+-type row() :: #{step := binary(), shape := atom | event | phoenix, ns := float()}.
 -export_type([row/0]).
 
 %% @doc Measure on fresh peer nodes; `Opts' as parsed by `convoy_bench' (`size'
@@ -81,8 +84,8 @@ text(Rows) ->
      "repeats, CPU time of node A; [exchange]: the call inside 1 or 4 "
      "request/response pairs, median of alternated phases, wall time; others: "
      "fastest of repeats, wall time\n",
-     io_lib:format("  ~-62s ~9s ~9s~n", ["step", "atom", "event"]),
-     [io_lib:format("  ~-62s ~9.1f ~9.1f~n", [S, ns(Rows, S, atom), ns(Rows, S, event)])
+     io_lib:format("  ~-62s ~9s ~9s ~9s~n", ["step" | [atom_to_list(Sh) || Sh <- ?SHAPES]]),
+     [io_lib:format("  ~-62s ~9.1f ~9.1f ~9.1f~n", [S | [ns(Rows, S, Sh) || Sh <- ?SHAPES]])
       || S <- Ordered]].
 
 ns(Rows, Step, Shape) ->
@@ -93,14 +96,14 @@ ns(Rows, Step, Shape) ->
 sink() ->
     receive _ -> sink() end.
 
-%% @doc Runs on node A: every step for both message shapes.
+%% @doc Runs on node A: every step for each message shape.
 -spec measure(pid(), #{n := pos_integer(), repeat := pos_integer(),
                         exchange_ms := pos_integer()}) -> [row()].
 measure(Sink, Params) ->
     process_flag(priority, high),
     lists:append([shape_rows(Shape, Sink, Params) ++ fresh_rows(Shape, Sink, Params)
                   ++ exchange_rows(Shape, node(Sink), Params)
-                  || Shape <- [atom, event]]).
+                  || Shape <- ?SHAPES]).
 
 %% The seed's flood: each pinger is a fresh process that sends once. For each
 %% way of sending, K fresh processes, one after the other, each time its one
@@ -244,9 +247,10 @@ exchange_send(convoy, To, Msg) -> convoy:send(To, Msg);
 exchange_send(call, To, Msg) -> convoy_bench_call:send(To, Msg);
 exchange_send(plain, To, Msg) -> To ! Msg.
 
-shape_rows(Shape, Sink, P) ->
+shape_rows(Shape, Sink, P0) ->
     Msg = message(Shape),
     RT = #runtime{} = persistent_term:get(?RUNTIME_KEY),
+    P = within_bound(P0, Msg, RT),
     L = convoy_send:lane_of(RT),
     Slots = element(L, RT#runtime.slots),
     Lane = element(L, RT#runtime.lanes),
@@ -322,6 +326,16 @@ shape_rows(Shape, Sink, P) ->
              #{step => <<"receiving inbox: entry check (convoy_wire:entry/3)">>,
                shape => Shape,
                ns => loop_ns(fun() -> convoy_wire:entry({Sink, Msg}, node(), Node) end, P)}].
+
+%% The loops hold their messages in a suspended lane (or the guarded floor's
+%% batcher): at most half of what the node's bound takes, or a send would wait
+%% for room that never comes.
+within_bound(P = #{n := N}, Msg, #runtime{max_buffered = MaxMsgs, max_buffered_bytes = MaxBytes}) ->
+    Fit = min(fit(MaxMsgs, 1), fit(MaxBytes, erlang:external_size(Msg))),
+    P#{n := max(1, min(N, Fit))}.
+
+fit(infinity, _Each) -> infinity;
+fit(Max, Each) -> Max div (2 * Each).
 
 %% convoy:send_many/1 of lists of PerCall messages, the lane suspended as for
 %% `whole_send/3' (a skipped row on a convoy without it).
@@ -413,11 +427,9 @@ ship_ns(Sink, Msg, Max, #{n := N, repeat := R}) ->
     median([cpu_ns(fun() -> [Sink ! List || List <- Lists] end) / (length(Lists) * Max)
             || _ <- lists:seq(1, R)]).
 
-message(atom) -> message;
 %% Built at run time, as an application's messages are: a literal term is not
 %% copied by a local send, and would make the hand-over look cheaper than it is.
-message(event) ->
-    Id = erlang:phash2(self(), 1) + 42,
-    {event, Id, <<"user-42">>, #{k => Id}}.
+message(Shape) ->
+    convoy_bench_measure:shaped(Shape, erlang:phash2(self(), 1) + 42).
 
 median(L) -> lists:nth((length(L) + 1) div 2, lists:sort(L)).

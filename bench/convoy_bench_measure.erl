@@ -18,7 +18,7 @@
          bulk_sink/1, bulk_sender/4, fault_meter/2]).
 %% For the scenarios measured in modules of their own (convoy_bench_fanout,
 %% convoy_bench_flow, convoy_bench_mesh).
--export([snd/3, sink/1, timeout/1, secs/1, await/2, send_all/4, finish/3]).
+-export([shaped/2, snd/3, sink/1, timeout/1, secs/1, await/2, send_all/4, finish/3]).
 -export([gen_host/2, caster/5, caller/3]).
 
 -type mode() :: plain | call | convoy | ceiling | handover | guarded | send_many | batch
@@ -328,6 +328,8 @@ ceiling_ship(_Dest, []) -> ok;
 ceiling_ship(Dest, [{Dest, Msg}]) -> Dest ! Msg, ok;
 ceiling_ship(Dest, Entries) -> convoy_bench_ceiling:ship(node(Dest), Entries).
 
+%% @doc Message `I' of shape `What' (a shape's own terms: `message/2').
+-spec shaped(atom | event | phoenix | {data, term()}, integer()) -> term().
 -compile({inline, [shaped/2]}).
 shaped(atom, _I) -> message;
 shaped({data, Term}, _I) -> Term;

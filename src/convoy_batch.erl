@@ -21,7 +21,7 @@
 %% and a chunk always comes from the head, so entries leave in the order they came.
 -module(convoy_batch).
 
--export([new/0, push/4, push_many/5, push_many/6, take/3, requeue/3, drop/2, forget/2, status/2, set_status/3,
+-export([new/0, push/4, push_many/5, push_many/6, take/3, take_full/3, requeue/3, drop/2, forget/2, status/2, set_status/3,
          due/4, next_timeout/3, buffered/1, buffered/2, nodes/1, is_message/1,
          count_messages/1, run_groups/1, run_groups/2]).
 
@@ -107,6 +107,19 @@ take(Node, Max, Core) ->
             erlang:error(badarg, [Node, Max, Core]);
         _ ->
             {[], Core}
+    end.
+
+%% @doc The next chunk of `Node''s queue when it holds at least `Max' messages and
+%% no large one, whatever its status: exactly `Max' messages from the head, with
+%% the marks among them. Otherwise `none'.
+-spec take_full(node(), pos_integer(), core()) -> {[term(), ...], core()} | none.
+take_full(Node, Max, Core) ->
+    case Core of
+        #{Node := #nq{msgs = Msgs, large = 0} = NQ} when Msgs >= Max ->
+            {Chunk, NQ1} = take_chunk(Max, NQ),
+            {Chunk, Core#{Node := NQ1}};
+        _ ->
+            none
     end.
 
 take_chunk(Max, NQ = #nq{q = Q, msgs = Msgs, large = 0}) when Msgs =< Max ->

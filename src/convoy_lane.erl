@@ -299,6 +299,10 @@ act({ship, Node, Wire, Size, _Reason}, Now, S) ->
     {Route, S1} = route(Node, S),
     {Outcome, S2} = ship(Node, Route, {Wire, Size}, S1),
     core({shipped, Node, Outcome}, Now, S2);
+act({ship_packed, Node, Packed, Size, _Reason}, Now, S) ->
+    {Route, S1} = route(Node, S),
+    {Outcome, S2} = ship_packed(Node, Route, Packed, Size, S1),
+    core({shipped, Node, Outcome}, Now, S2);
 act({sent, Node, Msgs, Sends, Reason, Route}, _Now, S = #s{index = I, rt = RT, slots = Slots}) ->
     %% What batching achieves, for senders to decide whether the lane pays.
     _ = Route =:= courier orelse
@@ -398,18 +402,54 @@ ship_route(Node, {convoy, Vsn, Inboxes}, {[{?TAG_LARGE, _, _} | _] = Wire, _Size
 ship_route(Node, {convoy, Vsn, Inboxes}, {Wire, {Msgs, _Bytes} = Size}, S0 = #s{index = I}) ->
     Target = {convoy_wire:lane_inbox(I, Inboxes), Node},
     {Probe, S} = probe(Node, S0),
-    {Batch, Zipped} = envelope(Vsn, wire_entries(Wire, Vsn, Node) ++ Probe, Size, S),
+    {Batch, Zipped} = envelope(Vsn, convoy_lane_wire:entries(Wire, Vsn, Node) ++ Probe, Size, S),
     case erlang:send(Target, Batch, ?SEND_OPTS) of
         ok ->
             {{sent, 1, convoy}, compressed(Node, Zipped, S)};
         nosuspend ->
-            {{courier, 0, 0, convoy},
+            {{courier, 0, 0, convoy, pack_as(Vsn, S)},
              courier(Node, [{Target, Batch, Msgs}], compressed(Node, Zipped, S))};
         noconnect ->
             {{unconnected, 0, 0, Wire, convoy}, S}
     end;
 ship_route(Node, plain, {Wire, _Size}, S) ->
     plain(Node, Wire, 0, 0, S).
+
+%% A chunk packed while the connection was busy (`convoy_lane_core'): one zbatch.
+%% A peer that no longer reads one (it restarted at an older version, or without
+%% convoy) gets the chunk as it was.
+ship_packed(Node, {convoy, Vsn, Inboxes} = Route, Packed, Size, S) ->
+    case convoy_wire:supports(Vsn, zbatch) of
+        true -> send_packed(Node, Vsn, Inboxes, Packed, Size, S);
+        false -> ship_route(Node, Route, {unpacked(element(1, Packed)), Size}, S)
+    end;
+ship_packed(Node, Route, {Bin, _Zipped}, Size, S) ->
+    ship_route(Node, Route, {unpacked(Bin), Size}, S).
+
+send_packed(Node, Vsn, Inboxes, {Bin, Zipped}, {Msgs, _}, S = #s{index = I}) ->
+    Target = {convoy_wire:lane_inbox(I, Inboxes), Node},
+    Batch = convoy_wire:zbatch(node(), Bin),
+    case erlang:send(Target, Batch, ?SEND_OPTS) of
+        ok ->
+            {{sent, 1, convoy}, compressed(Node, Zipped, S)};
+        nosuspend ->
+            {{courier, 0, 0, convoy, pack_as(Vsn, S)},
+             courier(Node, [{Target, Batch, Msgs}], compressed(Node, Zipped, S))};
+        noconnect ->
+            {{unconnected, 0, 0, unpacked(Bin), convoy}, S}
+    end.
+
+unpacked(Bin) ->
+    {ok, Entries} = convoy_compress:decode(Bin),
+    Entries.
+
+%% How the node's next full chunks are packed while a courier waits out its busy
+%% connection: under the `compress' setting, for a peer that reads them.
+pack_as(Vsn, #s{rt = RT}) ->
+    case convoy_wire:supports(Vsn, zbatch) of
+        true -> RT#runtime.compress;
+        false -> false
+    end.
 
 %% The batch, or the batch compressed when the `compress' setting and the peer's
 %% version allow it and it pays (`convoy_compress'), with what to count for it.
@@ -443,7 +483,7 @@ ship_run(Node, Target, Vsn, Probe, [G | Rest] = Groups, Msgs, Sends, S) ->
         ok ->
             ship_run(Node, Target, Vsn, Probe, Rest, Msgs + length(G), Sends + 1, S);
         nosuspend ->
-            {{courier, Msgs, Sends, convoy},
+            {{courier, Msgs, Sends, convoy, pack_as(Vsn, S)},
              courier(Node, courier_run(Target, Vsn, Node, Probe, Groups), S)};
         noconnect ->
             {{unconnected, Msgs, Sends, lists:append(Groups), convoy}, S}
@@ -456,9 +496,9 @@ courier_run(Target, Vsn, Node, Probe, [G | Rest]) ->
      | courier_run(Target, Vsn, Node, Probe, Rest)].
 
 run_batch(Group, [], Vsn, Node, Probe) ->
-    convoy_wire:batch(node(), wire_entries(Group, Vsn, Node) ++ Probe);
+    convoy_wire:batch(node(), convoy_lane_wire:entries(Group, Vsn, Node) ++ Probe);
 run_batch(Group, _More, Vsn, Node, _Probe) ->
-    convoy_wire:batch(node(), wire_entries(Group, Vsn, Node)).
+    convoy_wire:batch(node(), convoy_lane_wire:entries(Group, Vsn, Node)).
 
 %% A node marked unanswered (`convoy_metrics:unanswered/2': a sender's wait for it
 %% ran out) is probed: a barrier to this lane, tagged with the lane's secret, rides
@@ -528,52 +568,17 @@ answered(Node, S = #s{probes = Probes}) ->
     end,
     S#s{probes = maps:remove(Node, Probes)}.
 
-%% Entries the lane keeps in its own form (a large message, a publish) become
-%% wire entries; a chunk without any is shipped as it is.
-wire_entry({?TAG_LARGE, To, Msg}) -> wire_entry({To, Msg});
-wire_entry({{?TAG_PUBLISH, Scope, Group}, Msg}) -> convoy_wire:publish(Scope, Group, Msg);
-wire_entry(E) -> E.
-
-%% A peer at a version without publish entries gets each as multicast entries to
-%% its members as this node sees them now (what a loop of sends would reach).
-wire_entries(Wire, Vsn, Node) ->
-    case convoy_wire:supports(Vsn, publish) of
-        true ->
-            case has_lane_form(Wire) of
-                true -> [wire_entry(E) || E <- Wire];
-                false -> Wire
-            end;
-        false ->
-            lists:flatmap(fun(E) -> v1_entries(plain_entry(E, Node)) end, Wire)
-    end.
-
-has_lane_form([{?TAG_LARGE, _, _} | _]) -> true;
-has_lane_form([{{?TAG_PUBLISH, _, _}, _} | _]) -> true;
-has_lane_form([_ | Rest]) -> has_lane_form(Rest);
-has_lane_form([]) -> false.
-
-v1_entries({Tos, Msg}) when is_list(Tos) -> convoy_wire:multicast_entries(Tos, Msg);
-v1_entries(E) -> [E].
-
-%% An entry as sends to destinations: a publish becomes a multicast to the
-%% group's members on Node as this node sees them now.
-plain_entry(E, Node) ->
-    case wire_entry(E) of
-        {?TAG_PUBLISH, Scope, Group, Msg} -> {convoy_pg:members_on(Scope, Group, Node), Msg};
-        Plain -> Plain
-    end.
-
 %% Plain sends, entry by entry, for peers without a compatible convoy.
 plain(_Node, [], _Msgs, Sends, S) ->
     {{sent, Sends, plain}, S};
 plain(Node, [E | Rest], Msgs, Sends, S) ->
-    case plain_entry(E, Node) of
+    case convoy_lane_wire:plain_entry(E, Node) of
         {Tos, Msg} when is_list(Tos) ->
             case plain_multi(Node, Tos, Msg, 0) of
                 {ok, K} ->
                     plain(Node, Rest, Msgs + 1, Sends + K, S);
                 {nosuspend, K, Left} ->
-                    {{courier, Msgs, Sends + K, plain},
+                    {{courier, Msgs, Sends + K, plain, false},
                      plain_courier(Node, [{Left, Msg} | Rest], S)};
                 {noconnect, K, Left} ->
                     {{unconnected, Msgs, Sends + K, [{Left, Msg} | Rest], plain}, S}
@@ -581,7 +586,8 @@ plain(Node, [E | Rest], Msgs, Sends, S) ->
         {To, Msg} ->
             case erlang:send(convoy_wire:address(To, Node), Msg, ?SEND_OPTS) of
                 ok -> plain(Node, Rest, Msgs + 1, Sends + 1, S);
-                nosuspend -> {{courier, Msgs, Sends, plain}, plain_courier(Node, [E | Rest], S)};
+                nosuspend ->
+                    {{courier, Msgs, Sends, plain, false}, plain_courier(Node, [E | Rest], S)};
                 noconnect -> {{unconnected, Msgs, Sends, [E | Rest], plain}, S}
             end
     end.
@@ -596,19 +602,7 @@ plain_multi(Node, [To | Rest] = Tos, Msg, K) ->
 
 %% The rest of a plain chunk, as blocking sends for a courier.
 plain_courier(Node, Wire, S) ->
-    courier(Node, lists:append([plain_ops(Node, E) || E <- Wire]), S).
-
-plain_ops(Node, {?TAG_LARGE, To, Msg}) ->
-    plain_ops(Node, {To, Msg});
-plain_ops(Node, {{?TAG_PUBLISH, _, _}, _} = E) ->
-    plain_ops(Node, plain_entry(E, Node));
-plain_ops(_Node, {[], _Msg}) ->
-    [{skip, none, 1}]; % a publish to nobody on Node: one message, no send
-plain_ops(Node, {Tos, Msg}) when is_list(Tos) ->
-    {Init, [Last]} = lists:split(length(Tos) - 1, Tos),
-    [{convoy_wire:address(T, Node), Msg, 0} || T <- Init] ++ [{convoy_wire:address(Last, Node), Msg, 1}];
-plain_ops(Node, {To, Msg}) ->
-    [{convoy_wire:address(To, Node), Msg, 1}].
+    courier(Node, lists:append([convoy_lane_wire:plain_ops(Node, E) || E <- Wire]), S).
 
 
 %%--------------------------------------------------------------------

@@ -16,6 +16,11 @@
 %% <li>senders blocked on a full node, woken one per message that leaves;</li>
 %% <li>chunks handed out to ship and not yet reported, messages in couriers and
 %%   nodes being connected;</li>
+%% <li>per node whose connection is busy (a courier out) and whose peer reads
+%%   encoded batches, full chunks packed into one binary each (`pack/2'), which
+%%   leave first, in order, once the courier is done. What waits behind a busy
+%%   connection is then off the lane's heap: held as messages, a backlog of up
+%%   to `max_buffered_bytes' made every collection of the lane copy it again.</li>
 %% <li>the hold/retire machine of a lane change or a stop (see `convoy_control').</li>
 %% </ul>
 %% Accounting: every message accepted here is, at any time, pending, queued, being
@@ -46,6 +51,11 @@
                %% chunks handed out (a `ship' action) whose outcome is not in yet
                shipping = #{} :: #{node() => {non_neg_integer(), [mark()], convoy_batch:reason()}},
                couriers = #{} :: #{node() => {non_neg_integer(), [mark()]}},
+               %% per node with a courier out whose peer reads packed chunks: the
+               %% `compress' setting to pack them with
+               pack_as = #{} :: #{node() => convoy_config:compress()},
+               %% per node, chunks packed while its connection was busy, oldest first
+               packs = #{} :: #{node() => queue:queue(pack())},
                connecting = #{} :: #{node() => true},
                held = none :: none | all | #{node() => true},
                deferred = [] :: [{pid() | reference(), term()}],
@@ -61,12 +71,17 @@
                  term(), non_neg_integer()}.
 -type mark() :: {?TAG_MARK, non_neg_integer(), node()}.
 -type route() :: convoy | plain.
+-type pack() :: {convoy_compress:packed(), {Msgs :: pos_integer(), Bytes :: non_neg_integer()},
+                 [mark()]}.
 %% What a `ship' action did: everything left (`sent'); the first messages left and
-%% the rest went to a courier waiting out a busy buffer (`courier'); the first left
+%% the rest went to a courier waiting out a busy buffer (`courier', with the
+%% `compress' setting to pack the node's next full chunks with while it waits, or
+%% `false' when its peer does not read them); the first left
 %% and the rest could not (not connected), given back in order (`unconnected');
 %% no route to keep order with (`unroutable').
 -type outcome() :: {sent, Sends :: non_neg_integer(), route()}
-                 | {courier, Msgs :: non_neg_integer(), Sends :: non_neg_integer(), route()}
+                 | {courier, Msgs :: non_neg_integer(), Sends :: non_neg_integer(), route(),
+                    PackAs :: false | convoy_config:compress()}
                  | {unconnected, Msgs :: non_neg_integer(), Sends :: non_neg_integer(),
                     Rest :: [term()], route()}
                  | unroutable.
@@ -87,6 +102,8 @@
 -type action() :: {accepted, node(), pos_integer()}
                 | {ship, node(), [term()], {Msgs :: pos_integer(), Bytes :: non_neg_integer()},
                    convoy_batch:reason()}
+                | {ship_packed, node(), convoy_compress:packed(),
+                   {Msgs :: pos_integer(), Bytes :: non_neg_integer()}, convoy_batch:reason()}
                 | {sent, node(), Msgs :: non_neg_integer(), Sends :: non_neg_integer(),
                    convoy_batch:reason() | resumed, route() | courier}
                 | {dropped, node(), pos_integer(), Why :: atom()}
@@ -137,8 +154,10 @@ handle(Event, Now, C) ->
 
 done({C, A}) -> {C, lists:reverse(A)}.
 
-event(cycle, Now, {C = #core{max_batch = MB, max_delay = MD}, A}) ->
-    Due = [D || {Node, _} = D <- convoy_batch:due(Now, MB, MD, C#core.queues), not held(Node, C)],
+event(cycle, Now, {C = #core{max_batch = MB, max_delay = MD, packs = Ps}, A}) ->
+    Queued = convoy_batch:due(Now, MB, MD, C#core.queues),
+    Packed = [{Node, max_batch} || Node <- maps:keys(Ps), not lists:keymember(Node, 1, Queued)],
+    Due = [D || {Node, _} = D <- Queued ++ Packed, not held(Node, C)],
     lists:foldl(fun({Node, Reason}, Acc) -> ship(Node, Reason, Acc) end, {C, A}, Due);
 event({wait, _Node, Alias, true}, _Now, {C, A}) ->
     {C, [{wake, Alias} | A]};
@@ -154,7 +173,7 @@ event({courier_done, Node, Result}, _Now, {C = #core{couriers = Cs}, A})
                         failed -> {0, 0};
                         {S0, N0, _Lost} -> {S0, N0}
                     end,
-    C1 = C#core{couriers = maps:remove(Node, Cs),
+    C1 = C#core{couriers = maps:remove(Node, Cs), pack_as = maps:remove(Node, C#core.pack_as),
                 queues = convoy_batch:set_status(Node, ready, C#core.queues)},
     %% What the courier neither sent nor reported lost is lost all the same.
     CA1 = sent(Node, Sent, Sends, resumed, courier, {C1, A}),
@@ -164,7 +183,8 @@ event({connected, Node, true}, _Now, {C, A}) ->
     {ready(Node, C), A};
 event({connected, Node, false}, _Now, {C, A}) ->
     {Entries, Q} = convoy_batch:drop(Node, C#core.queues),
-    prune(Node, dropped(Node, Entries, noconnect, {ready(Node, C#core{queues = Q}), A}));
+    CA = drop_packs(Node, noconnect, {ready(Node, C#core{queues = Q}), A}),
+    prune(Node, dropped(Node, Entries, noconnect, CA));
 event({hold, Nodes}, Now, {C = #core{held = all}, A}) ->
     released(Now, {C#core{held = node_set(Nodes)}, A});
 event({release, Node}, Now, {C = #core{held = Held}, A}) when is_map(Held) ->
@@ -187,9 +207,12 @@ event(shutdown_ship, _Now, {C, A}) ->
 event(shutdown_drop, _Now, {C, A}) ->
     %% Couriers and connectors are gone with the lane: what they carried and what
     %% is still queued cannot leave.
-    CA1 = maps:fold(fun(Node, {Msgs, Marks}, Acc) ->
+    CA0 = maps:fold(fun(Node, {Msgs, Marks}, Acc) ->
                             answer_marks(Marks, dropped_count(Node, Msgs, shutdown, Acc))
-                    end, {C#core{couriers = #{}, connecting = #{}}, A}, C#core.couriers),
+                    end, {C#core{couriers = #{}, connecting = #{}, pack_as = #{}}, A},
+                    C#core.couriers),
+    CA1 = lists:foldl(fun(Node, Acc) -> drop_packs(Node, shutdown, Acc) end, CA0,
+                      maps:keys(C#core.packs)),
     lists:foldl(fun(Node, {C2, A2}) ->
                         {Entries, Q} = convoy_batch:drop(Node, C2#core.queues),
                         Q1 = convoy_batch:set_status(Node, ready, Q),
@@ -270,10 +293,18 @@ full_queues({C = #core{max_batch = MB, queues = Q}, A}) ->
 
 ship(Node, _Reason, {C = #core{shipping = Sh}, A}) when is_map_key(Node, Sh) ->
     {C, A}; % a chunk of this node is out: its outcome ships the next
-ship(Node, Reason, {C = #core{queues = Q, max_batch = MB}, A}) ->
-    case convoy_batch:status(Node, Q) =:= ready andalso convoy_batch:take(Node, MB, Q) of
-        false ->
-            {C, A};
+ship(Node, Reason, CA = {C, _}) ->
+    case convoy_batch:status(Node, C#core.queues) of
+        ready -> ship_ready(Node, Reason, CA);
+        busy -> pack(Node, CA);
+        connecting -> CA
+    end.
+
+%% Chunks packed while the connection was busy leave first, in order.
+ship_ready(Node, Reason, CA = {#core{packs = Ps}, _}) when is_map_key(Node, Ps) ->
+    ship_pack(Node, Reason, CA);
+ship_ready(Node, Reason, {C = #core{queues = Q, max_batch = MB}, A}) ->
+    case convoy_batch:take(Node, MB, Q) of
         {[], Q1} ->
             prune(Node, {C#core{queues = Q1}, A});
         {Chunk, Q1} ->
@@ -290,13 +321,80 @@ ship(Node, Reason, {C = #core{queues = Q, max_batch = MB}, A}) ->
             end
     end.
 
-%% The bytes senders took for a chunk of Msgs messages about to ship: a node ships
-%% one chunk at a time, from the head of its queue, and a run's bytes are given
-%% back only once it left, so the oldest Msgs messages of its runs are the
-%% chunk's (a part of a run counted in proportion, as `release/3' gives it back).
-chunk_bytes(Node, Msgs, #core{segments = Segs}) ->
-    {Bytes, _Rest} = release(Msgs, maps:get(Node, Segs, queue:new()), 0),
+ship_pack(Node, Reason, {C = #core{packs = Ps}, A}) ->
+    {{value, {Packed, {Msgs, _} = Size, Marks}}, PQ} = queue:out(maps:get(Node, Ps)),
+    Ps1 = case queue:is_empty(PQ) of
+              true -> maps:remove(Node, Ps);
+              false -> Ps#{Node := PQ}
+          end,
+    {C#core{packs = Ps1, shipping = (C#core.shipping)#{Node => {Msgs, Marks, Reason}}},
+     [{ship_packed, Node, Packed, Size, Reason} | A]}.
+
+%% While a courier waits out the node's busy connection, each full chunk of its
+%% queue is packed into one binary (`convoy_compress:pack/3'), the work the
+%% distribution send would do when it leaves. A chunk with a publish entry stays
+%% queued as it is (its members are looked up when it ships), and so does what
+%% follows it.
+pack(Node, CA = {#core{pack_as = PA}, _}) when is_map_key(Node, PA) ->
+    pack(Node, maps:get(Node, PA), CA);
+pack(_Node, CA) ->
+    CA.
+
+pack(Node, Compress, CA = {C = #core{max_batch = MB}, A}) ->
+    case convoy_batch:take_full(Node, MB, C#core.queues) of
+        none ->
+            CA;
+        {Chunk, Q1} ->
+            {Marks, Wire} = marks(Chunk),
+            case lists:any(fun is_publish/1, Wire) of
+                true ->
+                    CA;
+                false ->
+                    Msgs = length(Wire),
+                    Size = {Msgs, chunk_bytes(Node, Msgs, C)},
+                    Pack = {convoy_compress:pack(Wire, Compress, Size), Size, Marks},
+                    PQ = maps:get(Node, C#core.packs, queue:new()),
+                    pack(Node, Compress,
+                         {C#core{queues = Q1, packs = (C#core.packs)#{Node => queue:in(Pack, PQ)}},
+                          A})
+            end
+    end.
+
+is_publish({{?TAG_PUBLISH, _, _}, _}) -> true;
+is_publish(_) -> false.
+
+%% A node's packed chunks, entries and marks as they were queued, oldest first.
+unpack(Node, #core{packs = Ps}) ->
+    lists:append([begin
+                      {ok, Entries} = convoy_compress:decode(Bin),
+                      Entries ++ Marks
+                  end || {{Bin, _}, _, Marks} <- queue:to_list(maps:get(Node, Ps, queue:new()))]).
+
+drop_packs(Node, Why, {C = #core{packs = Ps}, A}) ->
+    Packs = queue:to_list(maps:get(Node, Ps, queue:new())),
+    lists:foldl(fun({_Packed, {Msgs, _}, Marks}, Acc) ->
+                        answer_marks(Marks, dropped_count(Node, Msgs, Why, Acc))
+                end, {C#core{packs = maps:remove(Node, Ps)}, A}, Packs).
+
+%% The bytes senders took for a chunk of Msgs messages taken from the head of the
+%% node's queue: a run's bytes are given back only once it left, in the order the
+%% node's chunks leave, so the chunk's are the Msgs messages of its runs after
+%% those its courier and its packed chunks still hold (a part of a run counted
+%% in proportion, as `release/3' gives it back).
+chunk_bytes(Node, Msgs, C = #core{segments = Segs}) ->
+    {_, Behind} = release(ahead(Node, C), maps:get(Node, Segs, queue:new()), 0),
+    {Bytes, _Rest} = release(Msgs, Behind, 0),
     Bytes.
+
+ahead(Node, #core{couriers = Cs, packs = Ps}) ->
+    Courier = case Cs of
+                  #{Node := {M, _}} -> M;
+                  _ -> 0
+              end,
+    case Ps of
+        #{Node := PQ} -> queue:fold(fun({_, {M, _}, _}, Acc) -> Acc + M end, Courier, PQ);
+        _ -> Courier
+    end.
 
 %% A mark is told from a message by its whole shape, never by its first element
 %% alone: a message's entry is `{To, Msg}' (To a name, which may be any atom,
@@ -322,17 +420,25 @@ shipped(Node, Outcome, _Now, C, A) ->
 
 shipped(Node, {sent, Sends, Route}, Msgs, Marks, Reason, CA) ->
     ship(Node, Reason, answer_marks(Marks, sent(Node, Msgs, Sends, Reason, Route, CA)));
-shipped(Node, {courier, Sent, Sends, Route}, Msgs, Marks, Reason, CA) ->
+shipped(Node, {courier, Sent, Sends, Route, PackAs}, Msgs, Marks, Reason, CA) ->
     {C, A} = sent(Node, Sent, Sends, Reason, Route, CA),
-    {C#core{queues = convoy_batch:set_status(Node, busy, C#core.queues),
-            couriers = (C#core.couriers)#{Node => {Msgs - Sent, Marks}}}, A};
+    PA = case PackAs of
+             false -> C#core.pack_as;
+             _ -> (C#core.pack_as)#{Node => PackAs}
+         end,
+    pack(Node, {C#core{queues = convoy_batch:set_status(Node, busy, C#core.queues),
+                       couriers = (C#core.couriers)#{Node => {Msgs - Sent, Marks}},
+                       pack_as = PA}, A});
 shipped(Node, {unconnected, Sent, Sends, Rest, Route}, _Msgs, Marks, Reason, CA) ->
     {C, A} = sent(Node, Sent, Sends, Reason, Route, CA),
     case C#core.auto_connect of
         true ->
-            %% The marks go back after the rest: answered no earlier than before.
-            Q = convoy_batch:requeue(Node, Rest ++ Marks, C#core.queues),
+            %% The marks go back after the rest, and the packed chunks after
+            %% them: answered no earlier than before, everything in order.
+            Back = Rest ++ Marks ++ unpack(Node, C),
+            Q = convoy_batch:requeue(Node, Back, C#core.queues),
             {C#core{queues = convoy_batch:set_status(Node, connecting, Q),
+                    packs = maps:remove(Node, C#core.packs),
                     connecting = (C#core.connecting)#{Node => true}},
              [{connect, Node} | A]};
         false ->
@@ -393,6 +499,7 @@ release(K, Q, Acc) ->
 %% keeps for it, so sends to many distinct nodes (dead names) leave nothing behind.
 prune(Node, {C = #core{queues = Q, segments = Segs, waiters = W}, A}) ->
     Busy = is_map_key(Node, W) orelse is_map_key(Node, C#core.shipping)
+        orelse is_map_key(Node, C#core.packs)
         orelse not queue:is_empty(maps:get(Node, Segs, queue:new())),
     case not Busy andalso convoy_batch:forget(Node, Q) of
         {ok, Q1} -> {C#core{queues = Q1, segments = maps:remove(Node, Segs)},
@@ -458,21 +565,24 @@ draining(_) -> false.
 %% behind. A lane that is going compares this with its admissions to know whether
 %% a sender is still on its way.
 -spec holding(core()) -> non_neg_integer().
-holding(C = #core{npending = P, queues = Q, held = Held}) ->
-    P + convoy_batch:buffered(Q) + in_flight(C) + case Held of none -> 0; _ -> 1 end.
+holding(C = #core{npending = P, held = Held}) ->
+    P + buffered(C) + in_flight(C) + case Held of none -> 0; _ -> 1 end.
 
 in_flight(#core{couriers = Cs, shipping = Sh}) ->
     maps:fold(fun(_, {M, _}, Acc) -> Acc + M end, 0, Cs)
         + maps:fold(fun(_, {M, _, _}, Acc) -> Acc + M end, 0, Sh).
 
-%% @doc Messages queued (not counting pending sends, couriers or chunks out).
+%% @doc Messages queued, packed chunks' included (not counting pending sends,
+%% couriers or chunks out).
 -spec buffered(core()) -> non_neg_integer().
-buffered(#core{queues = Q}) -> convoy_batch:buffered(Q).
+buffered(#core{queues = Q, packs = Ps}) ->
+    maps:fold(fun(_, PQ, Acc) -> queue:fold(fun({_, {M, _}, _}, N) -> N + M end, Acc, PQ) end,
+              convoy_batch:buffered(Q), Ps).
 
 %% @doc Nodes this core keeps anything for.
 -spec nodes(core()) -> [node()].
-nodes(#core{queues = Q, segments = Segs, waiters = W}) ->
-    lists:usort(convoy_batch:nodes(Q) ++ maps:keys(Segs) ++ maps:keys(W)).
+nodes(#core{queues = Q, segments = Segs, waiters = W, packs = Ps}) ->
+    lists:usort(convoy_batch:nodes(Q) ++ maps:keys(Segs) ++ maps:keys(W) ++ maps:keys(Ps)).
 
 %% @doc A map for `sys:get_state/1'.
 -spec summary(core()) -> map().
@@ -480,4 +590,5 @@ summary(C = #core{}) ->
     #{buffered => buffered(C), pending => C#core.npending, held => C#core.held,
       retiring => C#core.retiring, couriers => maps:keys(C#core.couriers),
       connecting => maps:keys(C#core.connecting), flushes => map_size(C#core.flushes),
+      packed => maps:fold(fun(_, PQ, Acc) -> Acc + queue:len(PQ) end, 0, C#core.packs),
       waiters => maps:fold(fun(_, Q, Acc) -> Acc + queue:len(Q) end, 0, C#core.waiters)}.

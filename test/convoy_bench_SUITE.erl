@@ -369,14 +369,14 @@ tune_tiny(Config) ->
     check_files(Dir, R),
     ok.
 
-%% `cost': every step for both shapes, a figure each, the exchange's rows (the
+%% `cost': every step for each of the three shapes, a figure each, the exchange's rows (the
 %% send call in 1 and in 4 request/response pairs, by convoy, by `!' behind one
 %% call and by `!') among
 %% them, and the table names every step.
 cost_tiny(_Config) ->
     {ok, #{cost := Rows, text := Text}} = convoy_bench:main(["cost", "--tiny"]),
     Steps = lists:usort([S || #{step := S} <- Rows]),
-    ?assertEqual(2 * length(Steps), length(Rows)),
+    ?assertEqual(3 * length(Steps), length(Rows)),
     [?assert(is_float(Ns) andalso Ns >= 0) || #{ns := Ns} <- Rows],
     Exchange = [S || S = <<"[exchange]", _/binary>> <- Steps],
     ?assertEqual([<<"[exchange] send call, 1 pair: ! (plain)">>,
@@ -393,7 +393,7 @@ cost_tiny(_Config) ->
                  [S || S = <<"local destination", _/binary>> <- Steps]),
     %% the guarded floor beside the whole send (CPU time in milliseconds: a tiny
     %% loop may read 0)
-    ?assertEqual(2, length([R || R = #{step := <<"[cpu] guarded floor", _/binary>>} <- Rows])),
+    ?assertEqual(3, length([R || R = #{step := <<"[cpu] guarded floor", _/binary>>} <- Rows])),
     %% a fresh process's first send, in the call and in CPU, for each way of sending
     Fresh = [S || S = <<"[fresh", _/binary>> <- Steps],
     ?assertEqual(8, length(Fresh)),

@@ -11,7 +11,8 @@
 -export([error_at_bound_answers_at_once/1,
          fresh_senders_error/1, streaming_senders_drop/1, marked_senders_block/1,
          marked_senders_error/1, fresh_senders_send2/1,
-         stalls_and_resumes_repeatedly/1, mark_clears_without_traffic/1]).
+         stalls_and_resumes_repeatedly/1, mark_clears_without_traffic/1,
+         backlog_packed_off_heap/1]).
 %% Run on peer nodes.
 -export([collector/0]).
 
@@ -30,7 +31,8 @@ all() ->
 groups() ->
     [{stall, [], [error_at_bound_answers_at_once, fresh_senders_error, streaming_senders_drop,
                   marked_senders_block, marked_senders_error, fresh_senders_send2,
-                  stalls_and_resumes_repeatedly, mark_clears_without_traffic]}].
+                  stalls_and_resumes_repeatedly, mark_clears_without_traffic,
+                  backlog_packed_off_heap]}].
 
 init_per_testcase(_TC, Config) ->
     _ = application:stop(convoy),
@@ -133,6 +135,42 @@ mark_clears_without_traffic(_Config) ->
     end),
     await_unanswered(B, false),
     ?assertMatch({101, [], _}, await_count(SinkB, 101)).
+
+%% What waits behind a busy connection is packed, off the lane's heap: B stopped,
+%% one sender hands over 30,000 map messages of about 450 bytes (13 MB, beyond
+%% what the stopped connection's buffers take); the lane holds them as packed
+%% chunks, its heap after a collection a fraction of theirs (about 2.5 M words
+%% as messages). Once B continues, everything arrives, once and in order.
+backlog_packed_off_heap(_Config) ->
+    start_convoy(#{}),
+    {PeerB, B} = convoy_peer(stall_b),
+    SinkB = spawn(B, ?MODULE, collector, []),
+    N = 30000,
+    Lanes = [P || P <- processes(),
+                  {'$initial_call', {convoy_lane, _, _}} <- element(2, process_info(P, dictionary))],
+    with_stalled(PeerB, fun() ->
+        Sender = spawn_link(fun() ->
+                                [ok = convoy:send(SinkB, {seq, self(), I, payload(I)})
+                                 || I <- lists:seq(1, N)]
+                            end),
+        convoy_ct_peers:await(fun() -> is_process_alive(Sender) end, fun(A) -> not A end, 30000),
+        States = [begin
+                      true = erlang:garbage_collect(L),
+                      {total_heap_size, H} = process_info(L, total_heap_size),
+                      {sys:get_state(L), H}
+                  end || L <- Lanes],
+        ct:pal("lanes while B is stopped: ~p",
+               [[{Packed, Q, H} || {#{packed := Packed, buffered := Q}, H} <- States]]),
+        ?assert(lists:sum([Packed || {#{packed := Packed}, _} <- States]) > 0),
+        [?assert(H < 500000) || {_, H} <- States]
+    end),
+    ok = convoy:flush(B),
+    {N, [], Seqs} = await_count(SinkB, N),
+    ?assertEqual([lists:seq(1, N)], maps:values(Seqs)).
+
+payload(I) ->
+    #{<<"topic">> => <<"room:lobby">>, <<"ref">> => integer_to_binary(I),
+      <<"body">> => binary:copy(<<"x">>, 300 + I rem 100), <<"seq">> => I}.
 
 %%--------------------------------------------------------------------
 %% One stall: B stopped, 8 senders each send 2,000 messages to B and as many to a

@@ -1,6 +1,7 @@
 %% Properties of the lane's pure core (convoy_lane_core), without processes or
 %% peers: random interleavings of sends, drains, busy, unconnected and plain
-%% peers, couriers that finish, lose or fail, connections that come or not,
+%% peers, couriers that finish, lose or fail, full chunks packed behind them,
+%% connections that come or not,
 %% flushes, blocked senders, holds, releases, retirement and shutdown. A small
 %% driver plays the lane process: it carries out the actions and simulates the
 %% network.
@@ -81,7 +82,7 @@ init(MB, MD, Held, AutoConnect) ->
       flushes => #{}, answered => #{}, next_tag => 0, waiters => [], woken => #{},
       %% per node, blocked senders not yet woken, oldest first; wakes owed now
       blocked => #{}, owed => [],
-      retire => none, shutdown => false}.
+      retire => none, shutdown => false, packed => 0}.
 
 run([], St, Shutdown) ->
     St1 = settle(St, 0),
@@ -189,6 +190,17 @@ act({ship, Node, Wire, {Counted, Bytes}, _Reason},
     Down orelse not is_held(Node, C) orelse throw({shipped_held_node, Node}),
     {Outcome, St1} = network(Node, Wire, St),
     event({shipped, Node, Outcome}, St1);
+act({ship_packed, Node, {Bin, Zipped}, Size, Reason}, St = #{packed := P}) ->
+    %% A chunk packed while the node's connection was busy: exactly the entries
+    %% it held, checked and shipped as any chunk.
+    {ok, Wire} = convoy_compress:decode(Bin),
+    Wire =/= [] orelse throw({empty_pack, Node}),
+    case Zipped of
+        plain -> ok;
+        {Msgs, _, Out} when Msgs =:= length(Wire), Out =:= byte_size(Bin) -> ok;
+        _ -> throw({pack_counts, Node, Zipped})
+    end,
+    act({ship, Node, Wire, Size, Reason}, St#{packed := P + 1});
 act({sent, Node, Msgs, _Sends, _Reason, _Route}, St = #{sent := S}) ->
     Msgs >= 0 orelse throw({negative_sent, Node}),
     St#{sent := S + Msgs};
@@ -265,15 +277,16 @@ network(Node, Wire, St = #{modes := Modes}) ->
             %% a send here (convoy_batch:run_groups/1), until the connection is
             %% busy.
             {Out, Rest} = lists:split(length(Wire) div 2, Wire),
-            {{courier, length(Out), (length(Out) + 1) div 2, convoy},
+            {{courier, length(Out), (length(Out) + 1) div 2, convoy, pack_as(St)},
              to_courier(Node, Rest, deliver(Node, Out, St))};
         busy ->
-            {{courier, 0, 0, convoy}, to_courier(Node, Wire, St)};
+            {{courier, 0, 0, convoy, pack_as(St)}, to_courier(Node, Wire, St)};
         unconnected ->
             {{unconnected, 0, 0, Wire, convoy}, St};
         plain_busy ->
             {Out, Rest} = lists:split(length(Wire) div 2, Wire),
-            {{courier, length(Out), length(Out), plain}, to_courier(Node, Rest, deliver(Node, Out, St))};
+            {{courier, length(Out), length(Out), plain, false},
+             to_courier(Node, Rest, deliver(Node, Out, St))};
         plain_unconnected ->
             {Out, Rest} = lists:split(length(Wire) div 2, Wire),
             {{unconnected, length(Out), length(Out), Rest, plain}, deliver(Node, Out, St)};
@@ -435,3 +448,38 @@ tag_named_destinations_test() ->
     {_, A3} = convoy_lane_core:handle({shipped, b@h, {sent, 1, convoy}}, 0, C2),
     ?assertMatch([{sent, b@h, 4, 1, drained, convoy}, {disposed, b@h, 4, 4},
                   {reply, _, t} | _], A3).
+
+%% How a busy convoy peer's next full chunks are packed: plain or at a level,
+%% by the number of sends so far (the driver is deterministic).
+pack_as(#{seq := Seq}) ->
+    case Seq rem 3 of
+        0 -> never;
+        1 -> 1;
+        2 -> 9
+    end.
+
+%% A busy convoy peer: while its courier is out, each full chunk is packed (the
+%% driver checks each packed chunk as any chunk); everything arrives in order
+%% once the courier is done, packed chunks first. With the connection lost
+%% instead, the packed chunks go back to the queue behind the courier's chunk,
+%% in order, and leave once it connects.
+packs_while_busy_test() ->
+    Sends = [{send, 1, b@h, small, 3} || _ <- lists:seq(1, 11)],
+    Busy = [{mode, b@h, busy}, {send, 1, b@h, small, 3}, {cycle, 0}, {mode, b@h, ok}] ++ Sends,
+    St = lists:foldl(fun(Cmd, Acc) -> St1 = cmd(Cmd, Acc), ok = check(St1, Cmd), St1 end,
+                     init(3, 0, none, true), Busy ++ [{cycle, 0}]),
+    %% 11 sends behind the courier: 3 full chunks of 3 packed, 2 left queued
+    ?assertEqual(0, maps:get(packed, St)),
+    ?assertEqual(11, convoy_lane_core:buffered(maps:get(core, St))),
+    St1 = cmd({courier_done, b@h, all}, St),
+    ok = check(St1, done),
+    St2 = cmd({cycle, 0}, St1),
+    ok = check(St2, cycle),
+    ?assertEqual(3, maps:get(packed, St2)),
+    ?assertEqual(12, maps:get(sent, St2)),
+    ?assertEqual(ok, catch run([], St2, false)),
+    %% the connection lost after the packing: back in the queue, in order
+    Lost = [{mode, b@h, busy}, {send, 1, b@h, small, 3}, {cycle, 0}] ++ Sends
+        ++ [{mode, b@h, unconnected}, {courier_done, b@h, all}, {cycle, 0},
+            {connect_done, b@h, true}, {mode, b@h, ok}, {cycle, 0}],
+    ?assertEqual(ok, catch run(Lost, init(3, 0, none, true), false)).

@@ -1,0 +1,70 @@
+%% @private
+%% What a lane's entries become for the peer at hand. Pure, but for a publish
+%% entry's members, read from `pg' as this node sees them now.
+%%
+%% A lane keeps two kinds of entry in a form of its own: a large message
+%% (`{'$convoy_large', To, Msg}') and a publish (`{{'$convoy_publish', Scope,
+%% Group}, Msg}'). A peer at protocol version 2 or later gets them as wire
+%% entries (`convoy_wire'); a version-1 peer gets a publish as multicast entries
+%% to its members; a peer without convoy gets plain sends (`plain_ops/2').
+-module(convoy_lane_wire).
+
+-export([entries/3, plain_entry/2, plain_ops/2]).
+
+-include("convoy_tags.hrl").
+
+%% @doc A chunk's entries as the peer at version `Vsn' on `Node' reads them: a
+%% chunk without lane forms as it is; a peer at a version without publish
+%% entries gets each as multicast entries to its members as this node sees them
+%% now (what a loop of sends would reach).
+-spec entries([term()], pos_integer(), node()) -> [term()].
+entries(Wire, Vsn, Node) ->
+    case convoy_wire:supports(Vsn, publish) of
+        true ->
+            case has_lane_form(Wire) of
+                true -> [wire_entry(E) || E <- Wire];
+                false -> Wire
+            end;
+        false ->
+            lists:flatmap(fun(E) -> v1_entries(plain_entry(E, Node)) end, Wire)
+    end.
+
+has_lane_form([{?TAG_LARGE, _, _} | _]) -> true;
+has_lane_form([{{?TAG_PUBLISH, _, _}, _} | _]) -> true;
+has_lane_form([_ | Rest]) -> has_lane_form(Rest);
+has_lane_form([]) -> false.
+
+v1_entries({Tos, Msg}) when is_list(Tos) -> convoy_wire:multicast_entries(Tos, Msg);
+v1_entries(E) -> [E].
+
+%% @doc An entry as sends to destinations: a publish becomes a multicast to the
+%% group's members on `Node' as this node sees them now.
+-spec plain_entry(term(), node()) -> {term(), term()}.
+plain_entry(E, Node) ->
+    case wire_entry(E) of
+        {?TAG_PUBLISH, Scope, Group, Msg} -> {convoy_pg:members_on(Scope, Group, Node), Msg};
+        Plain -> Plain
+    end.
+
+%% Entries the lane keeps in its own form (a large message, a publish) become
+%% wire entries; a chunk without any is shipped as it is.
+wire_entry({?TAG_LARGE, To, Msg}) -> wire_entry({To, Msg});
+wire_entry({{?TAG_PUBLISH, Scope, Group}, Msg}) -> convoy_wire:publish(Scope, Group, Msg);
+wire_entry(E) -> E.
+
+%% @doc An entry as the blocking sends a courier makes for a peer without convoy:
+%% `{Address, Msg, Messages}', the last send of a multicast counting its one
+%% message (`{skip, none, 1}' for a publish to nobody on `Node').
+-spec plain_ops(node(), term()) -> [{term(), term(), 0 | 1} | {skip, none, 1}].
+plain_ops(Node, {?TAG_LARGE, To, Msg}) ->
+    plain_ops(Node, {To, Msg});
+plain_ops(Node, {{?TAG_PUBLISH, _, _}, _} = E) ->
+    plain_ops(Node, plain_entry(E, Node));
+plain_ops(_Node, {[], _Msg}) ->
+    [{skip, none, 1}]; % a publish to nobody on Node: one message, no send
+plain_ops(Node, {Tos, Msg}) when is_list(Tos) ->
+    {Init, [Last]} = lists:split(length(Tos) - 1, Tos),
+    [{convoy_wire:address(T, Node), Msg, 0} || T <- Init] ++ [{convoy_wire:address(Last, Node), Msg, 1}];
+plain_ops(Node, {To, Msg}) ->
+    [{convoy_wire:address(To, Node), Msg, 1}].
+
