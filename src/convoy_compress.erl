@@ -28,9 +28,9 @@
 %% counted `bad_compressed' by the inbox.
 -module(convoy_compress).
 
--export([envelope/5, level/4, pack/3, encode/2, decode/1, min_bytes/0]).
+-export([envelope/5, level/4, encode/2, decode/1, min_bytes/0]).
 
--export_type([envelope/0, packed/0]).
+-export_type([envelope/0]).
 
 %% The fewest bytes (the messages' encoded size) a batch needs to be compressed.
 %% Below about 1 KiB a batch fits in one Ethernet frame (1,500-byte MTU) plain,
@@ -42,17 +42,9 @@
 %% A batch of one message is a message that happens to travel alone: the path a
 %% single message takes stays as cheap as plain, whatever its size.
 -define(MIN_MESSAGES, 2).
-%% A packed chunk goes only to a peer that reads zbatch.
--define(PACK_VSN, 4).
 
 %% What a lane ships: the plain batch, or the compressed one with its size.
 -type envelope() :: {batch, tuple()} | {zbatch, tuple(), BytesOut :: pos_integer()}.
-
-%% A chunk packed while its node's connection is busy (`pack/3'): the payload of a
-%% `zbatch', and what to count for it once it leaves (`plain' when not
-%% compressed).
--type packed() :: {binary(), plain | {Msgs :: pos_integer(), BytesIn :: non_neg_integer(),
-                                      BytesOut :: pos_integer()}}.
 
 %% @doc The fewest bytes a batch needs to be compressed (`MIN_BYTES').
 -spec min_bytes() -> pos_integer().
@@ -89,24 +81,6 @@ smaller(FromNode, _Entries, Bin, Bytes) when byte_size(Bin) < Bytes ->
     {zbatch, convoy_wire:zbatch(FromNode, Bin), byte_size(Bin)};
 smaller(FromNode, Entries, _Bin, _Bytes) ->
     {batch, convoy_wire:batch(FromNode, Entries)}.
-
-%% @doc A chunk of `Msgs' messages of `Bytes' encoded as one binary, for a peer
-%% that reads `zbatch' (`convoy_lane_core' packs what waits behind a busy
-%% connection: a binary is off the lane's heap, and is what the distribution
-%% send would have encoded anyway). Compressed as `envelope/5' would under the
-%% `compress' setting `Compress', otherwise in the plain external format.
--spec pack([convoy_wire:entry()], convoy_config:compress(),
-           {Msgs :: pos_integer(), Bytes :: non_neg_integer()}) -> packed().
-pack(Entries, Compress, {Msgs, Bytes}) ->
-    case level(Compress, ?PACK_VSN, Msgs, Bytes) of
-        none ->
-            {term_to_binary(Entries), plain};
-        Level ->
-            case encode(Entries, Level) of
-                Bin when byte_size(Bin) < Bytes -> {Bin, {Msgs, Bytes, byte_size(Bin)}};
-                _Larger -> {term_to_binary(Entries), plain}
-            end
-    end.
 
 %% @doc A batch's entries, compressed at zlib level `Level'.
 -spec encode([convoy_wire:entry()], 1..9) -> binary().
@@ -176,21 +150,6 @@ plain_otherwise_test() ->
     Noise = [{self(), rand:bytes(400)} || _ <- lists:seq(1, 4)],
     ?assertEqual({batch, convoy_wire:batch(a@h, Noise)},
                  envelope(a@h, Noise, {4, bytes(Noise)}, 9, 4)).
-
-pack_test() ->
-    Es = events(20),
-    B = bytes(Es),
-    {Plain, plain} = pack(Es, never, {20, B}),
-    ?assertEqual({ok, Es}, decode(Plain)),
-    {Z, {20, B, Out}} = pack(Es, 1, {20, B}),
-    ?assertEqual(byte_size(Z), Out),
-    ?assert(Out < B),
-    ?assertEqual({ok, Es}, decode(Z)),
-    %% below the minimum, or not smaller: packed plain
-    ?assertMatch({_, plain}, pack(Es, 6, {20, ?MIN_BYTES - 1})),
-    Noise = [{self(), rand:bytes(400)} || _ <- lists:seq(1, 4)],
-    {NBin, plain} = pack(Noise, 9, {4, bytes(Noise)}),
-    ?assertEqual({ok, Noise}, decode(NBin)).
 
 level_test() ->
     ?assertEqual(none, level(never, 4, 100, 100000)),

@@ -13,8 +13,9 @@
 %% The lane never waits on the network. It sends with `[nosuspend, noconnect]':
 %% <ul>
 %% <li>`nosuspend' (the node's distribution buffer is full): the chunk goes to a
-%%   courier, a short-lived process that makes the blocking send; the node's queue
-%%   waits until the courier is done, other nodes carry on;</li>
+%%   courier, a process that makes the blocking send and takes each full chunk of
+%%   the node's queue after it, until it has sent all it was given (the rest of
+%%   the queue waits until it is done); other nodes carry on;</li>
 %% <li>`noconnect': the chunk goes back to its queue and a connector process asks
 %%   `net_kernel' for a connection, as `!' would; if that fails, the node's queue is
 %%   dropped and counted.</li>
@@ -87,6 +88,8 @@
             workers = #{} :: #{pid() => {courier, node(), integer()}
                                           | {connector, node()}
                                           | {barrier, node()}},
+            %% each busy node's courier, and the tag of what the lane gives it
+            couriers = #{} :: #{node() => {pid(), reference()}},
             %% a large message left: collect its copy once the lane is idle (GC_IDLE_MS)
             gc = false :: boolean(),
             %% the route each node had when this lane last shipped to it
@@ -248,6 +251,12 @@ handle({'EXIT', Parent, Reason}, _Now, S = #s{parent = Parent}) ->
     terminate(Reason, S);
 handle({'EXIT', Pid, Reason}, Now, S = #s{workers = W}) when is_map_key(Pid, W) ->
     worker_done(maps:get(Pid, W), Reason, Now, S#s{workers = maps:remove(Pid, W)});
+handle({?TAG_COURIER_IDLE, Pid, Given}, Now, S = #s{workers = W})
+  when is_map_key(Pid, W), is_integer(Given) ->
+    case maps:get(Pid, W) of
+        {courier, Node, _} -> core({courier_idle, Node, Given}, Now, S);
+        _ -> stray(S)
+    end;
 handle({?TAG_HOLD, Secret, Nodes}, Now, S = #s{control = {_, Secret}}) when is_list(Nodes) ->
     core({hold, [N || N <- Nodes, is_atom(N)]}, Now, S);
 handle({?TAG_RELEASE, Secret, Node}, Now, S = #s{control = {_, Secret}}) when is_atom(Node) ->
@@ -299,10 +308,16 @@ act({ship, Node, Wire, Size, _Reason}, Now, S) ->
     {Route, S1} = route(Node, S),
     {Outcome, S2} = ship(Node, Route, {Wire, Size}, S1),
     core({shipped, Node, Outcome}, Now, S2);
-act({ship_packed, Node, Packed, Size, _Reason}, Now, S) ->
+act({courier_more, Node, Wire, Size}, _Now, S) ->
     {Route, S1} = route(Node, S),
-    {Outcome, S2} = ship_packed(Node, Route, Packed, Size, S1),
-    core({shipped, Node, Outcome}, Now, S2);
+    {Ops, S2} = courier_ops(Node, Route, Wire, Size, S1),
+    {Pid, Ref} = maps:get(Node, S2#s.couriers),
+    Pid ! {Ref, ops, Ops},
+    S2;
+act({courier_stop, Node}, _Now, S) ->
+    {Pid, Ref} = maps:get(Node, S#s.couriers),
+    Pid ! {Ref, stop},
+    S;
 act({sent, Node, Msgs, Sends, Reason, Route}, _Now, S = #s{index = I, rt = RT, slots = Slots}) ->
     %% What batching achieves, for senders to decide whether the lane pays.
     _ = Route =:= courier orelse
@@ -407,7 +422,7 @@ ship_route(Node, {convoy, Vsn, Inboxes}, {Wire, {Msgs, _Bytes} = Size}, S0 = #s{
         ok ->
             {{sent, 1, convoy}, compressed(Node, Zipped, S)};
         nosuspend ->
-            {{courier, 0, 0, convoy, pack_as(Vsn, S)},
+            {{courier, 0, 0, convoy},
              courier(Node, [{Target, Batch, Msgs}], compressed(Node, Zipped, S))};
         noconnect ->
             {{unconnected, 0, 0, Wire, convoy}, S}
@@ -415,41 +430,17 @@ ship_route(Node, {convoy, Vsn, Inboxes}, {Wire, {Msgs, _Bytes} = Size}, S0 = #s{
 ship_route(Node, plain, {Wire, _Size}, S) ->
     plain(Node, Wire, 0, 0, S).
 
-%% A chunk packed while the connection was busy (`convoy_lane_core'): one zbatch.
-%% A peer that no longer reads one (it restarted at an older version, or without
-%% convoy) gets the chunk as it was.
-ship_packed(Node, {convoy, Vsn, Inboxes} = Route, Packed, Size, S) ->
-    case convoy_wire:supports(Vsn, zbatch) of
-        true -> send_packed(Node, Vsn, Inboxes, Packed, Size, S);
-        false -> ship_route(Node, Route, {unpacked(element(1, Packed)), Size}, S)
-    end;
-ship_packed(Node, Route, {Bin, _Zipped}, Size, S) ->
-    ship_route(Node, Route, {unpacked(Bin), Size}, S).
-
-send_packed(Node, Vsn, Inboxes, {Bin, Zipped}, {Msgs, _}, S = #s{index = I}) ->
+%% A full chunk of a node whose courier waits out its busy connection, as the
+%% courier's sends: the batch (compressed as any batch), or plain sends for a
+%% peer without convoy; an unknown route's messages counted lost.
+courier_ops(Node, {convoy, Vsn, Inboxes}, Wire, {Msgs, _} = Size, S = #s{index = I}) ->
     Target = {convoy_wire:lane_inbox(I, Inboxes), Node},
-    Batch = convoy_wire:zbatch(node(), Bin),
-    case erlang:send(Target, Batch, ?SEND_OPTS) of
-        ok ->
-            {{sent, 1, convoy}, compressed(Node, Zipped, S)};
-        nosuspend ->
-            {{courier, 0, 0, convoy, pack_as(Vsn, S)},
-             courier(Node, [{Target, Batch, Msgs}], compressed(Node, Zipped, S))};
-        noconnect ->
-            {{unconnected, 0, 0, unpacked(Bin), convoy}, S}
-    end.
-
-unpacked(Bin) ->
-    {ok, Entries} = convoy_compress:decode(Bin),
-    Entries.
-
-%% How the node's next full chunks are packed while a courier waits out its busy
-%% connection: under the `compress' setting, for a peer that reads them.
-pack_as(Vsn, #s{rt = RT}) ->
-    case convoy_wire:supports(Vsn, zbatch) of
-        true -> RT#runtime.compress;
-        false -> false
-    end.
+    {Batch, Zipped} = envelope(Vsn, convoy_lane_wire:entries(Wire, Vsn, Node), Size, S),
+    {[{Target, Batch, Msgs}], compressed(Node, Zipped, S)};
+courier_ops(Node, plain, Wire, _Size, S) ->
+    {lists:append([convoy_lane_wire:plain_ops(Node, E) || E <- Wire]), S};
+courier_ops(_Node, unknown, _Wire, {Msgs, _}, S) ->
+    {[{lost, none, Msgs}], S}.
 
 %% The batch, or the batch compressed when the `compress' setting and the peer's
 %% version allow it and it pays (`convoy_compress'), with what to count for it.
@@ -483,7 +474,7 @@ ship_run(Node, Target, Vsn, Probe, [G | Rest] = Groups, Msgs, Sends, S) ->
         ok ->
             ship_run(Node, Target, Vsn, Probe, Rest, Msgs + length(G), Sends + 1, S);
         nosuspend ->
-            {{courier, Msgs, Sends, convoy, pack_as(Vsn, S)},
+            {{courier, Msgs, Sends, convoy},
              courier(Node, courier_run(Target, Vsn, Node, Probe, Groups), S)};
         noconnect ->
             {{unconnected, Msgs, Sends, lists:append(Groups), convoy}, S}
@@ -578,7 +569,7 @@ plain(Node, [E | Rest], Msgs, Sends, S) ->
                 {ok, K} ->
                     plain(Node, Rest, Msgs + 1, Sends + K, S);
                 {nosuspend, K, Left} ->
-                    {{courier, Msgs, Sends + K, plain, false},
+                    {{courier, Msgs, Sends + K, plain},
                      plain_courier(Node, [{Left, Msg} | Rest], S)};
                 {noconnect, K, Left} ->
                     {{unconnected, Msgs, Sends + K, [{Left, Msg} | Rest], plain}, S}
@@ -586,8 +577,7 @@ plain(Node, [E | Rest], Msgs, Sends, S) ->
         {To, Msg} ->
             case erlang:send(convoy_wire:address(To, Node), Msg, ?SEND_OPTS) of
                 ok -> plain(Node, Rest, Msgs + 1, Sends + 1, S);
-                nosuspend ->
-                    {{courier, Msgs, Sends, plain, false}, plain_courier(Node, [E | Rest], S)};
+                nosuspend -> {{courier, Msgs, Sends, plain}, plain_courier(Node, [E | Rest], S)};
                 noconnect -> {{unconnected, Msgs, Sends, [E | Rest], plain}, S}
             end
     end.
@@ -609,21 +599,43 @@ plain_courier(Node, Wire, S) ->
 %% Couriers, connectors, barrier senders
 
 courier(Node, Ops, S = #s{index = I, rt = RT}) ->
-    Pid = spawn_link(fun() -> exit({courier, run_ops(Ops, 0, 0, 0)}) end),
+    Lane = self(),
+    Ref = make_ref(),
+    %% what it is given waits in its mailbox, off its heap
+    Pid = spawn_opt(fun() -> courier_loop(Lane, Ref, 1, run_ops(Ops, {0, 0, 0})) end,
+                    [link, {message_queue_data, off_heap}]),
     Msgs = lists:sum([W || {_, _, W} <- Ops]),
     event(RT, [convoy, node, busy], #{count => Msgs}, #{node => Node, lane => I}),
-    S#s{workers = (S#s.workers)#{Pid => {courier, Node, erlang:monotonic_time()}}}.
+    S#s{workers = (S#s.workers)#{Pid => {courier, Node, erlang:monotonic_time()}},
+        couriers = (S#s.couriers)#{Node => {Pid, Ref}}}.
+
+%% A courier sends what it was given, then what its lane gives it next
+%% (`{Ref, ops, Ops}', `courier_more'), in order. Once it has sent all it was
+%% given it says so, and ends when the lane answers that it gave it nothing more
+%% since (`courier_stop'): its result is its exit reason.
+courier_loop(Lane, Ref, Given, Acc) ->
+    receive
+        {Ref, ops, Ops} -> courier_loop(Lane, Ref, Given + 1, run_ops(Ops, Acc))
+    after 0 ->
+        Lane ! {?TAG_COURIER_IDLE, self(), Given},
+        receive
+            {Ref, ops, Ops} -> courier_loop(Lane, Ref, Given + 1, run_ops(Ops, Acc));
+            {Ref, stop} -> exit({courier, Acc})
+        end
+    end.
 
 %% Blocking sends (they wait out a busy distribution buffer, never connect).
-%% Returns {Messages sent, sends made, messages not sent}.
-run_ops([], Msgs, Sends, Lost) ->
-    {Msgs, Sends, Lost};
-run_ops([{skip, none, W} | Rest], Msgs, Sends, Lost) ->
-    run_ops(Rest, Msgs + W, Sends, Lost);
-run_ops([{Dest, Term, W} | Rest], Msgs, Sends, Lost) ->
+%% Counts {Messages sent, sends made, messages not sent}.
+run_ops([], Acc) ->
+    Acc;
+run_ops([{skip, none, W} | Rest], {Msgs, Sends, Lost}) ->
+    run_ops(Rest, {Msgs + W, Sends, Lost});
+run_ops([{lost, none, W} | Rest], {Msgs, Sends, Lost}) ->
+    run_ops(Rest, {Msgs, Sends, Lost + W});
+run_ops([{Dest, Term, W} | Rest], {Msgs, Sends, Lost}) ->
     case erlang:send(Dest, Term, [noconnect]) of
-        ok -> run_ops(Rest, Msgs + W, Sends + 1, Lost);
-        noconnect -> run_ops(Rest, Msgs, Sends, Lost + W)
+        ok -> run_ops(Rest, {Msgs + W, Sends + 1, Lost});
+        noconnect -> run_ops(Rest, {Msgs, Sends, Lost + W})
     end.
 
 connect(Node, S) ->
@@ -633,7 +645,8 @@ connect(Node, S) ->
 connector(Node) ->
     exit({connected, net_kernel:connect_node(Node)}).
 
-worker_done({courier, Node, Started}, Reason, Now, S = #s{index = I, rt = RT}) ->
+worker_done({courier, Node, Started}, Reason, Now, S0 = #s{index = I, rt = RT}) ->
+    S = S0#s{couriers = maps:remove(Node, S0#s.couriers)},
     Result = case Reason of
                  {courier, {_, _, _} = R} -> R;
                  _ -> failed % killed from outside: what it carried counts as dropped

@@ -16,11 +16,11 @@
 %% <li>senders blocked on a full node, woken one per message that leaves;</li>
 %% <li>chunks handed out to ship and not yet reported, messages in couriers and
 %%   nodes being connected;</li>
-%% <li>per node whose connection is busy (a courier out) and whose peer reads
-%%   encoded batches, full chunks packed into one binary each (`pack/2'), which
-%%   leave first, in order, once the courier is done. What waits behind a busy
-%%   connection is then off the lane's heap: held as messages, a backlog of up
-%%   to `max_buffered_bytes' made every collection of the lane copy it again.</li>
+%% <li>per node whose connection is busy, what its courier carries: the courier
+%%   takes each full chunk of the node's queue as it fills (`feed/2'), so what
+%%   waits behind a busy connection sits in the courier's mailbox, not on the
+%%   lane's heap, where a backlog of up to `max_buffered_bytes' was copied again
+%%   by every collection of the lane.</li>
 %% <li>the hold/retire machine of a lane change or a stop (see `convoy_control').</li>
 %% </ul>
 %% Accounting: every message accepted here is, at any time, pending, queued, being
@@ -50,12 +50,10 @@
                flushes = #{} :: #{non_neg_integer() => {pid() | reference(), term(), pos_integer()}},
                %% chunks handed out (a `ship' action) whose outcome is not in yet
                shipping = #{} :: #{node() => {non_neg_integer(), [mark()], convoy_batch:reason()}},
-               couriers = #{} :: #{node() => {non_neg_integer(), [mark()]}},
-               %% per node with a courier out whose peer reads packed chunks: the
-               %% `compress' setting to pack them with
-               pack_as = #{} :: #{node() => convoy_config:compress()},
-               %% per node, chunks packed while its connection was busy, oldest first
-               packs = #{} :: #{node() => queue:queue(pack())},
+               %% per node whose connection is busy: the messages and marks its
+               %% courier carries, and how many lots it was given (`closing' once
+               %% told to end)
+               couriers = #{} :: #{node() => {non_neg_integer(), [mark()], pos_integer() | closing}},
                connecting = #{} :: #{node() => true},
                held = none :: none | all | #{node() => true},
                deferred = [] :: [{pid() | reference(), term()}],
@@ -71,17 +69,12 @@
                  term(), non_neg_integer()}.
 -type mark() :: {?TAG_MARK, non_neg_integer(), node()}.
 -type route() :: convoy | plain.
--type pack() :: {convoy_compress:packed(), {Msgs :: pos_integer(), Bytes :: non_neg_integer()},
-                 [mark()]}.
 %% What a `ship' action did: everything left (`sent'); the first messages left and
-%% the rest went to a courier waiting out a busy buffer (`courier', with the
-%% `compress' setting to pack the node's next full chunks with while it waits, or
-%% `false' when its peer does not read them); the first left
+%% the rest went to a courier waiting out a busy buffer (`courier'); the first left
 %% and the rest could not (not connected), given back in order (`unconnected');
 %% no route to keep order with (`unroutable').
 -type outcome() :: {sent, Sends :: non_neg_integer(), route()}
-                 | {courier, Msgs :: non_neg_integer(), Sends :: non_neg_integer(), route(),
-                    PackAs :: false | convoy_config:compress()}
+                 | {courier, Msgs :: non_neg_integer(), Sends :: non_neg_integer(), route()}
                  | {unconnected, Msgs :: non_neg_integer(), Sends :: non_neg_integer(),
                     Rest :: [term()], route()}
                  | unroutable.
@@ -92,6 +85,7 @@
                | {shipped, node(), outcome()}
                | {wait, node(), Alias :: reference(), HasRoom :: boolean()}
                | {flush, all | node(), ReplyTo :: pid() | reference(), Tag :: term()}
+               | {courier_idle, node(), Given :: pos_integer()}
                | {courier_done, node(), {Sent :: non_neg_integer(), Sends :: non_neg_integer(),
                                          Lost :: non_neg_integer()} | failed}
                | {connected, node(), boolean()}
@@ -102,8 +96,9 @@
 -type action() :: {accepted, node(), pos_integer()}
                 | {ship, node(), [term()], {Msgs :: pos_integer(), Bytes :: non_neg_integer()},
                    convoy_batch:reason()}
-                | {ship_packed, node(), convoy_compress:packed(),
-                   {Msgs :: pos_integer(), Bytes :: non_neg_integer()}, convoy_batch:reason()}
+                | {courier_more, node(), [term()],
+                   {Msgs :: pos_integer(), Bytes :: non_neg_integer()}}
+                | {courier_stop, node()}
                 | {sent, node(), Msgs :: non_neg_integer(), Sends :: non_neg_integer(),
                    convoy_batch:reason() | resumed, route() | courier}
                 | {dropped, node(), pos_integer(), Why :: atom()}
@@ -154,11 +149,11 @@ handle(Event, Now, C) ->
 
 done({C, A}) -> {C, lists:reverse(A)}.
 
-event(cycle, Now, {C = #core{max_batch = MB, max_delay = MD, packs = Ps}, A}) ->
-    Queued = convoy_batch:due(Now, MB, MD, C#core.queues),
-    Packed = [{Node, max_batch} || Node <- maps:keys(Ps), not lists:keymember(Node, 1, Queued)],
-    Due = [D || {Node, _} = D <- Queued ++ Packed, not held(Node, C)],
-    lists:foldl(fun({Node, Reason}, Acc) -> ship(Node, Reason, Acc) end, {C, A}, Due);
+event(cycle, Now, {C = #core{max_batch = MB, max_delay = MD}, A}) ->
+    Due = [D || {Node, _} = D <- convoy_batch:due(Now, MB, MD, C#core.queues), not held(Node, C)],
+    CA = lists:foldl(fun({Node, Reason}, Acc) -> ship(Node, Reason, Acc) end, {C, A}, Due),
+    %% what filled behind a busy connection goes to its courier
+    lists:foldl(fun feed/2, CA, [Node || Node <- maps:keys(C#core.couriers), not held(Node, C)]);
 event({wait, _Node, Alias, true}, _Now, {C, A}) ->
     {C, [{wake, Alias} | A]};
 event({wait, Node, Alias, false}, _Now, {C = #core{waiters = W}, A}) ->
@@ -168,23 +163,32 @@ event({flush, Which, ReplyTo, Tag}, Now, CA) ->
     flush(Which, ReplyTo, Tag, Now, CA);
 event({courier_done, Node, Result}, _Now, {C = #core{couriers = Cs}, A})
   when is_map_key(Node, Cs) ->
-    #{Node := {Msgs, Marks}} = Cs,
+    #{Node := {Msgs, Marks, _}} = Cs,
     {Sent, Sends} = case Result of
                         failed -> {0, 0};
                         {S0, N0, _Lost} -> {S0, N0}
                     end,
-    C1 = C#core{couriers = maps:remove(Node, Cs), pack_as = maps:remove(Node, C#core.pack_as),
+    C1 = C#core{couriers = maps:remove(Node, Cs),
                 queues = convoy_batch:set_status(Node, ready, C#core.queues)},
     %% What the courier neither sent nor reported lost is lost all the same.
     CA1 = sent(Node, Sent, Sends, resumed, courier, {C1, A}),
     CA2 = dropped_count(Node, Msgs - Sent, noconnect, CA1),
     prune(Node, answer_marks(Marks, CA2));
+event({courier_idle, Node, Given}, _Now, {C = #core{couriers = Cs}, A}) ->
+    case Cs of
+        #{Node := {Msgs, Marks, Given}} ->
+            %% sent all it was given: it ends, and its outcome frees the node
+            {C#core{couriers = Cs#{Node := {Msgs, Marks, closing}}}, [{courier_stop, Node} | A]};
+        #{Node := _} ->
+            {C, A}; % given more since: it reports again
+        _ ->
+            {C, [{stray, {courier_idle, Node, Given}} | A]}
+    end;
 event({connected, Node, true}, _Now, {C, A}) ->
     {ready(Node, C), A};
 event({connected, Node, false}, _Now, {C, A}) ->
     {Entries, Q} = convoy_batch:drop(Node, C#core.queues),
-    CA = drop_packs(Node, noconnect, {ready(Node, C#core{queues = Q}), A}),
-    prune(Node, dropped(Node, Entries, noconnect, CA));
+    prune(Node, dropped(Node, Entries, noconnect, {ready(Node, C#core{queues = Q}), A}));
 event({hold, Nodes}, Now, {C = #core{held = all}, A}) ->
     released(Now, {C#core{held = node_set(Nodes)}, A});
 event({release, Node}, Now, {C = #core{held = Held}, A}) when is_map(Held) ->
@@ -207,12 +211,9 @@ event(shutdown_ship, _Now, {C, A}) ->
 event(shutdown_drop, _Now, {C, A}) ->
     %% Couriers and connectors are gone with the lane: what they carried and what
     %% is still queued cannot leave.
-    CA0 = maps:fold(fun(Node, {Msgs, Marks}, Acc) ->
+    CA1 = maps:fold(fun(Node, {Msgs, Marks, _}, Acc) ->
                             answer_marks(Marks, dropped_count(Node, Msgs, shutdown, Acc))
-                    end, {C#core{couriers = #{}, connecting = #{}, pack_as = #{}}, A},
-                    C#core.couriers),
-    CA1 = lists:foldl(fun(Node, Acc) -> drop_packs(Node, shutdown, Acc) end, CA0,
-                      maps:keys(C#core.packs)),
+                    end, {C#core{couriers = #{}, connecting = #{}}, A}, C#core.couriers),
     lists:foldl(fun(Node, {C2, A2}) ->
                         {Entries, Q} = convoy_batch:drop(Node, C2#core.queues),
                         Q1 = convoy_batch:set_status(Node, ready, Q),
@@ -296,13 +297,10 @@ ship(Node, _Reason, {C = #core{shipping = Sh}, A}) when is_map_key(Node, Sh) ->
 ship(Node, Reason, CA = {C, _}) ->
     case convoy_batch:status(Node, C#core.queues) of
         ready -> ship_ready(Node, Reason, CA);
-        busy -> pack(Node, CA);
+        busy -> feed(Node, CA);
         connecting -> CA
     end.
 
-%% Chunks packed while the connection was busy leave first, in order.
-ship_ready(Node, Reason, CA = {#core{packs = Ps}, _}) when is_map_key(Node, Ps) ->
-    ship_pack(Node, Reason, CA);
 ship_ready(Node, Reason, {C = #core{queues = Q, max_batch = MB}, A}) ->
     case convoy_batch:take(Node, MB, Q) of
         {[], Q1} ->
@@ -321,79 +319,43 @@ ship_ready(Node, Reason, {C = #core{queues = Q, max_batch = MB}, A}) ->
             end
     end.
 
-ship_pack(Node, Reason, {C = #core{packs = Ps}, A}) ->
-    {{value, {Packed, {Msgs, _} = Size, Marks}}, PQ} = queue:out(maps:get(Node, Ps)),
-    Ps1 = case queue:is_empty(PQ) of
-              true -> maps:remove(Node, Ps);
-              false -> Ps#{Node := PQ}
-          end,
-    {C#core{packs = Ps1, shipping = (C#core.shipping)#{Node => {Msgs, Marks, Reason}}},
-     [{ship_packed, Node, Packed, Size, Reason} | A]}.
-
-%% While a courier waits out the node's busy connection, each full chunk of its
-%% queue is packed into one binary (`convoy_compress:pack/3'), the work the
-%% distribution send would do when it leaves. A chunk with a publish entry stays
-%% queued as it is (its members are looked up when it ships), and so does what
-%% follows it.
-pack(Node, CA = {#core{pack_as = PA}, _}) when is_map_key(Node, PA) ->
-    pack(Node, maps:get(Node, PA), CA);
-pack(_Node, CA) ->
-    CA.
-
-pack(Node, Compress, CA = {C = #core{max_batch = MB}, A}) ->
-    case convoy_batch:take_full(Node, MB, C#core.queues) of
-        none ->
-            CA;
-        {Chunk, Q1} ->
-            {Marks, Wire} = marks(Chunk),
-            case lists:any(fun is_publish/1, Wire) of
-                true ->
-                    CA;
-                false ->
+%% While a courier waits out the node's busy connection it takes each full chunk
+%% of the node's queue (`max_batch' messages and no large one: a run of large
+%% messages waits for the queue to be ready), after what it carries. Its marks
+%% are answered once the courier is done, with everything before them.
+feed(Node, CA = {C = #core{couriers = Cs, max_batch = MB}, A}) ->
+    case Cs of
+        #{Node := {Carried, Marks0, Given}} when is_integer(Given) ->
+            case convoy_batch:take_full(Node, MB, C#core.queues) of
+                {Chunk, Q1} ->
+                    {Marks, Wire} = marks(Chunk),
                     Msgs = length(Wire),
                     Size = {Msgs, chunk_bytes(Node, Msgs, C)},
-                    Pack = {convoy_compress:pack(Wire, Compress, Size), Size, Marks},
-                    PQ = maps:get(Node, C#core.packs, queue:new()),
-                    pack(Node, Compress,
-                         {C#core{queues = Q1, packs = (C#core.packs)#{Node => queue:in(Pack, PQ)}},
-                          A})
-            end
+                    feed(Node, {C#core{queues = Q1,
+                                       couriers = Cs#{Node := {Carried + Msgs, Marks0 ++ Marks,
+                                                               Given + 1}}},
+                                [{courier_more, Node, Wire, Size} | A]});
+                none ->
+                    CA
+            end;
+        _ ->
+            CA % no courier, or one told to end
     end.
-
-is_publish({{?TAG_PUBLISH, _, _}, _}) -> true;
-is_publish(_) -> false.
-
-%% A node's packed chunks, entries and marks as they were queued, oldest first.
-unpack(Node, #core{packs = Ps}) ->
-    lists:append([begin
-                      {ok, Entries} = convoy_compress:decode(Bin),
-                      Entries ++ Marks
-                  end || {{Bin, _}, _, Marks} <- queue:to_list(maps:get(Node, Ps, queue:new()))]).
-
-drop_packs(Node, Why, {C = #core{packs = Ps}, A}) ->
-    Packs = queue:to_list(maps:get(Node, Ps, queue:new())),
-    lists:foldl(fun({_Packed, {Msgs, _}, Marks}, Acc) ->
-                        answer_marks(Marks, dropped_count(Node, Msgs, Why, Acc))
-                end, {C#core{packs = maps:remove(Node, Ps)}, A}, Packs).
 
 %% The bytes senders took for a chunk of Msgs messages taken from the head of the
 %% node's queue: a run's bytes are given back only once it left, in the order the
 %% node's chunks leave, so the chunk's are the Msgs messages of its runs after
-%% those its courier and its packed chunks still hold (a part of a run counted
-%% in proportion, as `release/3' gives it back).
+%% those its courier still carries (a part of a run counted in proportion, as
+%% `release/3' gives it back).
 chunk_bytes(Node, Msgs, C = #core{segments = Segs}) ->
     {_, Behind} = release(ahead(Node, C), maps:get(Node, Segs, queue:new()), 0),
     {Bytes, _Rest} = release(Msgs, Behind, 0),
     Bytes.
 
-ahead(Node, #core{couriers = Cs, packs = Ps}) ->
-    Courier = case Cs of
-                  #{Node := {M, _}} -> M;
-                  _ -> 0
-              end,
-    case Ps of
-        #{Node := PQ} -> queue:fold(fun({_, {M, _}, _}, Acc) -> Acc + M end, Courier, PQ);
-        _ -> Courier
+ahead(Node, #core{couriers = Cs}) ->
+    case Cs of
+        #{Node := {M, _, _}} -> M;
+        _ -> 0
     end.
 
 %% A mark is told from a message by its whole shape, never by its first element
@@ -420,25 +382,17 @@ shipped(Node, Outcome, _Now, C, A) ->
 
 shipped(Node, {sent, Sends, Route}, Msgs, Marks, Reason, CA) ->
     ship(Node, Reason, answer_marks(Marks, sent(Node, Msgs, Sends, Reason, Route, CA)));
-shipped(Node, {courier, Sent, Sends, Route, PackAs}, Msgs, Marks, Reason, CA) ->
+shipped(Node, {courier, Sent, Sends, Route}, Msgs, Marks, Reason, CA) ->
     {C, A} = sent(Node, Sent, Sends, Reason, Route, CA),
-    PA = case PackAs of
-             false -> C#core.pack_as;
-             _ -> (C#core.pack_as)#{Node => PackAs}
-         end,
-    pack(Node, {C#core{queues = convoy_batch:set_status(Node, busy, C#core.queues),
-                       couriers = (C#core.couriers)#{Node => {Msgs - Sent, Marks}},
-                       pack_as = PA}, A});
+    feed(Node, {C#core{queues = convoy_batch:set_status(Node, busy, C#core.queues),
+                       couriers = (C#core.couriers)#{Node => {Msgs - Sent, Marks, 1}}}, A});
 shipped(Node, {unconnected, Sent, Sends, Rest, Route}, _Msgs, Marks, Reason, CA) ->
     {C, A} = sent(Node, Sent, Sends, Reason, Route, CA),
     case C#core.auto_connect of
         true ->
-            %% The marks go back after the rest, and the packed chunks after
-            %% them: answered no earlier than before, everything in order.
-            Back = Rest ++ Marks ++ unpack(Node, C),
-            Q = convoy_batch:requeue(Node, Back, C#core.queues),
+            %% The marks go back after the rest: answered no earlier than before.
+            Q = convoy_batch:requeue(Node, Rest ++ Marks, C#core.queues),
             {C#core{queues = convoy_batch:set_status(Node, connecting, Q),
-                    packs = maps:remove(Node, C#core.packs),
                     connecting = (C#core.connecting)#{Node => true}},
              [{connect, Node} | A]};
         false ->
@@ -499,7 +453,6 @@ release(K, Q, Acc) ->
 %% keeps for it, so sends to many distinct nodes (dead names) leave nothing behind.
 prune(Node, {C = #core{queues = Q, segments = Segs, waiters = W}, A}) ->
     Busy = is_map_key(Node, W) orelse is_map_key(Node, C#core.shipping)
-        orelse is_map_key(Node, C#core.packs)
         orelse not queue:is_empty(maps:get(Node, Segs, queue:new())),
     case not Busy andalso convoy_batch:forget(Node, Q) of
         {ok, Q1} -> {C#core{queues = Q1, segments = maps:remove(Node, Segs)},
@@ -565,24 +518,21 @@ draining(_) -> false.
 %% behind. A lane that is going compares this with its admissions to know whether
 %% a sender is still on its way.
 -spec holding(core()) -> non_neg_integer().
-holding(C = #core{npending = P, held = Held}) ->
-    P + buffered(C) + in_flight(C) + case Held of none -> 0; _ -> 1 end.
+holding(C = #core{npending = P, queues = Q, held = Held}) ->
+    P + convoy_batch:buffered(Q) + in_flight(C) + case Held of none -> 0; _ -> 1 end.
 
 in_flight(#core{couriers = Cs, shipping = Sh}) ->
-    maps:fold(fun(_, {M, _}, Acc) -> Acc + M end, 0, Cs)
+    maps:fold(fun(_, {M, _, _}, Acc) -> Acc + M end, 0, Cs)
         + maps:fold(fun(_, {M, _, _}, Acc) -> Acc + M end, 0, Sh).
 
-%% @doc Messages queued, packed chunks' included (not counting pending sends,
-%% couriers or chunks out).
+%% @doc Messages queued (not counting pending sends, couriers or chunks out).
 -spec buffered(core()) -> non_neg_integer().
-buffered(#core{queues = Q, packs = Ps}) ->
-    maps:fold(fun(_, PQ, Acc) -> queue:fold(fun({_, {M, _}, _}, N) -> N + M end, Acc, PQ) end,
-              convoy_batch:buffered(Q), Ps).
+buffered(#core{queues = Q}) -> convoy_batch:buffered(Q).
 
 %% @doc Nodes this core keeps anything for.
 -spec nodes(core()) -> [node()].
-nodes(#core{queues = Q, segments = Segs, waiters = W, packs = Ps}) ->
-    lists:usort(convoy_batch:nodes(Q) ++ maps:keys(Segs) ++ maps:keys(W) ++ maps:keys(Ps)).
+nodes(#core{queues = Q, segments = Segs, waiters = W}) ->
+    lists:usort(convoy_batch:nodes(Q) ++ maps:keys(Segs) ++ maps:keys(W)).
 
 %% @doc A map for `sys:get_state/1'.
 -spec summary(core()) -> map().
@@ -590,5 +540,5 @@ summary(C = #core{}) ->
     #{buffered => buffered(C), pending => C#core.npending, held => C#core.held,
       retiring => C#core.retiring, couriers => maps:keys(C#core.couriers),
       connecting => maps:keys(C#core.connecting), flushes => map_size(C#core.flushes),
-      packed => maps:fold(fun(_, PQ, Acc) -> Acc + queue:len(PQ) end, 0, C#core.packs),
+      in_couriers => maps:fold(fun(_, {M, _, _}, Acc) -> Acc + M end, 0, C#core.couriers),
       waiters => maps:fold(fun(_, Q, Acc) -> Acc + queue:len(Q) end, 0, C#core.waiters)}.

@@ -34,6 +34,9 @@
 %% after it; or the sender's `DOWN' if it dies meanwhile).
 -define(TAG_OWED, '$convoy_owed').
 -define(TAG_OWED_DONE, '$convoy_owed_done').
+%% A courier that sent all it was given tells its lane (`{?TAG_COURIER_IDLE, Pid,
+%% Given}'); it ends only when the lane has given it nothing more since.
+-define(TAG_COURIER_IDLE, '$convoy_courier_idle').
 %% In a lane's queues (convoy_lane_core, convoy_batch): `{?TAG_LARGE, To, Msg}'
 %% (a large message) and `{?TAG_MARK, Id, Node}' (a flush waiting for what is
 %% before it to leave), the only 3-tuples among entries `{To, Msg}': a message to

@@ -65,10 +65,8 @@
 %%   receiver delivers a long batch in slices of that cost (see `convoy_inbox') so
 %%   other traffic is not held behind it.</li>
 %% <li>Version 4, kind `zbatch': `{'$convoy', 1, zbatch, FromNode, Bin}' is a
-%%   batch encoded (`convoy_compress'): `Bin' is `term_to_binary(Entries)' or
-%%   `term_to_binary(Entries, [{compressed, Level}])' of exactly the entries a
-%%   `batch' would carry (compressed under the `compress' setting; a lane packs
-%%   what waits behind a busy connection either way). The
+%%   batch compressed (`convoy_compress'): `Bin' is `term_to_binary(Entries,
+%%   [{compressed, Level}])' of exactly the entries a `batch' would carry. The
 %%   receiver decodes it (as distribution decodes: no `safe', the peer is a
 %%   connected node) and delivers it as that batch, in arrival order with the
 %%   others. A `Bin' that does not decode to a proper list is `bad_compressed':

@@ -1,7 +1,7 @@
 %% Properties of the lane's pure core (convoy_lane_core), without processes or
 %% peers: random interleavings of sends, drains, busy, unconnected and plain
-%% peers, couriers that finish, lose or fail, full chunks packed behind them,
-%% connections that come or not,
+%% peers, couriers that finish, lose or fail and take full chunks while they
+%% wait, connections that come or not,
 %% flushes, blocked senders, holds, releases, retirement and shutdown. A small
 %% driver plays the lane process: it carries out the actions and simulates the
 %% network.
@@ -40,6 +40,7 @@ cmd() ->
                {12, {cycle, frequency([{3, 0}, {1, choose(1, 3000)}])}},
                {6, {mode, node_gen(), mode()}},
                {4, {courier_done, node_gen(), oneof([all, lose, failed])}},
+               {4, {courier_idle, node_gen(), frequency([{3, current}, {1, stale}])}},
                {4, {connect_done, node_gen(), frequency([{3, true}, {1, false}])}},
                {3, {flush, oneof([all | ?NODES])}},
                {6, {wait, node_gen(), frequency([{1, true}, {3, false}])}},
@@ -82,7 +83,7 @@ init(MB, MD, Held, AutoConnect) ->
       flushes => #{}, answered => #{}, next_tag => 0, waiters => [], woken => #{},
       %% per node, blocked senders not yet woken, oldest first; wakes owed now
       blocked => #{}, owed => [],
-      retire => none, shutdown => false, packed => 0}.
+      retire => none, shutdown => false, fed => 0}.
 
 run([], St, Shutdown) ->
     St1 = settle(St, 0),
@@ -116,7 +117,22 @@ cmd({mode, Node, Mode}, St = #{modes := M}) ->
     St#{modes := M#{Node => Mode}};
 cmd({courier_done, Node, How}, St = #{couriers := Cs}) ->
     case Cs of
-        #{Node := Wire} -> courier_done(Node, Wire, How, St#{couriers := maps:remove(Node, Cs)});
+        #{Node := {Wire, _Given}} ->
+            courier_done(Node, Wire, How, St#{couriers := maps:remove(Node, Cs)});
+        _ -> St
+    end;
+cmd({courier_idle, Node, Which}, St = #{couriers := Cs}) ->
+    %% The courier sent all it was given (or says so late, after more came).
+    case Cs of
+        #{Node := {_Wire, Given}} when is_integer(Given) ->
+            Said = case Which of current -> Given; stale -> Given - 1 end,
+            St1 = event({courier_idle, Node, Said}, St),
+            %% told to end only when it sent all it was given
+            case {Which, maps:get(Node, maps:get(couriers, St1))} of
+                {stale, {_, closing}} -> throw({stopped_with_more, Node});
+                {current, {_, G}} when is_integer(G) -> throw({not_stopped, Node});
+                _ -> St1
+            end;
         _ -> St
     end;
 cmd({connect_done, Node, Ok}, St = #{connecting := Cn}) ->
@@ -190,17 +206,28 @@ act({ship, Node, Wire, {Counted, Bytes}, _Reason},
     Down orelse not is_held(Node, C) orelse throw({shipped_held_node, Node}),
     {Outcome, St1} = network(Node, Wire, St),
     event({shipped, Node, Outcome}, St1);
-act({ship_packed, Node, {Bin, Zipped}, Size, Reason}, St = #{packed := P}) ->
-    %% A chunk packed while the node's connection was busy: exactly the entries
-    %% it held, checked and shipped as any chunk.
-    {ok, Wire} = convoy_compress:decode(Bin),
-    Wire =/= [] orelse throw({empty_pack, Node}),
-    case Zipped of
-        plain -> ok;
-        {Msgs, _, Out} when Msgs =:= length(Wire), Out =:= byte_size(Bin) -> ok;
-        _ -> throw({pack_counts, Node, Zipped})
-    end,
-    act({ship, Node, Wire, Size, Reason}, St#{packed := P + 1});
+act({courier_more, Node, Wire, {Counted, Bytes}}, St = #{couriers := Cs, max_batch := MB,
+                                                      fed := F}) ->
+    %% A full chunk for the node's courier, behind what it carries: exactly
+    %% max_batch messages, no mark, no large one, only while it takes more.
+    Msgs = convoy_batch:count_messages(Wire),
+    (Counted =:= Msgs andalso Msgs =:= MB) orelse throw({fed_chunk, Node, Counted, Msgs, MB}),
+    [] =:= [E || {'$convoy_mark', _, _} = E <- Wire] orelse throw({mark_fed, Wire}),
+    [] =:= [E || {'$convoy_large', _, _} = E <- Wire] orelse throw({large_fed, Wire}),
+    chunk_bytes_behind(Node, Msgs, Bytes, St),
+    maps:get(shutdown, St) orelse not is_held(Node, maps:get(core, St))
+        orelse throw({fed_held_node, Node}),
+    case Cs of
+        #{Node := {Carried, Given}} when is_integer(Given) ->
+            St#{couriers := Cs#{Node := {Carried ++ Wire, Given + 1}}, fed := F + 1};
+        _ ->
+            throw({fed_without_courier, Node})
+    end;
+act({courier_stop, Node}, St = #{couriers := Cs}) ->
+    case Cs of
+        #{Node := {Wire, Given}} when is_integer(Given) -> St#{couriers := Cs#{Node := {Wire, closing}}};
+        _ -> throw({stop_without_courier, Node})
+    end;
 act({sent, Node, Msgs, _Sends, _Reason, _Route}, St = #{sent := S}) ->
     Msgs >= 0 orelse throw({negative_sent, Node}),
     St#{sent := S + Msgs};
@@ -267,6 +294,16 @@ is_held(Node, C) ->
         Held -> is_map_key(Node, Held)
     end.
 
+%% A chunk fed to a courier carries bytes within what the node holds beyond what
+%% the courier already carries.
+chunk_bytes_behind(Node, Msgs, Bytes, #{handed_by := HB, bytes_by := BB, disposed_by := DB,
+                                        disposed_bytes := DBy, couriers := Cs}) ->
+    {Carried, _} = maps:get(Node, Cs),
+    Held = maps:get(Node, HB, 0) - maps:get(Node, DB, 0) - length(Carried),
+    HeldBytes = maps:get(Node, BB, 0) - maps:get(Node, DBy, 0),
+    (Bytes >= 0 andalso Bytes =< HeldBytes) orelse throw({fed_bytes, Node, Bytes, HeldBytes}),
+    Msgs =< Held orelse throw({fed_more_than_held, Node, Msgs, Held}).
+
 %% What the network does with a chunk, by the node's mode.
 network(Node, Wire, St = #{modes := Modes}) ->
     case maps:get(Node, Modes, ok) of
@@ -277,16 +314,15 @@ network(Node, Wire, St = #{modes := Modes}) ->
             %% a send here (convoy_batch:run_groups/1), until the connection is
             %% busy.
             {Out, Rest} = lists:split(length(Wire) div 2, Wire),
-            {{courier, length(Out), (length(Out) + 1) div 2, convoy, pack_as(St)},
+            {{courier, length(Out), (length(Out) + 1) div 2, convoy},
              to_courier(Node, Rest, deliver(Node, Out, St))};
         busy ->
-            {{courier, 0, 0, convoy, pack_as(St)}, to_courier(Node, Wire, St)};
+            {{courier, 0, 0, convoy}, to_courier(Node, Wire, St)};
         unconnected ->
             {{unconnected, 0, 0, Wire, convoy}, St};
         plain_busy ->
             {Out, Rest} = lists:split(length(Wire) div 2, Wire),
-            {{courier, length(Out), length(Out), plain, false},
-             to_courier(Node, Rest, deliver(Node, Out, St))};
+            {{courier, length(Out), length(Out), plain}, to_courier(Node, Rest, deliver(Node, Out, St))};
         plain_unconnected ->
             {Out, Rest} = lists:split(length(Wire) div 2, Wire),
             {{unconnected, length(Out), length(Out), Rest, plain}, deliver(Node, Out, St)};
@@ -296,7 +332,7 @@ network(Node, Wire, St = #{modes := Modes}) ->
 
 to_courier(Node, Wire, St = #{couriers := Cs}) ->
     is_map_key(Node, Cs) andalso throw({two_couriers, Node}),
-    St#{couriers := Cs#{Node => Wire}}.
+    St#{couriers := Cs#{Node => {Wire, 1}}}.
 
 courier_done(Node, Wire, all, St) ->
     N = length(Wire),
@@ -345,7 +381,7 @@ settle(St, 20) ->
     throw({does_not_settle, convoy_lane_core:summary(maps:get(core, St))});
 settle(St0 = #{modes := Modes}, Round) ->
     St1 = St0#{modes := maps:map(fun(_, _) -> ok end, Modes)},
-    St2 = maps:fold(fun(Node, Wire, Acc = #{couriers := Cs}) ->
+    St2 = maps:fold(fun(Node, {Wire, _}, Acc = #{couriers := Cs}) ->
                             courier_done(Node, Wire, all, Acc#{couriers := maps:remove(Node, Cs)})
                     end, St1, maps:get(couriers, St1)),
     St3 = maps:fold(fun(Node, _, Acc = #{connecting := Cn}) ->
@@ -449,37 +485,23 @@ tag_named_destinations_test() ->
     ?assertMatch([{sent, b@h, 4, 1, drained, convoy}, {disposed, b@h, 4, 4},
                   {reply, _, t} | _], A3).
 
-%% How a busy convoy peer's next full chunks are packed: plain or at a level,
-%% by the number of sends so far (the driver is deterministic).
-pack_as(#{seq := Seq}) ->
-    case Seq rem 3 of
-        0 -> never;
-        1 -> 1;
-        2 -> 9
-    end.
-
-%% A busy convoy peer: while its courier is out, each full chunk is packed (the
-%% driver checks each packed chunk as any chunk); everything arrives in order
-%% once the courier is done, packed chunks first. With the connection lost
-%% instead, the packed chunks go back to the queue behind the courier's chunk,
-%% in order, and leave once it connects.
-packs_while_busy_test() ->
+%% A busy peer: while its courier is out, it takes each full chunk (the driver
+%% checks each as any chunk); everything arrives in order once it is done. A
+%% courier that says it sent all it was given ends only if nothing came since.
+couriers_take_full_chunks_test() ->
     Sends = [{send, 1, b@h, small, 3} || _ <- lists:seq(1, 11)],
     Busy = [{mode, b@h, busy}, {send, 1, b@h, small, 3}, {cycle, 0}, {mode, b@h, ok}] ++ Sends,
     St = lists:foldl(fun(Cmd, Acc) -> St1 = cmd(Cmd, Acc), ok = check(St1, Cmd), St1 end,
                      init(3, 0, none, true), Busy ++ [{cycle, 0}]),
-    %% 11 sends behind the courier: 3 full chunks of 3 packed, 2 left queued
-    ?assertEqual(0, maps:get(packed, St)),
-    ?assertEqual(11, convoy_lane_core:buffered(maps:get(core, St))),
-    St1 = cmd({courier_done, b@h, all}, St),
-    ok = check(St1, done),
-    St2 = cmd({cycle, 0}, St1),
-    ok = check(St2, cycle),
-    ?assertEqual(3, maps:get(packed, St2)),
-    ?assertEqual(12, maps:get(sent, St2)),
-    ?assertEqual(ok, catch run([], St2, false)),
-    %% the connection lost after the packing: back in the queue, in order
-    Lost = [{mode, b@h, busy}, {send, 1, b@h, small, 3}, {cycle, 0}] ++ Sends
-        ++ [{mode, b@h, unconnected}, {courier_done, b@h, all}, {cycle, 0},
-            {connect_done, b@h, true}, {mode, b@h, ok}, {cycle, 0}],
-    ?assertEqual(ok, catch run(Lost, init(3, 0, none, true), false)).
+    %% 11 sends behind the courier: 3 full chunks of 3 fed to it, 2 left queued
+    ?assertEqual(3, maps:get(fed, St)),
+    ?assertEqual(2, convoy_lane_core:buffered(maps:get(core, St))),
+    ?assertMatch(#{in_couriers := 10}, convoy_lane_core:summary(maps:get(core, St))),
+    %% a stale word from the courier changes nothing; the current one stops it
+    {_, []} = convoy_lane_core:handle({courier_idle, b@h, 3}, 0, maps:get(core, St)),
+    St1 = cmd({courier_idle, b@h, current}, St),
+    ?assertMatch(#{b@h := {_, closing}}, maps:get(couriers, St1)),
+    %% once told to end it takes nothing more
+    St2 = lists:foldl(fun(Cmd, Acc) -> cmd(Cmd, Acc) end, St1, Sends ++ [{cycle, 0}]),
+    ?assertEqual(3, maps:get(fed, St2)),
+    ?assertEqual(ok, catch run([{courier_done, b@h, all}, {cycle, 0}], St2, false)).
