@@ -24,7 +24,8 @@
 %%
 %% Beside the whole send, the `guarded' variant's send (`convoy_bench_handover',
 %% its batcher suspended as the lane is): a hand-over with only the per-message
-%% work convoy's promises need, the floor of any design that keeps them.
+%% work convoy's promises need, the floor of any design that keeps them; and
+%% beside the lane, that batcher's handling and shipping, timed as the lane's.
 %%
 %% Then the first send of a fresh process, as in the seed's flood (`[fresh]'),
 %% for convoy, the guarded floor, the bare hand-over and `!'.
@@ -321,6 +322,8 @@ shape_rows(Shape, Sink, P0) ->
     exit(Discard, kill),
     Rows ++ [#{step => <<"[cpu] lane: handling + shipping">>, shape => Shape,
                ns => lane_ns(Lane, Sink, Msg, P)},
+             #{step => <<"[cpu] guarded floor's batcher: handling + shipping">>, shape => Shape,
+               ns => batcher_ns(Sink, Msg, P)},
              #{step => <<"[cpu] sender shipping lists of max_batch {To, Msg}">>,
                shape => Shape, ns => ship_ns(Sink, Msg, RT#runtime.max_batch, P)},
              #{step => <<"receiving inbox: entry check (convoy_wire:entry/3)">>,
@@ -420,6 +423,29 @@ lane_ns(Lane, Sink, Msg, #{n := N, repeat := R}) ->
                                ok = convoy:flush()
                        end) / N
             end || _ <- lists:seq(1, R)]).
+
+%% The same for the guarded floor's batcher (started on this node alone: what it
+%% ships to B's deliverer, absent there, is dropped on arrival), until its
+%% mailbox is empty and it waits.
+batcher_ns(Sink, Msg, #{n := N, repeat := R}) ->
+    median([begin
+                ok = convoy_bench_handover:start([node()]),
+                Batcher = convoy_bench_handover:guarded_batcher(),
+                true = erlang:suspend_process(Batcher),
+                repeat(fun() -> convoy_bench_handover:send_guarded(Sink, Msg) end, N),
+                Ns = cpu_ns(fun() ->
+                                    true = erlang:resume_process(Batcher),
+                                    drained(Batcher)
+                            end) / N,
+                ok = convoy_bench_handover:stop([node()]),
+                Ns
+            end || _ <- lists:seq(1, R)]).
+
+drained(Pid) ->
+    case process_info(Pid, [message_queue_len, status]) of
+        [{message_queue_len, 0}, {status, waiting}] -> ok;
+        _ -> receive after 1 -> drained(Pid) end
+    end.
 
 %% The same messages in lists of Max entries sent by this process to the sink.
 ship_ns(Sink, Msg, Max, #{n := N, repeat := R}) ->

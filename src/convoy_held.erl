@@ -51,13 +51,13 @@
 -module(convoy_held).
 
 -export([new/0, hold/3, hold/4, hold_behind/4, hold_many/5, release/3, has_room/3, has_room/4,
-         read/1, is_empty/1, try_close/1]).
+         read/1, is_empty/1, is_closed/1, try_close/1]).
 -export([new_shares/1, others_share/2, claim_share/5, set_share/3, shares/1, try_close_shares/1]).
 
 -include("convoy_runtime.hrl").
 
 -ifdef(TEST).
--export([ceiling/0, set/3, is_closed/1]).
+-export([ceiling/0, set/3]).
 -endif.
 
 -export_type([held/0, bound/0, shares/0]).
@@ -222,6 +222,12 @@ read(H) ->
 is_empty(H) ->
     atomics:get(H, ?SLOT) =:= 0.
 
+%% @doc Whether the row was forgotten (senders learn it from `hold/4'; a lane that
+%% kept the row's references, when it accepts messages).
+-spec is_closed(held()) -> boolean().
+is_closed(H) ->
+    ?IS_CLOSED(atomics:get(H, ?SLOT)).
+
 %% @doc Close for good if nothing is held; otherwise leave it as it was.
 -spec try_close(held()) -> boolean().
 try_close(H) ->
@@ -285,9 +291,6 @@ mark(S) ->
     maps:get(size, atomics:info(S)).
 
 -ifdef(TEST).
-%% Whether the row was forgotten (senders learn it from `hold/4').
-is_closed(H) ->
-    ?IS_CLOSED(atomics:get(H, ?SLOT)).
 
 %% The most messages and bytes one array can hold, whatever the bounds.
 ceiling() -> {?MAX_MSGS, ?MAX_BYTES}.

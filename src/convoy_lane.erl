@@ -301,7 +301,7 @@ valid_tos(_) -> false.
 %% Actions
 
 act({accepted, Node, K}, _Now, S = #s{refs = Refs}) ->
-    {C, _} = R = refs(Node, S),
+    {C, _} = R = accepting_refs(Node, S),
     convoy_metrics:add(C, accepted, K),
     S#s{refs = Refs#{Node => R}};
 act({ship, Node, Wire, Size, _Reason}, Now, S) ->
@@ -374,6 +374,20 @@ refs(Node, #s{refs = Refs}) ->
     case Refs of
         #{Node := R} -> R;
         _ -> node_refs(Node)
+    end.
+
+%% The refs a run is accepted under. A row is forgotten (closed) only when it
+%% holds nothing, so nothing the lane holds belongs to a closed one: its next
+%% messages go to the node's new row.
+accepting_refs(Node, #s{refs = Refs}) ->
+    case Refs of
+        #{Node := {_C, H} = R} ->
+            case convoy_held:is_closed(H) of
+                false -> R;
+                true -> node_refs(Node)
+            end;
+        _ ->
+            node_refs(Node)
     end.
 
 %% While convoy's tree is torn down (no convoy_peers) counts go to counters of the

@@ -55,6 +55,9 @@
                %% told to end)
                couriers = #{} :: #{node() => {non_neg_integer(), [mark()], pos_integer() | closing}},
                connecting = #{} :: #{node() => true},
+               %% nodes sent to since the last cycle: a node that was not, and
+               %% holds nothing, is forgotten at the cycle's end
+               pushed = #{} :: #{node() => true},
                held = none :: none | all | #{node() => true},
                deferred = [] :: [{pid() | reference(), term()}],
                retiring = false :: false | {draining, non_neg_integer()} | barriers
@@ -153,7 +156,9 @@ event(cycle, Now, {C = #core{max_batch = MB, max_delay = MD}, A}) ->
     Due = [D || {Node, _} = D <- convoy_batch:due(Now, MB, MD, C#core.queues), not held(Node, C)],
     CA = lists:foldl(fun({Node, Reason}, Acc) -> ship(Node, Reason, Acc) end, {C, A}, Due),
     %% what filled behind a busy connection goes to its courier
-    lists:foldl(fun feed/2, CA, [Node || Node <- maps:keys(C#core.couriers), not held(Node, C)]);
+    CA1 = lists:foldl(fun feed/2, CA,
+                      [Node || Node <- maps:keys(C#core.couriers), not held(Node, C)]),
+    forget_idle(CA1);
 event({wait, _Node, Alias, true}, _Now, {C, A}) ->
     {C, [{wake, Alias} | A]};
 event({wait, Node, Alias, false}, _Now, {C = #core{waiters = W}, A}) ->
@@ -280,7 +285,8 @@ runs([{Node, Entries, K, Large, Bytes} | Runs], Now, C, A) ->
     Segs = queue:in({K, Bytes}, maps:get(Node, C#core.segments, queue:new())),
     runs(Runs, Now,
          C#core{queues = convoy_batch:push_many(Node, Entries, K, Large, Now, C#core.queues),
-                segments = (C#core.segments)#{Node => Segs}},
+                segments = (C#core.segments)#{Node => Segs},
+                pushed = (C#core.pushed)#{Node => true}},
          [{accepted, Node, K} | A]).
 
 %% max_batch messages read: full queues ship without waiting for the drain's end.
@@ -304,7 +310,7 @@ ship(Node, Reason, CA = {C, _}) ->
 ship_ready(Node, Reason, {C = #core{queues = Q, max_batch = MB}, A}) ->
     case convoy_batch:take(Node, MB, Q) of
         {[], Q1} ->
-            prune(Node, {C#core{queues = Q1}, A});
+            {C#core{queues = Q1}, A}; % kept while sent to (`forget_idle/1')
         {Chunk, Q1} ->
             {Marks, Wire} = marks(Chunk),
             C1 = C#core{queues = Q1},
@@ -448,6 +454,14 @@ release(K, Q, Acc) ->
         {empty, Q} ->
             {Acc, Q}
     end.
+
+%% At a cycle's end: the nodes nobody sent to since the last one, that hold
+%% nothing, are forgotten; one streamed to keeps its queue (a queue forgotten
+%% and made again at every batch cost the lane a few microseconds a batch).
+forget_idle({C = #core{queues = Q, pushed = Pushed}, A}) ->
+    Idle = [Node || Node <- convoy_batch:nodes(Q), not is_map_key(Node, Pushed),
+                    convoy_batch:buffered(Node, Q) =:= 0],
+    lists:foldl(fun prune/2, {C#core{pushed = #{}}, A}, Idle).
 
 %% Nothing of Node's is left: forget its queue, and tell the lane to forget what it
 %% keeps for it, so sends to many distinct nodes (dead names) leave nothing behind.

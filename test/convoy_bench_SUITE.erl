@@ -391,9 +391,9 @@ cost_tiny(_Config) ->
     %% the call to a local destination beside `!'
     ?assertEqual([<<"local destination: ! (plain)">>, <<"local destination: convoy:send/2">>],
                  [S || S = <<"local destination", _/binary>> <- Steps]),
-    %% the guarded floor beside the whole send (CPU time in milliseconds: a tiny
-    %% loop may read 0)
-    ?assertEqual(3, length([R || R = #{step := <<"[cpu] guarded floor", _/binary>>} <- Rows])),
+    %% the guarded floor beside the whole send and its batcher beside the lane
+    %% (CPU time in milliseconds: a tiny loop may read 0)
+    ?assertEqual(6, length([R || R = #{step := <<"[cpu] guarded floor", _/binary>>} <- Rows])),
     %% a fresh process's first send, in the call and in CPU, for each way of sending
     Fresh = [S || S = <<"[fresh", _/binary>> <- Steps],
     ?assertEqual(8, length(Fresh)),

@@ -422,11 +422,13 @@ final(St = #{core := C, handed := H, sent := S, dropped := D, accepted := A,
     lists:sort(maps:keys(F)) =:= lists:sort(maps:keys(Ans))
         orelse throw({flushes_unanswered, maps:keys(F) -- maps:keys(Ans)}),
     (Retire =:= none orelse Retire =:= retired) orelse throw({retire_stuck, Retire}),
-    %% A lane that settles keeps nothing for nodes it has nothing for (waiters left
-    %% aside: a blocked sender not yet woken keeps its node).
+    %% A lane that settles keeps nothing, after a cycle with no sends, for nodes
+    %% it has nothing for (waiters left aside: a blocked sender not yet woken
+    %% keeps its node).
     Waiting = [N || {Alias, N, false} <- maps:get(waiters, St), not is_map_key(Alias, maps:get(woken, St))],
-    [] =:= convoy_lane_core:nodes(C) -- Waiting
-        orelse throw({nodes_kept, convoy_lane_core:nodes(C), Waiting}),
+    C1 = maps:get(core, cycle(St)),
+    [] =:= convoy_lane_core:nodes(C1) -- Waiting
+        orelse throw({nodes_kept, convoy_lane_core:nodes(C1), Waiting}),
     ok.
 
 %%--------------------------------------------------------------------
