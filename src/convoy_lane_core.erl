@@ -457,7 +457,7 @@ release(K, Q, Acc) ->
 
 %% At a cycle's end: the nodes nobody sent to since the last one, that hold
 %% nothing, are forgotten; one streamed to keeps its queue (a queue forgotten
-%% and made again at every batch cost the lane a few microseconds a batch).
+%% and made again at every batch cost the lane about a microsecond a batch).
 forget_idle({C = #core{queues = Q, pushed = Pushed}, A}) ->
     Idle = [Node || Node <- convoy_batch:nodes(Q), not is_map_key(Node, Pushed),
                     convoy_batch:buffered(Node, Q) =:= 0],
