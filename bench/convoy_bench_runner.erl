@@ -315,7 +315,7 @@ summarise(Spec = #{points := Points, figures := Figs, ratio := RatioFigs}, Varia
                                    Of(<<"guarded">>)),
            flag_ratios => Limit(true, fun(F) -> best_flag(F, Figs, Runs, Label) end),
            beside_ratios => maps:from_list(
-                              [{Other, Rs} || Other <- beside(Kind),
+                              [{Other, Rs} || Other <- beside(Kind), Other =/= VName,
                                               Rs <- [ratios(RatioFigs, Ok, Of(Other))],
                                               Rs =/= #{}]),
            status => summary_status(Mine, Ok),
@@ -334,9 +334,10 @@ summarise(Spec = #{points := Points, figures := Figs, ratio := RatioFigs}, Varia
 %% `batch' (`convoy:batch/1' around the convoy variants' sends) with `convoy'
 %% (the same sends, no scope) and with `send_many' (the sender's own lists); the
 %% convoy variants with `manifold' (in `fanout': `Manifold.send/2' where convoy
-%% multicasts).
+%% multicasts) and those with settings of their own (`--convoy') with `convoy'
+%% (the defaults).
 beside(batch) -> [<<"convoy">>, <<"send_many">>];
-beside(convoy) -> [<<"manifold">>];
+beside(convoy) -> [<<"manifold">>, <<"convoy">>];
 beside(_) -> [].
 
 %% The distribution flags' variants, whose best per repeat convoy is compared with.

@@ -44,7 +44,7 @@
                       overload => block | drop | error,
                       block_timeout => non_neg_integer(),
                       telemetry => boolean(),
-                      compress => never | 1..9}.
+                      compress => never | auto | 1..9}.
 %% Settings, each one optional: those not given keep their defaults (for
 %% `set_config/1', the values in force); `settings/0' lists the accepted values,
 %% the README's Settings table says what each one means. Wherever they are taken,

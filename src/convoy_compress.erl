@@ -7,7 +7,9 @@
 %% entries the plain batch would carry, only when all of these hold
 %% (`envelope/5'):
 %% <ul>
-%% <li>the `compress' setting is a zlib level (1..9), not `never';</li>
+%% <li>the lane asks for a zlib level (1..9), not `never': the `compress'
+%%   setting's, or under `auto' the one a courier chunk's meter gives
+%%   (`convoy_compress_auto');</li>
 %% <li>the peer's negotiated version reads it (`convoy_wire:supports(Vsn,
 %%   zbatch)'): a peer below version 4 always gets plain batches;</li>
 %% <li>the batch carries at least `MIN_MESSAGES' messages and their encoded size,

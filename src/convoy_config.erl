@@ -53,9 +53,9 @@
 %% `{Key, Value}' (an Elixir keyword list) are `not_a_map'.
 -type overload() :: block | drop | error.
 %% What a sender gets when a node's bound is reached (the `overload' setting).
--type compress() :: never | 1..9.
-%% Whether a lane compresses its batches, and at which zlib level (the
-%% `compress' setting; see `convoy_compress').
+-type compress() :: never | auto | 1..9.
+%% Whether a lane compresses its batches, and at which zlib level, or `auto'
+%% (the `compress' setting; see `convoy_compress', `convoy_compress_auto').
 -type accepts() :: [atom() | {integer, Min :: integer(), Max :: integer() | unbounded}].
 %% A value is accepted when it is one of the atoms, or an integer within one of
 %% the (inclusive) ranges.
@@ -86,8 +86,9 @@
 %% those beside plain sends (doc/decisions.md).
 %%
 %% `compress' defaults to `never': compressing costs the lane CPU on every batch
-%% it ships and pays only where the link, not the CPU, is the limit, which convoy
-%% cannot tell by itself yet (doc/decisions.md).
+%% it ships and pays only where the link, not the CPU, is the limit; `auto' tells
+%% the two apart by measuring, but was measured on one host only
+%% (doc/decisions.md).
 -spec settings() -> [{atom(), term(), accepts()}].
 settings() ->
     [{lanes, 1, [{integer, 1, ?MAX_LANES}]},
@@ -106,7 +107,7 @@ settings() ->
      {overload, block, [block, drop, error]},
      {block_timeout, 5000, [{integer, 0, ?MAX_BLOCK_MS}]},
      {telemetry, true, [true, false]},
-     {compress, never, [never, {integer, 1, 9}]}].
+     {compress, never, [never, auto, {integer, 1, 9}]}].
 
 %% @private
 %% @doc The settings used where nothing else is given.
@@ -307,13 +308,14 @@ bounds_test() ->
     ?assertEqual({error, {bad_value, bypass_after, infinity}},
                  validate(#{bypass_after => infinity})).
 
-%% A zlib level or `never', from a map or a keyword list alike.
+%% A zlib level, `auto' or `never', from a map or a keyword list alike.
 compress_test() ->
     ?assertMatch({ok, #{compress := never}}, validate(#{})),
     ?assertMatch({ok, #{compress := 1}}, validate(#{compress => 1})),
     ?assertMatch({ok, #{compress := 9}}, validate([{compress, 9}])),
+    ?assertMatch({ok, #{compress := auto}}, validate([{compress, auto}])),
     [?assertEqual({error, {bad_value, compress, V}}, validate(#{compress => V}))
-     || V <- [0, 10, -1, true, auto, 6.0, "6"]].
+     || V <- [0, 10, -1, true, automatic, 6.0, "6"]].
 
 large_threshold_infinity_test() ->
     ?assertMatch({ok, #{large_threshold := infinity}},

@@ -229,6 +229,9 @@ act({publish, Members, Msgs}, S) ->
     S;
 act({barrier, ReplyTo, Tag}, S) ->
     S#s{out = convoy_remote:send(ReplyTo, {Tag, convoy_barrier}, S#s.out)};
+act({meter, ReplyTo, Tag}, S) ->
+    Time = erlang:monotonic_time(microsecond),
+    S#s{out = convoy_remote:send(ReplyTo, {Tag, convoy_meter, Time}, S#s.out)};
 act({piece_reply, Ref, What}, S) ->
     S#s{out = convoy_remote:send(Ref, {Ref, convoy_piece, What}, S#s.out)};
 act({demonitor, Watch}, S) ->

@@ -146,6 +146,7 @@
                 | {deliver_all, convoy_wire:dest(), [term()]}
                 | {publish, list(), [term()]}
                 | {barrier, pid() | reference(), term()}
+                | {meter, pid() | reference(), term()}
                 | {piece_reply, reference(), non_neg_integer() | refused | delivered}
                 | {demonitor, convoy_remote:watch()}
                 | {release, node(), non_neg_integer()}
@@ -339,8 +340,9 @@ entry({publish, Scope, Group, Msg}, Cost, Rest, Left, N, Good, A, D) ->
     %% Its members as pg has them when the slice reaches it.
     {pause, {members, Scope, Group}, {members, Scope, Group, Msg, {Rest, Left - Cost, N, Good}},
      A, D};
-entry({barrier, ReplyTo, Tag}, Cost, Rest, Left, N, Good, A, D) ->
-    deliver(Rest, Left - Cost, N, Good, [{barrier, ReplyTo, Tag} | A], D);
+entry({Barrier, ReplyTo, Tag}, Cost, Rest, Left, N, Good, A, D)
+  when Barrier =:= barrier; Barrier =:= meter ->
+    deliver(Rest, Left - Cost, N, Good, [{Barrier, ReplyTo, Tag} | A], D);
 entry({piece_start, St = #{sender := Sender}}, Cost, Rest, Left, N, Good, A, D) ->
     {pause, {monitor, Sender}, {start, St, {Rest, Left - Cost, N, Good}}, A, D};
 entry({piece, Ref, Seq, Data}, Cost, Rest, Left, N, Good, A, D = #d{core = C}) ->

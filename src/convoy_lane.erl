@@ -35,7 +35,7 @@
 %% A node marked unanswered (a sender's wait for it ran out, see
 %% `convoy_metrics:unanswered/2') is probed by the lanes: a barrier tagged with
 %% the lane's secret, behind a batch or alone, until the node answers and the
-%% mark is cleared (`probe/2').
+%% mark is cleared (`convoy_lane_probe').
 %%
 %% Helpers (couriers, connectors, barrier senders) are linked: they report their
 %% result as their exit reason, and a lane that is killed takes its couriers with
@@ -65,7 +65,7 @@
 
 %% Couriers and connectors report their result as their exit reason, and
 %% terminate/2 and a retired lane end the process: all end by exit on purpose.
--dialyzer({nowarn_function, [courier/3, connect/2, connector/1, terminate/2, cycle/1]}).
+-dialyzer({nowarn_function, [connect/2, connector/1, terminate/2, cycle/1]}).
 -define(SEND_OPTS, [nosuspend, noconnect]).
 %% A send or large message as convoy_send hands it over; anything else (anything
 %% may reach a registered process) is stray.
@@ -88,8 +88,9 @@
             workers = #{} :: #{pid() => {courier, node(), integer()}
                                           | {connector, node()}
                                           | {barrier, node()}},
-            %% each busy node's courier, and the tag of what the lane gives it
-            couriers = #{} :: #{node() => {pid(), reference()}},
+            %% each busy node's courier, and the levels they compress at
+            couriers = #{} :: #{node() => convoy_courier:courier()},
+            levels = convoy_courier:new_levels() :: convoy_courier:levels(),
             %% a large message left: collect its copy once the lane is idle (GC_IDLE_MS)
             gc = false :: boolean(),
             %% the route each node had when this lane last shipped to it
@@ -97,9 +98,11 @@
             %% every barrier of a retirement answered: the lane goes at the cycle's end
             retired = false :: boolean(),
             %% nodes marked unanswered: when (ms) a probe (a barrier tagged with
-            %% the secret) was last sent to each, see `probe/2'
-            probes = #{} :: #{node() => integer()},
+            %% the secret) was last sent to each, see `convoy_lane_probe'
+            probes = #{} :: convoy_lane_probe:probes(),
             probe_secret = make_ref() :: reference(),
+            %% under `compress => auto', whether each busy node's chunks pay compressed
+            meters = convoy_compress_auto:new() :: convoy_compress_auto:meters(),
             %% senders waiting for a barrier's answer whose admission this lane
             %% disposes of when the wait ends or the sender dies: their monitors
             owed = #{} :: #{pid() => reference()}}).
@@ -136,6 +139,16 @@ loop(S) ->
 
 idle_timeout(CoreTimeout, S = #s{gc = true}) -> min(probe_timeout(CoreTimeout, S), ?GC_IDLE_MS);
 idle_timeout(CoreTimeout, S) -> probe_timeout(CoreTimeout, S).
+
+probe_timeout(CoreTimeout, #s{probes = Probes, rt = #runtime{barrier_timeout = T}}) ->
+    convoy_lane_probe:timeout(CoreTimeout, T, Probes).
+
+%% Probes due again (`convoy_lane_probe').
+reprobe(S = #s{probes = Probes}) when map_size(Probes) =:= 0 ->
+    S;
+reprobe(S = #s{probes = Probes, probe_secret = Secret, index = I,
+               rt = #runtime{barrier_timeout = T}}) ->
+    S#s{probes = convoy_lane_probe:due(I, Secret, T, Probes)}.
 
 refresh(S = #s{rt = Own}) ->
     case persistent_term:get(?RUNTIME_KEY, Own) of
@@ -251,10 +264,12 @@ handle({'EXIT', Parent, Reason}, _Now, S = #s{parent = Parent}) ->
     terminate(Reason, S);
 handle({'EXIT', Pid, Reason}, Now, S = #s{workers = W}) when is_map_key(Pid, W) ->
     worker_done(maps:get(Pid, W), Reason, Now, S#s{workers = maps:remove(Pid, W)});
-handle({?TAG_COURIER_IDLE, Pid, Given}, Now, S = #s{workers = W})
-  when is_map_key(Pid, W), is_integer(Given) ->
+handle({?TAG_COURIER_SENT, Pid, Lot, {{_, _, _} = Counts, Zipped}}, Now, S = #s{workers = W})
+  when is_map_key(Pid, W), is_integer(Lot), is_list(Zipped) ->
     case maps:get(Pid, W) of
-        {courier, Node, _} -> core({courier_idle, Node, Given}, Now, S);
+        {courier, Node, _} ->
+            S1 = lists:foldl(fun(Z, Acc) -> compressed(Node, Z, Acc) end, S, Zipped),
+            core({courier_sent, Node, Lot, Counts}, Now, S1);
         _ -> stray(S)
     end;
 handle({?TAG_HOLD, Secret, Nodes}, Now, S = #s{control = {_, Secret}}) when is_list(Nodes) ->
@@ -265,12 +280,13 @@ handle({?TAG_RETIRE, Secret, K}, Now, S = #s{control = {_, Secret}})
   when is_integer(K), K >= 0 ->
     core({retire, K}, Now, S);
 handle({{Secret, Node}, convoy_barrier}, _Now, S = #s{probe_secret = Secret}) when is_atom(Node) ->
-    answered(Node, S);
-handle({?TAG_PROBE, Node}, _Now, S = #s{probes = Probes}) when is_atom(Node) ->
-    case is_map_key(Node, Probes) of
-        true -> S; % probed already: again when due (`reprobe/1')
-        false -> probe_alone(Node, erlang:monotonic_time(millisecond), first, S)
-    end;
+    S#s{probes = convoy_lane_probe:answered(Node, S#s.probes)};
+handle({{Secret, Node, Tag}, convoy_meter, Time}, _Now, S = #s{probe_secret = Secret})
+  when is_atom(Node), is_integer(Time) ->
+    metered(Node, Tag, Time, S);
+handle({?TAG_PROBE, Node}, _Now, S = #s{probes = Probes, probe_secret = Secret, index = I})
+  when is_atom(Node) ->
+    S#s{probes = convoy_lane_probe:first(Node, I, Secret, Probes)};
 handle({system, From, Req}, _Now, S) ->
     sys:handle_system_msg(Req, From, S#s.parent, ?MODULE, [], S);
 handle(_Other, _Now, S) ->
@@ -311,12 +327,10 @@ act({ship, Node, Wire, Size, _Reason}, Now, S) ->
 act({courier_more, Node, Wire, Size}, _Now, S) ->
     {Route, S1} = route(Node, S),
     {Ops, S2} = courier_ops(Node, Route, Wire, Size, S1),
-    {Pid, Ref} = maps:get(Node, S2#s.couriers),
-    Pid ! {Ref, ops, Ops},
+    ok = convoy_courier:give(maps:get(Node, S2#s.couriers), Ops),
     S2;
 act({courier_stop, Node}, _Now, S) ->
-    {Pid, Ref} = maps:get(Node, S#s.couriers),
-    Pid ! {Ref, stop},
+    ok = convoy_courier:stop(maps:get(Node, S#s.couriers)),
     S;
 act({sent, Node, Msgs, Sends, Reason, Route}, _Now, S = #s{index = I, rt = RT, slots = Slots}) ->
     %% What batching achieves, for senders to decide whether the lane pays.
@@ -350,6 +364,10 @@ act({forget, Node}, _Now, S = #s{routes = Routes}) ->
     %% is never written to; a convoy route stays for shutdown barriers until a
     %% lookup finds the node plain.
     S#s{refs = maps:remove(Node, S#s.refs),
+        meters = case lists:member(Node, nodes(connected)) of
+                     true -> S#s.meters; % what it measured holds while connected
+                     false -> convoy_compress_auto:forget(Node, S#s.meters)
+                 end,
         routes = case Routes of
                      #{Node := plain} -> maps:remove(Node, Routes);
                      _ -> Routes
@@ -431,7 +449,8 @@ ship_route(Node, {convoy, Vsn, Inboxes}, {[{?TAG_LARGE, _, _} | _] = Wire, _Size
 ship_route(Node, {convoy, Vsn, Inboxes}, {Wire, {Msgs, _Bytes} = Size}, S0 = #s{index = I}) ->
     Target = {convoy_wire:lane_inbox(I, Inboxes), Node},
     {Probe, S} = probe(Node, S0),
-    {Batch, Zipped} = envelope(Vsn, convoy_lane_wire:entries(Wire, Vsn, Node) ++ Probe, Size, S),
+    {Batch, Zipped} = envelope(Vsn, convoy_lane_wire:entries(Wire, Vsn, Node) ++ Probe, Size,
+                               now_level(S)),
     case erlang:send(Target, Batch, ?SEND_OPTS) of
         ok ->
             {{sent, 1, convoy}, compressed(Node, Zipped, S)};
@@ -449,24 +468,56 @@ ship_route(Node, plain, {Wire, _Size}, S) ->
 %% peer without convoy; an unknown route's messages counted lost.
 courier_ops(Node, {convoy, Vsn, Inboxes}, Wire, {Msgs, _} = Size, S = #s{index = I}) ->
     Target = {convoy_wire:lane_inbox(I, Inboxes), Node},
-    {Batch, Zipped} = envelope(Vsn, convoy_lane_wire:entries(Wire, Vsn, Node), Size, S),
-    {[{Target, Batch, Msgs}], compressed(Node, Zipped, S)};
+    Entries = convoy_lane_wire:entries(Wire, Vsn, Node),
+    case metered(Vsn, S) of
+        true ->
+            {[{metered, Target, Vsn, Entries, Size, {S#s.probe_secret, Node}}], S};
+        false ->
+            {Batch, Zipped} = envelope(Vsn, Entries, Size, now_level(S)),
+            {[{Target, Batch, Msgs}], compressed(Node, Zipped, S)}
+    end;
 courier_ops(Node, plain, Wire, _Size, S) ->
     {lists:append([convoy_lane_wire:plain_ops(Node, E) || E <- Wire]), S};
 courier_ops(_Node, unknown, _Wire, {Msgs, _}, S) ->
     {[{lost, none, Msgs}], S}.
 
-%% The batch, or the batch compressed when the `compress' setting and the peer's
-%% version allow it and it pays (`convoy_compress'), with what to count for it.
-envelope(Vsn, Entries, {Msgs, Bytes} = Size, #s{rt = RT}) ->
-    case convoy_compress:envelope(node(), Entries, Size, RT#runtime.compress, Vsn) of
+%% The level a batch shipped at once is compressed at: under `auto', none (the
+%% connection takes it: not the limit now).
+now_level(#s{rt = #runtime{compress = auto}}) -> never;
+now_level(#s{rt = #runtime{compress = Compress}}) -> Compress.
+
+%% Under `auto', a convoy peer that reads compressed batches and meters gets its
+%% courier chunks metered (`convoy_courier', `convoy_compress_auto').
+metered(Vsn, #s{rt = #runtime{compress = auto}}) -> convoy_wire:supports(Vsn, meter);
+metered(_Vsn, _S) -> false.
+
+%% A metered chunk's meter answered, at the peer's time: the node's courier may
+%% have to change its level, and an event says when the mode chosen changed.
+metered(Node, Tag, Now, S = #s{meters = Ms, rt = RT, index = I, couriers = Cs}) ->
+    {Ms1, Change} = convoy_compress_auto:answered(Node, Tag, Now, Ms),
+    Level = case Change of
+                none -> none;
+                {level, L} -> L;
+                {chosen, Mode, L, Rates} ->
+                    event(RT, [convoy, node, compress], Rates,
+                          #{node => Node, lane => I, mode => Mode}),
+                    L
+            end,
+    _ = Level =:= none orelse not is_map_key(Node, Cs)
+        orelse convoy_courier:set_level(maps:get(Node, Cs), Level),
+    S#s{meters = Ms1}.
+
+%% The batch, or the batch compressed at `Level' when the peer's version allows it
+%% and it pays (`convoy_compress'), with what to count for it.
+envelope(Vsn, Entries, {Msgs, Bytes} = Size, Level) ->
+    case convoy_compress:envelope(node(), Entries, Size, Level, Vsn) of
         {batch, Batch} -> {Batch, plain};
         {zbatch, ZBatch, Out} -> {ZBatch, {Msgs, Bytes, Out}}
     end.
 
-%% A compressed batch that left, or went to a courier, counted and reported once:
-%% one that could not leave (not connected) goes back to the queue and is
-%% compressed again when it ships.
+%% A compressed batch that left, or went to a courier, or that a courier
+%% compressed, counted and reported once: one that could not leave (not
+%% connected) goes back to the queue and is compressed again when it ships.
 compressed(_Node, plain, S) ->
     S;
 compressed(Node, {Msgs, In, Out}, S = #s{rt = RT}) ->
@@ -505,73 +556,10 @@ run_batch(Group, [], Vsn, Node, Probe) ->
 run_batch(Group, _More, Vsn, Node, _Probe) ->
     convoy_wire:batch(node(), convoy_lane_wire:entries(Group, Vsn, Node)).
 
-%% A node marked unanswered (`convoy_metrics:unanswered/2': a sender's wait for it
-%% ran out) is probed: a barrier to this lane, tagged with the lane's secret, rides
-%% behind the next batch to it, or goes alone when the marking sender asks
-%% (`'$convoy_probe''), and again each barrier_timeout until the node answers
-%% (`answered/2'), which it does only once it took everything before the barrier.
-%% A probe alone never waits for a busy connection (the next one is due soon), and
-%% what it says is only that the node answers: it orders nothing.
-probe(Node, S = #s{probes = Probes, probe_secret = Secret,
-                   rt = #runtime{barrier_timeout = T}}) ->
-    case convoy_metrics:is_unanswered(counters(Node, S)) of
-        false ->
-            {[], S};
-        true ->
-            Now = erlang:monotonic_time(millisecond),
-            case Probes of
-                #{Node := Sent} when Now - Sent < T ->
-                    {[], S};
-                _ ->
-                    {[convoy_wire:barrier(self(), {Secret, Node})],
-                     S#s{probes = Probes#{Node => Now}}}
-            end
-    end.
-
-%% The node's row is looked up, never created: probes outlive the lane's queue
-%% for the node, and end with the mark or the row. A probe sent `again' means the
-%% last one went unanswered for barrier_timeout (`convoy_metrics:escalate/1').
-probe_alone(Node, Now, Which, S = #s{probes = Probes, probe_secret = Secret, index = I}) ->
-    case convoy_peers:lookup(Node) of
-        {{convoy, _Vsn, Inboxes}, C, _H} ->
-            case convoy_metrics:is_unanswered(C) of
-                true ->
-                    _ = Which =:= first orelse convoy_metrics:escalate(C),
-                    Batch = convoy_wire:batch(node(),
-                                              [convoy_wire:barrier(self(), {Secret, Node})]),
-                    _ = erlang:send({convoy_wire:lane_inbox(I, Inboxes), Node}, Batch,
-                                    ?SEND_OPTS),
-                    S#s{probes = Probes#{Node => Now}};
-                false ->
-                    S#s{probes = maps:remove(Node, Probes)}
-            end;
-        _PlainOrNone ->
-            S#s{probes = maps:remove(Node, Probes)}
-    end.
-
-%% Probes due again (end of each drain, and when the lane wakes for them).
-reprobe(S = #s{probes = Probes}) when map_size(Probes) =:= 0 ->
-    S;
-reprobe(S = #s{probes = Probes, rt = #runtime{barrier_timeout = T}}) ->
-    Now = erlang:monotonic_time(millisecond),
-    maps:fold(fun(Node, Sent, Acc) when Now - Sent >= T -> probe_alone(Node, Now, again, Acc);
-                 (_Node, _Sent, Acc) -> Acc
-              end, S, Probes).
-
-%% The lane wakes for its next probe due, if any.
-probe_timeout(CoreTimeout, #s{probes = Probes}) when map_size(Probes) =:= 0 ->
-    CoreTimeout;
-probe_timeout(CoreTimeout, #s{probes = Probes, rt = #runtime{barrier_timeout = T}}) ->
-    Due = lists:min(maps:values(Probes)) + T - erlang:monotonic_time(millisecond),
-    min(CoreTimeout, max(0, Due)).
-
-%% Node answered a probe (any of them: each comes only once the node answers).
-answered(Node, S = #s{probes = Probes}) ->
-    case convoy_peers:lookup(Node) of
-        {_Route, C, _H} -> ok = convoy_metrics:answered(C);
-        none -> ok
-    end,
-    S#s{probes = maps:remove(Node, Probes)}.
+%% The probe (`convoy_lane_probe') behind a batch to Node, if it is marked.
+probe(Node, S = #s{probes = Probes, probe_secret = Secret, rt = #runtime{barrier_timeout = T}}) ->
+    {Probe, Probes1} = convoy_lane_probe:behind(Node, counters(Node, S), Secret, T, Probes),
+    {Probe, S#s{probes = Probes1}}.
 
 %% Plain sends, entry by entry, for peers without a compatible convoy.
 plain(_Node, [], _Msgs, Sends, S) ->
@@ -612,45 +600,19 @@ plain_courier(Node, Wire, S) ->
 %%--------------------------------------------------------------------
 %% Couriers, connectors, barrier senders
 
-courier(Node, Ops, S = #s{index = I, rt = RT}) ->
-    Lane = self(),
-    Ref = make_ref(),
-    %% what it is given waits in its mailbox, off its heap
-    Pid = spawn_opt(fun() -> courier_loop(Lane, Ref, 1, run_ops(Ops, {0, 0, 0})) end,
-                    [link, {message_queue_data, off_heap}]),
+courier(Node, Ops, S = #s{index = I, rt = RT, meters = Ms}) ->
+    {Level, Ms1} = case maps:get(Node, S#s.routes, unknown) of
+                       {convoy, Vsn, _} -> case metered(Vsn, S) of
+                                               true -> convoy_compress_auto:level(Node, Ms);
+                                               false -> {never, Ms}
+                                           end;
+                       _ -> {never, Ms}
+                   end,
+    {Pid, Courier} = convoy_courier:start(Ops, Level, S#s.levels, self()),
     Msgs = lists:sum([W || {_, _, W} <- Ops]),
     event(RT, [convoy, node, busy], #{count => Msgs}, #{node => Node, lane => I}),
     S#s{workers = (S#s.workers)#{Pid => {courier, Node, erlang:monotonic_time()}},
-        couriers = (S#s.couriers)#{Node => {Pid, Ref}}}.
-
-%% A courier sends what it was given, then what its lane gives it next
-%% (`{Ref, ops, Ops}', `courier_more'), in order. Once it has sent all it was
-%% given it says so, and ends when the lane answers that it gave it nothing more
-%% since (`courier_stop'): its result is its exit reason.
-courier_loop(Lane, Ref, Given, Acc) ->
-    receive
-        {Ref, ops, Ops} -> courier_loop(Lane, Ref, Given + 1, run_ops(Ops, Acc))
-    after 0 ->
-        Lane ! {?TAG_COURIER_IDLE, self(), Given},
-        receive
-            {Ref, ops, Ops} -> courier_loop(Lane, Ref, Given + 1, run_ops(Ops, Acc));
-            {Ref, stop} -> exit({courier, Acc})
-        end
-    end.
-
-%% Blocking sends (they wait out a busy distribution buffer, never connect).
-%% Counts {Messages sent, sends made, messages not sent}.
-run_ops([], Acc) ->
-    Acc;
-run_ops([{skip, none, W} | Rest], {Msgs, Sends, Lost}) ->
-    run_ops(Rest, {Msgs + W, Sends, Lost});
-run_ops([{lost, none, W} | Rest], {Msgs, Sends, Lost}) ->
-    run_ops(Rest, {Msgs, Sends, Lost + W});
-run_ops([{Dest, Term, W} | Rest], {Msgs, Sends, Lost}) ->
-    case erlang:send(Dest, Term, [noconnect]) of
-        ok -> run_ops(Rest, {Msgs + W, Sends + 1, Lost});
-        noconnect -> run_ops(Rest, {Msgs, Sends, Lost + W})
-    end.
+        couriers = (S#s.couriers)#{Node => Courier}, meters = Ms1}.
 
 connect(Node, S) ->
     Pid = spawn_link(fun() -> connector(Node) end),
@@ -660,9 +622,10 @@ connector(Node) ->
     exit({connected, net_kernel:connect_node(Node)}).
 
 worker_done({courier, Node, Started}, Reason, Now, S0 = #s{index = I, rt = RT}) ->
+    ok = convoy_courier:done(maps:get(Node, S0#s.couriers)),
     S = S0#s{couriers = maps:remove(Node, S0#s.couriers)},
     Result = case Reason of
-                 {courier, {_, _, _} = R} -> R;
+                 {courier, done} -> done;
                  _ -> failed % killed from outside: what it carried counts as dropped
              end,
     event(RT, [convoy, node, resumed], #{duration => erlang:monotonic_time() - Started},
@@ -772,6 +735,8 @@ system_terminate(Reason, _Parent, _Debug, S) -> terminate(Reason, S).
 system_get_state(S = #s{core = Core}) ->
     {ok, (convoy_lane_core:summary(Core))#{
            index => S#s.index, workers => maps:size(S#s.workers), core => Core,
+           %% under `compress => auto', the mode each measured node's chunks use
+           compress => convoy_compress_auto:modes(S#s.meters),
            %% nodes this lane keeps anything for (queues, counters, routes)
            known_nodes => length(lists:usort(convoy_lane_core:nodes(Core)
                                              ++ maps:keys(S#s.refs)

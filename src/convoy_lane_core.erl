@@ -16,11 +16,13 @@
 %% <li>senders blocked on a full node, woken one per message that leaves;</li>
 %% <li>chunks handed out to ship and not yet reported, messages in couriers and
 %%   nodes being connected;</li>
-%% <li>per node whose connection is busy, what its courier carries: the courier
-%%   takes each full chunk of the node's queue as it fills (`feed/2'), so what
-%%   waits behind a busy connection sits in the courier's mailbox, not on the
-%%   lane's heap, where a backlog of up to `max_buffered_bytes' was copied again
-%%   by every collection of the lane.</li>
+%% <li>per node whose connection is busy, what its courier carries, lot by lot:
+%%   the courier takes each full chunk of the node's queue as it fills (`feed/2'),
+%%   so what waits behind a busy connection sits in the courier's mailbox, not on
+%%   the lane's heap, where a backlog of up to `max_buffered_bytes' was copied
+%%   again by every collection of the lane; each lot is disposed of as soon as the
+%%   courier reports it sent (`courier_sent'), so senders waiting for room get it
+%%   at the pace of the connection, not once the courier has nothing left.</li>
 %% <li>the hold/retire machine of a lane change or a stop (see `convoy_control').</li>
 %% </ul>
 %% Accounting: every message accepted here is, at any time, pending, queued, being
@@ -50,10 +52,12 @@
                flushes = #{} :: #{non_neg_integer() => {pid() | reference(), term(), pos_integer()}},
                %% chunks handed out (a `ship' action) whose outcome is not in yet
                shipping = #{} :: #{node() => {non_neg_integer(), [mark()], convoy_batch:reason()}},
-               %% per node whose connection is busy: the messages and marks its
-               %% courier carries, and how many lots it was given (`closing' once
-               %% told to end)
-               couriers = #{} :: #{node() => {non_neg_integer(), [mark()], pos_integer() | closing}},
+               %% per node whose connection is busy: the messages its courier
+               %% carries, its lots not reported sent (messages and marks, oldest
+               %% first), how many lots it was given and whether it is told to end
+               couriers = #{} :: #{node() => {non_neg_integer(),
+                                              queue:queue({non_neg_integer(), [mark()]}),
+                                              pos_integer(), open | closing}},
                connecting = #{} :: #{node() => true},
                %% nodes sent to since the last cycle: a node that was not, and
                %% holds nothing, is forgotten at the cycle's end
@@ -88,9 +92,9 @@
                | {shipped, node(), outcome()}
                | {wait, node(), Alias :: reference(), HasRoom :: boolean()}
                | {flush, all | node(), ReplyTo :: pid() | reference(), Tag :: term()}
-               | {courier_idle, node(), Given :: pos_integer()}
-               | {courier_done, node(), {Sent :: non_neg_integer(), Sends :: non_neg_integer(),
-                                         Lost :: non_neg_integer()} | failed}
+               | {courier_sent, node(), Lot :: pos_integer(),
+                  {Sent :: non_neg_integer(), Sends :: non_neg_integer(), Lost :: non_neg_integer()}}
+               | {courier_done, node(), done | failed}
                | {connected, node(), boolean()}
                | {hold, [node()]} | {release, node()} | {retire, Admitted :: non_neg_integer()}
                | {admissions_disposed, non_neg_integer()}
@@ -166,28 +170,33 @@ event({wait, Node, Alias, false}, _Now, {C = #core{waiters = W}, A}) ->
     {C#core{waiters = W#{Node => queue:in(Alias, Q)}}, A};
 event({flush, Which, ReplyTo, Tag}, Now, CA) ->
     flush(Which, ReplyTo, Tag, Now, CA);
-event({courier_done, Node, Result}, _Now, {C = #core{couriers = Cs}, A})
+event({courier_done, Node, _DoneOrFailed}, _Now, {C = #core{couriers = Cs}, A})
   when is_map_key(Node, Cs) ->
-    #{Node := {Msgs, Marks, _}} = Cs,
-    {Sent, Sends} = case Result of
-                        failed -> {0, 0};
-                        {S0, N0, _Lost} -> {S0, N0}
-                    end,
+    #{Node := {_, Lots, _, _}} = Cs,
     C1 = C#core{couriers = maps:remove(Node, Cs),
                 queues = convoy_batch:set_status(Node, ready, C#core.queues)},
-    %% What the courier neither sent nor reported lost is lost all the same.
-    CA1 = sent(Node, Sent, Sends, resumed, courier, {C1, A}),
-    CA2 = dropped_count(Node, Msgs - Sent, noconnect, CA1),
-    prune(Node, answer_marks(Marks, CA2));
-event({courier_idle, Node, Given}, _Now, {C = #core{couriers = Cs}, A}) ->
+    %% Lots it did not report sent (it was killed) are lost all the same.
+    prune(Node, lists:foldl(fun({Msgs, Marks}, CA) ->
+                                    answer_marks(Marks, dropped_count(Node, Msgs, noconnect, CA))
+                            end, {C1, A}, queue:to_list(Lots)));
+event({courier_sent, Node, Lot, {Sent, Sends, _Lost}} = E, _Now, {C = #core{couriers = Cs}, A})
+  when is_integer(Sent), Sent >= 0, is_integer(Sends) ->
     case Cs of
-        #{Node := {Msgs, Marks, Given}} ->
-            %% sent all it was given: it ends, and its outcome frees the node
-            {C#core{couriers = Cs#{Node := {Msgs, Marks, closing}}}, [{courier_stop, Node} | A]};
-        #{Node := _} ->
-            {C, A}; % given more since: it reports again
+        #{Node := {Carried, Lots, Given, Open}} ->
+            Head = Given - queue:len(Lots) + 1, % the number of its oldest lot not reported
+            case queue:out(Lots) of
+                {{value, {Msgs, Marks}}, Lots1} when Lot =:= Head, Sent =< Msgs ->
+                    Cs1 = Cs#{Node := {Carried - Msgs, Lots1, Given, Open}},
+                    %% what it neither sent nor lost is lost all the same
+                    CA = answer_marks(Marks, dropped_count(Node, Msgs - Sent, noconnect,
+                                                           sent(Node, Sent, Sends, resumed, courier,
+                                                                {C#core{couriers = Cs1}, A}))),
+                    courier_sent_all(Node, Lot, CA);
+                _ ->
+                    {C, [{stray, E} | A]}
+            end;
         _ ->
-            {C, [{stray, {courier_idle, Node, Given}} | A]}
+            {C, [{stray, E} | A]}
     end;
 event({connected, Node, true}, _Now, {C, A}) ->
     {ready(Node, C), A};
@@ -216,8 +225,11 @@ event(shutdown_ship, _Now, {C, A}) ->
 event(shutdown_drop, _Now, {C, A}) ->
     %% Couriers and connectors are gone with the lane: what they carried and what
     %% is still queued cannot leave.
-    CA1 = maps:fold(fun(Node, {Msgs, Marks, _}, Acc) ->
-                            answer_marks(Marks, dropped_count(Node, Msgs, shutdown, Acc))
+    CA1 = maps:fold(fun(Node, {_, Lots, _, _}, Acc0) ->
+                            lists:foldl(fun({Msgs, Marks}, Acc) ->
+                                                answer_marks(Marks, dropped_count(Node, Msgs,
+                                                                                  shutdown, Acc))
+                                        end, Acc0, queue:to_list(Lots))
                     end, {C#core{couriers = #{}, connecting = #{}}, A}, C#core.couriers),
     lists:foldl(fun(Node, {C2, A2}) ->
                         {Entries, Q} = convoy_batch:drop(Node, C2#core.queues),
@@ -229,6 +241,20 @@ event(Event, _Now, {C, A}) ->
     {C, [{stray, Event} | A]}.
 
 queued_nodes(#core{queues = Q}) -> convoy_batch:nodes(Q).
+
+%% A courier that sent all it was given ends, and its outcome frees the node;
+%% given more since, it goes on.
+courier_sent_all(Node, Lot, {C = #core{couriers = Cs}, A}) ->
+    case Cs of
+        #{Node := {Carried, Lots, Lot, open}} ->
+            case queue:is_empty(Lots) of
+                true -> {C#core{couriers = Cs#{Node := {Carried, Lots, Lot, closing}}},
+                         [{courier_stop, Node} | A]};
+                false -> {C, A}
+            end;
+        _ ->
+            {C, A}
+    end.
 
 node_set(Nodes) -> maps:from_list([{N, true} || N <- Nodes]).
 
@@ -327,19 +353,21 @@ ship_ready(Node, Reason, {C = #core{queues = Q, max_batch = MB}, A}) ->
 
 %% While a courier waits out the node's busy connection it takes each full chunk
 %% of the node's queue (`max_batch' messages and no large one: a run of large
-%% messages waits for the queue to be ready), after what it carries. Its marks
-%% are answered once the courier is done, with everything before them.
+%% messages waits for the queue to be ready), after what it carries: a lot of its
+%% own, whose marks are answered once the courier reports it sent, with
+%% everything before them.
 feed(Node, CA = {C = #core{couriers = Cs, max_batch = MB}, A}) ->
     case Cs of
-        #{Node := {Carried, Marks0, Given}} when is_integer(Given) ->
+        #{Node := {Carried, Lots, Given, open}} ->
             case convoy_batch:take_full(Node, MB, C#core.queues) of
                 {Chunk, Q1} ->
                     {Marks, Wire} = marks(Chunk),
                     Msgs = length(Wire),
                     Size = {Msgs, chunk_bytes(Node, Msgs, C)},
+                    Lots1 = queue:in({Msgs, Marks}, Lots),
                     feed(Node, {C#core{queues = Q1,
-                                       couriers = Cs#{Node := {Carried + Msgs, Marks0 ++ Marks,
-                                                               Given + 1}}},
+                                       couriers = Cs#{Node := {Carried + Msgs, Lots1, Given + 1,
+                                                               open}}},
                                 [{courier_more, Node, Wire, Size} | A]});
                 none ->
                     CA
@@ -360,7 +388,7 @@ chunk_bytes(Node, Msgs, C = #core{segments = Segs}) ->
 
 ahead(Node, #core{couriers = Cs}) ->
     case Cs of
-        #{Node := {M, _, _}} -> M;
+        #{Node := {M, _, _, _}} -> M;
         _ -> 0
     end.
 
@@ -391,7 +419,9 @@ shipped(Node, {sent, Sends, Route}, Msgs, Marks, Reason, CA) ->
 shipped(Node, {courier, Sent, Sends, Route}, Msgs, Marks, Reason, CA) ->
     {C, A} = sent(Node, Sent, Sends, Reason, Route, CA),
     feed(Node, {C#core{queues = convoy_batch:set_status(Node, busy, C#core.queues),
-                       couriers = (C#core.couriers)#{Node => {Msgs - Sent, Marks, 1}}}, A});
+                       couriers = (C#core.couriers)#{Node => {Msgs - Sent,
+                                                              queue:from_list([{Msgs - Sent, Marks}]),
+                                                              1, open}}}, A});
 shipped(Node, {unconnected, Sent, Sends, Rest, Route}, _Msgs, Marks, Reason, CA) ->
     {C, A} = sent(Node, Sent, Sends, Reason, Route, CA),
     case C#core.auto_connect of
@@ -536,7 +566,7 @@ holding(C = #core{npending = P, queues = Q, held = Held}) ->
     P + convoy_batch:buffered(Q) + in_flight(C) + case Held of none -> 0; _ -> 1 end.
 
 in_flight(#core{couriers = Cs, shipping = Sh}) ->
-    maps:fold(fun(_, {M, _, _}, Acc) -> Acc + M end, 0, Cs)
+    maps:fold(fun(_, {M, _, _, _}, Acc) -> Acc + M end, 0, Cs)
         + maps:fold(fun(_, {M, _, _}, Acc) -> Acc + M end, 0, Sh).
 
 %% @doc Messages queued (not counting pending sends, couriers or chunks out).
@@ -554,5 +584,5 @@ summary(C = #core{}) ->
     #{buffered => buffered(C), pending => C#core.npending, held => C#core.held,
       retiring => C#core.retiring, couriers => maps:keys(C#core.couriers),
       connecting => maps:keys(C#core.connecting), flushes => map_size(C#core.flushes),
-      in_couriers => maps:fold(fun(_, {M, _, _}, Acc) -> Acc + M end, 0, C#core.couriers),
+      in_couriers => maps:fold(fun(_, {M, _, _, _}, Acc) -> Acc + M end, 0, C#core.couriers),
       waiters => maps:fold(fun(_, Q, Acc) -> Acc + queue:len(Q) end, 0, C#core.waiters)}.

@@ -42,7 +42,8 @@
     max_reassembly_bytes :: pos_integer() | infinity,
     barrier_timeout :: non_neg_integer(),
     telemetry :: boolean(),
-    %% the zlib level a lane compresses its batches with (convoy_compress)
-    compress :: never | 1..9,
+    %% the zlib level a lane compresses its batches with (convoy_compress), or
+    %% `auto' (convoy_compress_auto)
+    compress :: never | auto | 1..9,
     config :: map()
 }).

@@ -12,6 +12,7 @@
 %% plain messages.
 -define(TAG_WIRE, '$convoy').
 -define(TAG_BARRIER, '$convoy_barrier').
+-define(TAG_METER, '$convoy_meter').
 -define(TAG_PIECE, '$convoy_piece').
 %% A publish: `{?TAG_PUBLISH, Scope, Group, Msg}' on the wire, and
 %% `{?TAG_PUBLISH, Scope, Group}' as the destination of a multicast entry on
@@ -34,9 +35,10 @@
 %% after it; or the sender's `DOWN' if it dies meanwhile).
 -define(TAG_OWED, '$convoy_owed').
 -define(TAG_OWED_DONE, '$convoy_owed_done').
-%% A courier that sent all it was given tells its lane (`{?TAG_COURIER_IDLE, Pid,
-%% Given}'); it ends only when the lane has given it nothing more since.
--define(TAG_COURIER_IDLE, '$convoy_courier_idle').
+%% A courier tells its lane each lot it sent (`{?TAG_COURIER_SENT, Pid, Lot,
+%% {Sent, Sends, Lost}}'); it ends only when the lane has given it nothing more
+%% since.
+-define(TAG_COURIER_SENT, '$convoy_courier_sent').
 %% In a lane's queues (convoy_lane_core, convoy_batch): `{?TAG_LARGE, To, Msg}'
 %% (a large message) and `{?TAG_MARK, Id, Node}' (a flush waiting for what is
 %% before it to leave), the only 3-tuples among entries `{To, Msg}': a message to

@@ -72,6 +72,12 @@
 %%   others. A `Bin' that does not decode to a proper list is `bad_compressed':
 %%   nothing of it is delivered. A multicast or publish of a message that is
 %%   itself a compressed batch is `bad_entry', as one of a batch.</li>
+%% <li>Version 5, kind `meter': the entry `{'$convoy_meter', ReplyTo, Tag}' is a
+%%   barrier answered `{Tag, convoy_meter, Time}', `Time' the receiver's
+%%   `erlang:monotonic_time(microsecond)' once everything before it is delivered:
+%%   the times of a sender's meters tell it how fast its batches went through,
+%%   whatever it was busy with when the answers came (`convoy_compress_auto').
+%%   `ReplyTo' as a barrier's.</li>
 %% <li>`{'$convoy', 1, hello | welcome, Info}' goes between `convoy_peers' processes
 %%   (the exchange is described in `convoy_peers'). `Info' is a map; unknown keys
 %%   are ignored, so a later release can add some before anyone relies on them.
@@ -90,8 +96,9 @@
 %% version-1 peer reads every batch it is sent) and adds entry kinds, listed with
 %% the entries above, that a sender puts only in batches for a peer whose
 %% negotiated version is 2 or more (`supports/2'); version 3 adds a kind of start
-%% piece in the same way, and version 4 the compressed batch, a message a lane
-%% sends only to a peer whose negotiated version is 4 or more.
+%% piece in the same way, version 4 the compressed batch, a message a lane
+%% sends only to a peer whose negotiated version is 4 or more, and version 5 the
+%% meter entry.
 %%
 %% The limits on a multicast entry bound the work one entry costs its receiver
 %% (a few milliseconds at `max_entry_words/0'): a send that wakes a waiting
@@ -102,7 +109,7 @@
 -module(convoy_wire).
 
 -export([version/0, versions/0, max_inboxes/0, max_dests/0, max_entry_words/0,
-         batch/2, zbatch/2, barrier/2, publish/3, piece_start/6, piece_start/7, piece/3, hello/2,
+         batch/2, zbatch/2, barrier/2, meter/2, publish/3, piece_start/6, piece_start/7, piece/3, hello/2,
          supports/2,
          address/2, send_words/1, take_members/3, entry_to/3, decode/1, entry/3, cost/1, send_cost/0,
          multicast_entries/2, multicast_entries/3, per_entry/1, plain_run/4,
@@ -115,7 +122,7 @@
 
 %% The newest version this release speaks, and the one a batch's envelope carries
 %% (unchanged since version 1).
--define(VSN, 4).
+-define(VSN, 5).
 -define(BATCH_VSN, 1).
 %% Any batch, plain (`batch/2') or compressed (`zbatch/2'), as a pattern of kind
 %% `Kind' and the guard on it: a message that is one is refused in a multicast or
@@ -132,9 +139,10 @@
 -define(MAX_DESTS, (?MAX_ENTRY_WORDS div ?SEND_WORDS)).
 
 -type dest() :: pid() | atom() | reference().
--type entry_kind() :: publish | piece | piece_path | piece_acks | zbatch.
+-type entry_kind() :: publish | piece | piece_path | piece_acks | zbatch | meter.
 %% An entry or message kind added after version 1 (see `supports/2').
 -type entry() :: {dest() | [dest()], term()} | {?TAG_BARRIER, pid() | reference(), term()}
+               | {?TAG_METER, pid() | reference(), term()}
                | {?TAG_PUBLISH, atom(), term(), term()}
                | {?TAG_PIECE, reference(), pos_integer(), binary()}
                | {?TAG_PIECE, reference(), 0, binary(),
@@ -150,6 +158,7 @@
 -type checked() :: {deliver, dest(), term()}
                  | {multicast, [dest()], term(), non_neg_integer()}
                  | {barrier, pid() | reference(), term()}
+                 | {meter, pid() | reference(), term()}
                  | {publish, atom(), term(), term()}
                  | {piece_start, #{ref := reference(), sender := pid(), to := dest(),
                                    kind := convoy_chunk:kind(), size := pos_integer(),
@@ -162,7 +171,7 @@ version() -> ?VSN.
 
 %% @doc Versions this release accepts.
 -spec versions() -> [pos_integer()].
-versions() -> [1, 2, 3, ?VSN].
+versions() -> [1, 2, 3, 4, ?VSN].
 
 %% @doc Whether a peer that negotiated version `Vsn' reads entries (or messages)
 %% of `Kind'.
@@ -174,7 +183,8 @@ since(publish) -> 2;
 since(piece) -> 2;
 since(piece_path) -> 3;
 since(piece_acks) -> 3;
-since(zbatch) -> 4.
+since(zbatch) -> 4;
+since(meter) -> 5.
 
 -spec max_inboxes() -> pos_integer().
 max_inboxes() -> ?MAX_INBOXES.
@@ -207,6 +217,10 @@ publish(Scope, Group, Msg) -> {?TAG_PUBLISH, Scope, Group, Msg}.
 
 -spec barrier(pid() | reference(), term()) -> entry().
 barrier(ReplyTo, Tag) -> {?TAG_BARRIER, ReplyTo, Tag}.
+
+%% @doc A meter (version 5): a barrier answered with the receiver's time.
+-spec meter(pid() | reference(), term()) -> entry().
+meter(ReplyTo, Tag) -> {?TAG_METER, ReplyTo, Tag}.
 
 %% @doc The first piece of a message sent in pieces (version 2, see `convoy_chunk').
 -spec piece_start(reference(), pid(), dest(), convoy_chunk:kind(), pos_integer(), binary()) ->
@@ -293,6 +307,11 @@ entry({?TAG_PUBLISH, Scope, Group, Msg}, _From, _Local) when is_atom(Scope) ->
 entry({?TAG_BARRIER, ReplyTo, Tag}, From, _Local) when is_pid(ReplyTo); is_reference(ReplyTo) ->
     case node(ReplyTo) =:= From of
         true -> {barrier, ReplyTo, Tag};
+        false -> {error, bad_entry}
+    end;
+entry({?TAG_METER, ReplyTo, Tag}, From, _Local) when is_pid(ReplyTo); is_reference(ReplyTo) ->
+    case node(ReplyTo) =:= From of
+        true -> {meter, ReplyTo, Tag};
         false -> {error, bad_entry}
     end;
 entry({?TAG_PIECE, Ref, 0, Data, {Sender, To, Kind, Size}}, From, Local) ->
@@ -604,7 +623,12 @@ barrier_entry_test() ->
     ?assertMatch({barrier, _, t}, entry(barrier(alias(), t), L, other@host)),
     ?assertEqual({error, bad_entry}, entry(barrier(self(), t), from@host, other@host)),
     ?assertEqual({error, bad_entry}, entry(barrier(make_ref(), t), from@host, other@host)),
-    ?assertEqual({error, bad_entry}, entry({'$convoy_barrier', foo, t}, L, other@host)).
+    ?assertEqual({error, bad_entry}, entry({'$convoy_barrier', foo, t}, L, other@host)),
+    %% a meter (version 5) likewise
+    ?assertMatch({meter, _, t}, entry(meter(self(), t), L, other@host)),
+    ?assertEqual({error, bad_entry}, entry(meter(self(), t), from@host, other@host)),
+    ?assertEqual({error, bad_entry}, entry({'$convoy_meter', foo, t}, L, other@host)),
+    ?assert(supports(5, meter) andalso not supports(4, meter)).
 
 multicast_limits_test() ->
     L = node(),
@@ -765,7 +789,8 @@ piece_entry_test() ->
     [?assertEqual({error, bad_entry}, A(K)) || K <- [0, -1, 1025, 1.0, x]].
 
 negotiate_test() ->
-    ?assertEqual(4, negotiate([1, 2, 3, 4, 5])),
+    ?assertEqual(5, negotiate([1, 2, 3, 4, 5, 6])),
+    ?assertEqual(4, negotiate([1, 2, 3, 4])),
     ?assertEqual(3, negotiate([1, 2, 3])),
     ?assert(supports(4, zbatch)),
     ?assertNot(supports(3, zbatch)),

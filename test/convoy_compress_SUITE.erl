@@ -1,8 +1,10 @@
 %% Compressed batches (`compress' setting, protocol version 4) between this node
 %% and a peer: delivered complete and in order per sender and counted; never
 %% sent to a peer at an older protocol version; switched on and off at run time
-%% without loss, reordering or a wrong count; and a compressed batch that does
-%% not decode is refused and counted by the receiving inbox, which carries on.
+%% without loss, reordering or a wrong count; under `auto', what waits behind a
+%% busy connection is measured and tried compressed, delivered and counted as
+%% ever; and a compressed batch that does not decode is refused and counted by
+%% the receiving inbox, which carries on.
 -module(convoy_compress_SUITE).
 
 -include_lib("common_test/include/ct.hrl").
@@ -10,9 +12,9 @@
 
 -export([all/0, suite/0, init_per_testcase/2, end_per_testcase/2]).
 -export([compressed_in_order/1, old_peer_gets_plain/1, switched_while_streaming/1,
-         corrupt_zbatch_rejected/1]).
+         auto_behind_busy_connection/1, corrupt_zbatch_rejected/1]).
 %% Run on peer nodes.
--export([zbatch_tracer/1]).
+-export([zbatch_tracer/1, stream_from/2]).
 
 -define(SENDERS, 4).
 -define(RECEIVERS, 4).
@@ -23,7 +25,7 @@ suite() ->
 
 all() ->
     [compressed_in_order, old_peer_gets_plain, switched_while_streaming,
-     corrupt_zbatch_rejected].
+     auto_behind_busy_connection, corrupt_zbatch_rejected].
 
 init_per_testcase(_TC, Config) ->
     _ = application:stop(convoy),
@@ -119,6 +121,57 @@ phases(I, Receivers, Per, P, Last, Driver) ->
     ok = convoy:flush(),
     Driver ! {phase_done, self(), P},
     phases(I, Receivers, Per, P + 1, Last, Driver).
+
+%% `compress => auto' on peer A streaming to peer B while A's connection to B is
+%% busy: A first sends B 128 MiB with `!', so the lane's batches wait in a courier
+%% behind it, lot after lot. The lane measures B (its state lists B's mode), tries
+%% the lots compressed once plain is measured (batches compressed), and every
+%% message arrives in order per sender, counted exactly: accepted = messages,
+%% nothing dropped, nothing left.
+auto_behind_busy_connection(_Config) ->
+    {PeerA, _A} = convoy_ct_peers:start(?MODULE, ?CT_PEER_NAME(cz_auto_a), #{}),
+    ok = convoy_ct_peers:start_convoy(PeerA, #{compress => auto, bypass_after => never}),
+    {PeerB, B} = convoy_ct_peers:start(?MODULE, ?CT_PEER_NAME(cz_auto_b), #{}),
+    ok = convoy_ct_peers:start_convoy(PeerB, #{}),
+    pong = peer:call(PeerA, net_adm, ping, [B]),
+    convoy = convoy_ct_peers:await(fun() -> convoy_ct_peers:route_kind(
+                                              peer:call(PeerA, convoy_peers, route, [B]))
+                                   end, fun(K) -> K =:= convoy end, 10000),
+    Receivers = [convoy_ct_seq:start(B) || _ <- lists:seq(1, ?RECEIVERS)],
+    Sink = convoy_ct_peers:sink_on(B),
+    ok = peer:call(PeerA, erlang, apply,
+                   [fun() ->
+                            _ = spawn(fun() -> Sink ! {blocker, binary:copy(<<1>>, 1 bsl 27)} end),
+                            ok
+                    end, []]),
+    Total = 5 * ?MESSAGES,
+    ok = peer:call(PeerA, ?MODULE, stream_from, [Receivers, Total], 120000),
+    PerReceiver = Total div ?RECEIVERS,
+    [?assertEqual({PerReceiver, []}, convoy_ct_seq:await(R, PerReceiver)) || R <- Receivers],
+    Counts = convoy_ct_peers:await(
+               fun() -> maps:get(B, maps:get(nodes, peer:call(PeerA, convoy, info, []))) end,
+               fun(#{accepted := Ac, messages := M, dropped := D}) -> Ac =:= M + D end, 10000),
+    ct:pal("A's counts for B: ~p", [Counts]),
+    ?assertMatch(#{accepted := Total, messages := Total, dropped := 0, buffered := 0,
+                   queued := 0}, Counts),
+    ?assert(maps:get(compressed_batches, Counts) > 0),
+    [Lane] = [P || {_, P, _, _} <- peer:call(PeerA, supervisor, which_children,
+                                             [convoy_lane_sup])],
+    #{compress := Modes} = peer:call(PeerA, sys, get_state, [Lane]),
+    ?assert(is_map_key(B, Modes), Modes).
+
+%% On a peer: 4 senders each send their share of Total event-shaped messages to
+%% the receivers in turn, flush, and the call returns once all have.
+stream_from(Receivers, Total) ->
+    Per = Total div ?SENDERS,
+    Self = self(),
+    Senders = [spawn_link(fun() ->
+                                  send_events(I, Receivers, Per),
+                                  ok = convoy:flush(),
+                                  Self ! {sent, self()}
+                          end) || I <- lists:seq(1, ?SENDERS)],
+    [receive {sent, S} -> ok end || S <- Senders],
+    ok.
 
 %% A compressed batch that is not zlib, and one that decodes to something other
 %% than a list, sent by hand to the peer's inbox: both refused and counted

@@ -1,7 +1,7 @@
 %% Properties of the lane's pure core (convoy_lane_core), without processes or
 %% peers: random interleavings of sends, drains, busy, unconnected and plain
-%% peers, couriers that finish, lose or fail and take full chunks while they
-%% wait, connections that come or not,
+%% peers, couriers that take full chunks while they wait and report each lot
+%% sent (all of it, or part lost), or are killed, connections that come or not,
 %% flushes, blocked senders, holds, releases, retirement and shutdown. A small
 %% driver plays the lane process: it carries out the actions and simulates the
 %% network.
@@ -39,8 +39,8 @@ cmd() ->
                {6, {sends, non_empty(list({oneof(?SENDERS), node_gen(), kind(), bytes_gen()}))}},
                {12, {cycle, frequency([{3, 0}, {1, choose(1, 3000)}])}},
                {6, {mode, node_gen(), mode()}},
-               {4, {courier_done, node_gen(), oneof([all, lose, failed])}},
-               {4, {courier_idle, node_gen(), frequency([{3, current}, {1, stale}])}},
+               {4, {courier_done, node_gen(), frequency([{3, all}, {1, failed}])}},
+               {6, {courier_sent, node_gen(), frequency([{3, all}, {1, lose}])}},
                {4, {connect_done, node_gen(), frequency([{3, true}, {1, false}])}},
                {3, {flush, oneof([all | ?NODES])}},
                {6, {wait, node_gen(), frequency([{1, true}, {3, false}])}},
@@ -117,22 +117,12 @@ cmd({mode, Node, Mode}, St = #{modes := M}) ->
     St#{modes := M#{Node => Mode}};
 cmd({courier_done, Node, How}, St = #{couriers := Cs}) ->
     case Cs of
-        #{Node := {Wire, _Given}} ->
-            courier_done(Node, Wire, How, St#{couriers := maps:remove(Node, Cs)});
+        #{Node := _} -> courier_done(Node, How, St);
         _ -> St
     end;
-cmd({courier_idle, Node, Which}, St = #{couriers := Cs}) ->
-    %% The courier sent all it was given (or says so late, after more came).
+cmd({courier_sent, Node, How}, St = #{couriers := Cs}) ->
     case Cs of
-        #{Node := {_Wire, Given}} when is_integer(Given) ->
-            Said = case Which of current -> Given; stale -> Given - 1 end,
-            St1 = event({courier_idle, Node, Said}, St),
-            %% told to end only when it sent all it was given
-            case {Which, maps:get(Node, maps:get(couriers, St1))} of
-                {stale, {_, closing}} -> throw({stopped_with_more, Node});
-                {current, {_, G}} when is_integer(G) -> throw({not_stopped, Node});
-                _ -> St1
-            end;
+        #{Node := {[_ | _], _, _}} -> courier_sent(Node, How, St);
         _ -> St
     end;
 cmd({connect_done, Node, Ok}, St = #{connecting := Cn}) ->
@@ -218,15 +208,16 @@ act({courier_more, Node, Wire, {Counted, Bytes}}, St = #{couriers := Cs, max_bat
     maps:get(shutdown, St) orelse not is_held(Node, maps:get(core, St))
         orelse throw({fed_held_node, Node}),
     case Cs of
-        #{Node := {Carried, Given}} when is_integer(Given) ->
-            St#{couriers := Cs#{Node := {Carried ++ Wire, Given + 1}}, fed := F + 1};
+        #{Node := {Lots, Given, open}} ->
+            St#{couriers := Cs#{Node := {Lots ++ [Wire], Given + 1, open}}, fed := F + 1};
         _ ->
             throw({fed_without_courier, Node})
     end;
 act({courier_stop, Node}, St = #{couriers := Cs}) ->
+    %% only once it reported every lot it was given
     case Cs of
-        #{Node := {Wire, Given}} when is_integer(Given) -> St#{couriers := Cs#{Node := {Wire, closing}}};
-        _ -> throw({stop_without_courier, Node})
+        #{Node := {[], Given, open}} -> St#{couriers := Cs#{Node := {[], Given, closing}}};
+        _ -> throw({stop_without_courier_done, Node, maps:get(Node, Cs, none)})
     end;
 act({sent, Node, Msgs, _Sends, _Reason, _Route}, St = #{sent := S}) ->
     Msgs >= 0 orelse throw({negative_sent, Node}),
@@ -298,8 +289,8 @@ is_held(Node, C) ->
 %% the courier already carries.
 chunk_bytes_behind(Node, Msgs, Bytes, #{handed_by := HB, bytes_by := BB, disposed_by := DB,
                                         disposed_bytes := DBy, couriers := Cs}) ->
-    {Carried, _} = maps:get(Node, Cs),
-    Held = maps:get(Node, HB, 0) - maps:get(Node, DB, 0) - length(Carried),
+    {Lots, _, _} = maps:get(Node, Cs),
+    Held = maps:get(Node, HB, 0) - maps:get(Node, DB, 0) - length(lists:append(Lots)),
     HeldBytes = maps:get(Node, BB, 0) - maps:get(Node, DBy, 0),
     (Bytes >= 0 andalso Bytes =< HeldBytes) orelse throw({fed_bytes, Node, Bytes, HeldBytes}),
     Msgs =< Held orelse throw({fed_more_than_held, Node, Msgs, Held}).
@@ -332,18 +323,45 @@ network(Node, Wire, St = #{modes := Modes}) ->
 
 to_courier(Node, Wire, St = #{couriers := Cs}) ->
     is_map_key(Node, Cs) andalso throw({two_couriers, Node}),
-    St#{couriers := Cs#{Node => {Wire, 1}}}.
+    St#{couriers := Cs#{Node => {[Wire], 1, open}}}.
 
-courier_done(Node, Wire, all, St) ->
-    N = length(Wire),
-    event({courier_done, Node, {N, N, 0}}, deliver(Node, Wire, St));
-courier_done(Node, Wire, lose, St) ->
-    {Out, Lost} = lists:split(length(Wire) div 2, Wire),
-    event({courier_done, Node, {length(Out), length(Out), length(Lost)}}, deliver(Node, Out, St));
-courier_done(Node, Wire, failed, St) ->
-    %% Killed after sending some: at most once, and all of it counted as dropped.
-    {Out, _} = lists:split(length(Wire) div 2, Wire),
-    event({courier_done, Node, failed}, deliver(Node, Out, St)).
+%% The courier reports its oldest lot sent: all of it, or half (the connection
+%% went down). Each reported lot is disposed of at once (senders blocked on the
+%% node are woken now, not when the courier ends); it is told to end only when
+%% it reported every lot it was given.
+courier_sent(Node, How, St = #{couriers := Cs, disposed_by := D0}) ->
+    #{Node := {[Wire | Lots], Given, Open}} = Cs,
+    Lot = Given - length(Lots),
+    {Out, Lost} = case How of
+                      all -> {Wire, []};
+                      lose -> lists:split(length(Wire) div 2, Wire)
+                  end,
+    St1 = event({courier_sent, Node, Lot, {length(Out), length(Out), length(Lost)}},
+                deliver(Node, Out, St#{couriers := Cs#{Node := {Lots, Given, Open}}})),
+    maps:get(Node, maps:get(disposed_by, St1), 0) - maps:get(Node, D0, 0) =:= length(Wire)
+        orelse throw({lot_not_disposed, Node, Lot}),
+    case {Lots, maps:get(Node, maps:get(couriers, St1))} of
+        {[], {[], _, closing}} -> St1;
+        {[], _} -> throw({not_stopped, Node});
+        {_, {_, _, closing}} -> throw({stopped_with_more, Node});
+        _ -> St1
+    end.
+
+%% The courier ends: after it reported every lot and was told to (`all'), or
+%% killed from outside after sending half of its oldest lot (`failed'): what it
+%% did not report is counted as dropped, and was delivered at most once.
+courier_done(Node, all, St) ->
+    St1 = lists:foldl(fun(_, Acc) -> courier_sent(Node, all, Acc) end, St,
+                      element(1, maps:get(Node, maps:get(couriers, St)))),
+    {[], _, closing} = maps:get(Node, maps:get(couriers, St1)),
+    event({courier_done, Node, done}, St1#{couriers := maps:remove(Node, maps:get(couriers, St1))});
+courier_done(Node, failed, St = #{couriers := Cs}) ->
+    #{Node := {Lots, _, _}} = Cs,
+    Out = case Lots of
+              [Wire | _] -> element(1, lists:split(length(Wire) div 2, Wire));
+              [] -> []
+          end,
+    event({courier_done, Node, failed}, deliver(Node, Out, St#{couriers := maps:remove(Node, Cs)})).
 
 deliver(Node, Wire, St) ->
     lists:foldl(fun(E, Acc) -> deliver_one(Node, id(E), Acc) end, St, Wire).
@@ -381,9 +399,8 @@ settle(St, 20) ->
     throw({does_not_settle, convoy_lane_core:summary(maps:get(core, St))});
 settle(St0 = #{modes := Modes}, Round) ->
     St1 = St0#{modes := maps:map(fun(_, _) -> ok end, Modes)},
-    St2 = maps:fold(fun(Node, {Wire, _}, Acc = #{couriers := Cs}) ->
-                            courier_done(Node, Wire, all, Acc#{couriers := maps:remove(Node, Cs)})
-                    end, St1, maps:get(couriers, St1)),
+    St2 = maps:fold(fun(Node, _, Acc) -> courier_done(Node, all, Acc) end,
+                    St1, maps:get(couriers, St1)),
     St3 = maps:fold(fun(Node, _, Acc = #{connecting := Cn}) ->
                             event({connected, Node, true}, Acc#{connecting := maps:remove(Node, Cn)})
                     end, St2, maps:get(connecting, St2)),
@@ -488,22 +505,34 @@ tag_named_destinations_test() ->
                   {reply, _, t} | _], A3).
 
 %% A busy peer: while its courier is out, it takes each full chunk (the driver
-%% checks each as any chunk); everything arrives in order once it is done. A
-%% courier that says it sent all it was given ends only if nothing came since.
+%% checks each as any chunk); each lot it reports sent is disposed of at once, so
+%% a sender blocked on the node is woken while the courier still carries more;
+%% it ends only once it reported all it was given.
 couriers_take_full_chunks_test() ->
     Sends = [{send, 1, b@h, small, 3} || _ <- lists:seq(1, 11)],
     Busy = [{mode, b@h, busy}, {send, 1, b@h, small, 3}, {cycle, 0}, {mode, b@h, ok}] ++ Sends,
-    St = lists:foldl(fun(Cmd, Acc) -> St1 = cmd(Cmd, Acc), ok = check(St1, Cmd), St1 end,
-                     init(3, 0, none, true), Busy ++ [{cycle, 0}]),
+    Steps = fun(Cmds, St0) ->
+                    lists:foldl(fun(Cmd, Acc) -> St1 = cmd(Cmd, Acc), ok = check(St1, Cmd), St1 end,
+                                St0, Cmds)
+            end,
+    St = Steps(Busy ++ [{wait, b@h, false}, {cycle, 0}], init(3, 0, none, true)),
     %% 11 sends behind the courier: 3 full chunks of 3 fed to it, 2 left queued
     ?assertEqual(3, maps:get(fed, St)),
     ?assertEqual(2, convoy_lane_core:buffered(maps:get(core, St))),
     ?assertMatch(#{in_couriers := 10}, convoy_lane_core:summary(maps:get(core, St))),
-    %% a stale word from the courier changes nothing; the current one stops it
-    {_, []} = convoy_lane_core:handle({courier_idle, b@h, 3}, 0, maps:get(core, St)),
-    St1 = cmd({courier_idle, b@h, current}, St),
-    ?assertMatch(#{b@h := {_, closing}}, maps:get(couriers, St1)),
-    %% once told to end it takes nothing more
-    St2 = lists:foldl(fun(Cmd, Acc) -> cmd(Cmd, Acc) end, St1, Sends ++ [{cycle, 0}]),
-    ?assertEqual(3, maps:get(fed, St2)),
-    ?assertEqual(ok, catch run([{courier_done, b@h, all}, {cycle, 0}], St2, false)).
+    ?assertEqual(#{}, maps:get(woken, St)),
+    %% a report of a lot that is not its oldest changes nothing
+    {_, [{stray, _}]} = convoy_lane_core:handle({courier_sent, b@h, 3, {3, 1, 0}}, 0,
+                                                maps:get(core, St)),
+    %% its first lot sent: disposed of, the blocked sender woken, the courier goes on
+    St1 = cmd({courier_sent, b@h, all}, St),
+    ?assertEqual(1, maps:get(b@h, maps:get(disposed_by, St1))),
+    ?assertEqual(1, map_size(maps:get(woken, St1))),
+    ?assertMatch(#{in_couriers := 9}, convoy_lane_core:summary(maps:get(core, St1))),
+    ?assertMatch(#{b@h := {_, 4, open}}, maps:get(couriers, St1)),
+    %% the rest reported: told to end, it takes nothing more
+    St2 = Steps([{courier_sent, b@h, all} || _ <- lists:seq(1, 3)], St1),
+    ?assertMatch(#{b@h := {[], 4, closing}}, maps:get(couriers, St2)),
+    St3 = Steps(Sends ++ [{cycle, 0}], St2),
+    ?assertEqual(3, maps:get(fed, St3)),
+    ?assertEqual(ok, catch run([{courier_done, b@h, all}, {cycle, 0}], St3, false)).
