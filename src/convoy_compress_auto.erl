@@ -113,7 +113,14 @@ answered(Node, {Courier, Seq, Mode, Msgs}, Now, Meters)
     M = #meter{last = Last} = maps:get(Node, Meters),
     M1 = tried(Mode, Msgs, Now, M#meter{last = {Courier, Seq, Now}}),
     case Last of
-        {Courier, Prev, At} when Prev =:= Seq - 1, Now >= At, Mode =:= M#meter.mode ->
+        {_, _, At} when Now < At ->
+            %% the peer's clock went back: another incarnation, measured anew
+            {Meters#{Node => #meter{last = {Courier, Seq, Now}}},
+             case M#meter.mode of
+                 zip -> {level, never};
+                 plain -> none
+             end};
+        {Courier, Prev, At} when Prev =:= Seq - 1, Mode =:= M#meter.mode ->
             measured(Node, Courier, {Msgs, Now - At}, Now, Meters#{Node => M1});
         {Courier, _, _} ->
             {Meters#{Node => M1}, none};
@@ -292,4 +299,14 @@ ignores_what_measures_nothing_test() ->
     ?assertEqual({Ms1, none}, answered(n@h, not_a_tag, T1 + 100, Ms1)),
     ?assertEqual({Ms1, none}, answered(other@h, {Ref, 2, plain, 1000}, T1 + 100, Ms1)),
     ?assertEqual(#{}, modes(forget(n@h, Ms1))).
+
+%% The peer's clock going back (it restarted) starts its meter anew, plain.
+clock_back_test() ->
+    Ref = make_ref(),
+    {_, Ms0} = level(n@h, new()),
+    {Ms1, T1, [{level, 1}]} = answers(Ref, [1 | lots(1, 2)], plain, 5000, {Ms0, 0}),
+    ?assertEqual(zip, mode(Ms1)),
+    {Ms2, {level, never}} = answered(n@h, {make_ref(), 1, zip, 1000}, T1 - 1000000, Ms1),
+    ?assertEqual(plain, mode(Ms2)),
+    ?assertMatch(#meter{rates = R, retry_at = none} when map_size(R) =:= 0, maps:get(n@h, Ms2)).
 -endif.
