@@ -24,8 +24,9 @@
 
 -record(courier, {pid :: pid(), ref :: reference(), levels :: ets:tid()}).
 -opaque courier() :: #courier{}.
--opaque levels() :: ets:tid().
 %% A lane's couriers' levels: a table the lane writes, its couriers read.
+-opaque levels() :: ets:tid().
+
 %% A blocking send of a term to a destination and the messages it carries; a
 %% metered batch's entries to an inbox with their size, at the peer's version,
 %% and the meter's tag (`{Secret, Node}': its answer is
@@ -81,10 +82,10 @@ done(#courier{ref = Ref, levels = Levels}) ->
     ok.
 
 %% Each lot: sent, then reported as `{?TAG_COURIER_SENT, Pid, Lot, report()}'.
-lot(Lane, {Ref, _} = Level, Lot, Ops) ->
-    Lane ! {?TAG_COURIER_SENT, self(), Lot, run(Ops, {Lane, Level, Lot}, {0, 0, 0}, [])},
+lot(Lane, {Ref, _Levels} = Row, Lot, Ops) ->
+    Lane ! {?TAG_COURIER_SENT, self(), Lot, run(Ops, {Lane, Row, Lot}, {0, 0, 0}, [])},
     receive
-        {Ref, ops, More} -> lot(Lane, Level, Lot + 1, More);
+        {Ref, ops, More} -> lot(Lane, Row, Lot + 1, More);
         {Ref, stop} -> exit({courier, done})
     end.
 
