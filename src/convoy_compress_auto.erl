@@ -41,7 +41,7 @@
 %% alike cost alike whichever is used (doc/decisions.md).
 -module(convoy_compress_auto).
 
--export([new/0, level/2, answered/4, forget/2, modes/1]).
+-export([new/0, level/2, answered/4, forget/2, modes/1, summary/1]).
 
 -export_type([meters/0, tag/0, mode/0]).
 
@@ -76,7 +76,9 @@
                 %% when the mode not chosen is measured again: set once both were,
                 %% `pending' until the lots of its last try are all answered
                 retry_at = none :: none | pending | integer(),
-                patience = ?MIN_PATIENCE :: pos_integer()}).
+                patience = ?MIN_PATIENCE :: pos_integer(),
+                %% answers taken (for `summary/1')
+                answers = 0 :: non_neg_integer()}).
 
 -opaque meters() :: #{node() => #meter{}}.
 %% What a chunk's meter carries back: its courier, its lot (couriers number
@@ -110,12 +112,12 @@ mode_level(plain) -> never.
 answered(Node, {Courier, Seq, Mode, Msgs}, Now, Meters)
   when is_reference(Courier), is_integer(Seq), is_integer(Msgs), Msgs > 0,
        is_map_key(Node, Meters) ->
-    M = #meter{last = Last} = maps:get(Node, Meters),
-    M1 = tried(Mode, Msgs, Now, M#meter{last = {Courier, Seq, Now}}),
+    M = #meter{last = Last, answers = K} = maps:get(Node, Meters),
+    M1 = tried(Mode, Msgs, Now, M#meter{last = {Courier, Seq, Now}, answers = K + 1}),
     case Last of
         {_, _, At} when Now < At ->
             %% the peer's clock went back: another incarnation, measured anew
-            {Meters#{Node => #meter{last = {Courier, Seq, Now}}},
+            {Meters#{Node => #meter{last = {Courier, Seq, Now}, answers = K + 1}},
              case M#meter.mode of
                  zip -> {level, never};
                  plain -> none
@@ -154,6 +156,12 @@ forget(Node, Meters) -> maps:remove(Node, Meters).
 %% @doc The mode each measured node's courier chunks use now.
 -spec modes(meters()) -> #{node() => mode()}.
 modes(Meters) -> maps:map(fun(_Node, #meter{mode = Mode}) -> Mode end, Meters).
+
+%% @doc Per measured node, its mode now and how many answers it took.
+-spec summary(meters()) -> #{node() => #{mode := mode(), answers := non_neg_integer()}}.
+summary(Meters) ->
+    maps:map(fun(_Node, #meter{mode = Mode, answers = K}) -> #{mode => Mode, answers => K} end,
+             Meters).
 
 %% One chunk's passage, `Us' microseconds, in the mode in use. A mode's first
 %% measure after it was taken up is thrown away (the lots of the other mode
@@ -298,6 +306,7 @@ ignores_what_measures_nothing_test() ->
     ?assertEqual({Ms1, none}, answered(n@h, {Ref, 2, plain, 0}, T1 + 100, Ms1)),
     ?assertEqual({Ms1, none}, answered(n@h, not_a_tag, T1 + 100, Ms1)),
     ?assertEqual({Ms1, none}, answered(other@h, {Ref, 2, plain, 1000}, T1 + 100, Ms1)),
+    ?assertEqual(#{n@h => #{mode => plain, answers => 1}}, summary(Ms1)),
     ?assertEqual(#{}, modes(forget(n@h, Ms1))).
 
 %% The peer's clock going back (it restarted) starts its meter anew, plain.

