@@ -102,10 +102,9 @@ mode_level(zip) -> ?LEVEL;
 mode_level(plain) -> never.
 
 %% @doc `Node''s inbox answered the meter tagged `Tag' at `Now' (its time, in
-%% microseconds). Returns the
-%% meters and, when the mode in use for the node changed, its level (for the
-%% node's courier) and, when the mode chosen changed, the new one with both
-%% modes' last rates (messages a second).
+%% microseconds). Returns the meters and, when the mode in use for the node
+%% changed, its level (for the node's courier) and, when the mode chosen changed,
+%% the new one with both modes' last rates (messages a second).
 -spec answered(node(), tag(), integer(), meters()) ->
           {meters(), none | {level, never | 1..9}
                    | {chosen, mode(), never | 1..9, #{mode() => float()}}}.
