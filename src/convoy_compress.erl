@@ -30,7 +30,7 @@
 %% counted `bad_compressed' by the inbox.
 -module(convoy_compress).
 
--export([envelope/5, level/4, encode/2, decode/1, min_bytes/0]).
+-export([envelope/5, shipped/5, level/4, encode/2, decode/1, min_bytes/0]).
 
 -export_type([envelope/0]).
 
@@ -62,6 +62,18 @@ envelope(FromNode, Entries, {Msgs, Bytes}, Compress, Vsn) ->
     case level(Compress, Vsn, Msgs, Bytes) of
         none -> {batch, convoy_wire:batch(FromNode, Entries)};
         Level -> smaller(FromNode, Entries, encode(Entries, Level), Bytes)
+    end.
+
+%% @doc `envelope/5' as a lane ships it: the term to send, and what to count for
+%% it (`plain', or its messages, their bytes and the compressed size).
+-spec shipped(node(), [convoy_wire:entry()],
+              {Msgs :: non_neg_integer(), Bytes :: non_neg_integer()},
+              convoy_config:compress(), pos_integer()) ->
+          {tuple(), plain | {non_neg_integer(), non_neg_integer(), pos_integer()}}.
+shipped(FromNode, Entries, {Msgs, Bytes} = Size, Compress, Vsn) ->
+    case envelope(FromNode, Entries, Size, Compress, Vsn) of
+        {batch, Batch} -> {Batch, plain};
+        {zbatch, ZBatch, Out} -> {ZBatch, {Msgs, Bytes, Out}}
     end.
 
 %% @doc The zlib level to try on a batch of `Msgs' messages of `Bytes' to a peer

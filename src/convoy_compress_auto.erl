@@ -41,7 +41,7 @@
 %% alike cost alike whichever is used (doc/decisions.md).
 -module(convoy_compress_auto).
 
--export([new/0, level/2, answered/4, forget/2, modes/1, summary/1]).
+-export([new/0, level/2, answered/4, knows/2, forget/2, summary/1]).
 
 -export_type([meters/0, tag/0, mode/0]).
 
@@ -152,9 +152,9 @@ tried(_Mode, _Msgs, _Now, M) ->
 -spec forget(node(), meters()) -> meters().
 forget(Node, Meters) -> maps:remove(Node, Meters).
 
-%% @doc The mode each measured node's courier chunks use now.
--spec modes(meters()) -> #{node() => mode()}.
-modes(Meters) -> maps:map(fun(_Node, #meter{mode = Mode}) -> Mode end, Meters).
+%% @doc Whether `Node' is measured.
+-spec knows(node(), meters()) -> boolean().
+knows(Node, Meters) -> is_map_key(Node, Meters).
 
 %% @doc Per measured node, its mode now and how many answers it took.
 -spec summary(meters()) -> #{node() => #{mode := mode(), answers := non_neg_integer()}}.
@@ -238,7 +238,7 @@ answers(Ref, Lots, Mode, Us, {Ms0, T0}) ->
                         {Ms1, T1, [Change || Change =/= none] ++ Changes}
                 end, {Ms0, T0, []}, Lots).
 
-mode(Ms) -> maps:get(n@h, modes(Ms)).
+mode(Ms) -> maps:get(mode, maps:get(n@h, summary(Ms))).
 
 %% K windows of SAMPLES lots each, after lot Last.
 lots(Last, K) -> lists:seq(Last + 1, Last + K * ?SAMPLES).
@@ -306,7 +306,7 @@ ignores_what_measures_nothing_test() ->
     ?assertEqual({Ms1, none}, answered(n@h, not_a_tag, T1 + 100, Ms1)),
     ?assertEqual({Ms1, none}, answered(other@h, {Ref, 2, plain, 1000}, T1 + 100, Ms1)),
     ?assertEqual(#{n@h => #{mode => plain, answers => 1}}, summary(Ms1)),
-    ?assertEqual(#{}, modes(forget(n@h, Ms1))).
+    ?assertEqual(#{}, summary(forget(n@h, Ms1))).
 
 %% The peer's clock going back (it restarted) starts its meter anew, plain.
 clock_back_test() ->

@@ -96,7 +96,7 @@ run([{skip, none, W} | Rest], Lot, {Msgs, Sends, Lost}, Z) ->
     run(Rest, Lot, {Msgs + W, Sends, Lost}, Z);
 run([{lost, none, W} | Rest], Lot, {Msgs, Sends, Lost}, Z) ->
     run(Rest, Lot, {Msgs, Sends, Lost + W}, Z);
-run([{metered, Target, Vsn, Entries, {W, Bytes} = Size, {Secret, Node}} | Rest],
+run([{metered, Target, Vsn, Entries, {W, _Bytes} = Size, {Secret, Node}} | Rest],
     Lot = {Lane, {Ref, Levels}, N}, Counts, Z) ->
     {Level, Mode} = case ets:lookup_element(Levels, Ref, 2) of
                         never -> {never, plain};
@@ -104,11 +104,9 @@ run([{metered, Target, Vsn, Entries, {W, Bytes} = Size, {Secret, Node}} | Rest],
                     end,
     Tag = {Ref, N, Mode, W},
     Metered = Entries ++ [convoy_wire:meter(Lane, {Secret, Node, Tag})],
-    case convoy_compress:envelope(node(), Metered, Size, Level, Vsn) of
-        {batch, Batch} ->
-            run([{Target, Batch, W} | Rest], Lot, Counts, Z);
-        {zbatch, ZBatch, Out} ->
-            run([{Target, ZBatch, W} | Rest], Lot, Counts, [{W, Bytes, Out} | Z])
+    case convoy_compress:shipped(node(), Metered, Size, Level, Vsn) of
+        {Batch, plain} -> run([{Target, Batch, W} | Rest], Lot, Counts, Z);
+        {ZBatch, Zipped} -> run([{Target, ZBatch, W} | Rest], Lot, Counts, [Zipped | Z])
     end;
 run([{Dest, Term, W} | Rest], Lot, {Msgs, Sends, Lost}, Z) ->
     case erlang:send(Dest, Term, [noconnect]) of

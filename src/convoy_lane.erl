@@ -364,10 +364,7 @@ act({forget, Node}, _Now, S = #s{routes = Routes}) ->
     %% is never written to; a convoy route stays for shutdown barriers until a
     %% lookup finds the node plain.
     S#s{refs = maps:remove(Node, S#s.refs),
-        meters = case lists:member(Node, nodes(connected)) of
-                     true -> S#s.meters; % what it measured holds while connected
-                     false -> convoy_compress_auto:forget(Node, S#s.meters)
-                 end,
+        meters = forget_meter(Node, S#s.meters),
         routes = case Routes of
                      #{Node := plain} -> maps:remove(Node, Routes);
                      _ -> Routes
@@ -449,8 +446,8 @@ ship_route(Node, {convoy, Vsn, Inboxes}, {[{?TAG_LARGE, _, _} | _] = Wire, _Size
 ship_route(Node, {convoy, Vsn, Inboxes}, {Wire, {Msgs, _Bytes} = Size}, S0 = #s{index = I}) ->
     Target = {convoy_wire:lane_inbox(I, Inboxes), Node},
     {Probe, S} = probe(Node, S0),
-    {Batch, Zipped} = envelope(Vsn, convoy_lane_wire:entries(Wire, Vsn, Node) ++ Probe, Size,
-                               now_level(S)),
+    {Batch, Zipped} = convoy_compress:shipped(node(), convoy_lane_wire:entries(Wire, Vsn, Node)
+                                              ++ Probe, Size, now_level(S), Vsn),
     case erlang:send(Target, Batch, ?SEND_OPTS) of
         ok ->
             {{sent, 1, convoy}, compressed(Node, Zipped, S)};
@@ -473,7 +470,7 @@ courier_ops(Node, {convoy, Vsn, Inboxes}, Wire, {Msgs, _} = Size, S = #s{index =
         true ->
             {[{metered, Target, Vsn, Entries, Size, {S#s.probe_secret, Node}}], S};
         false ->
-            {Batch, Zipped} = envelope(Vsn, Entries, Size, now_level(S)),
+            {Batch, Zipped} = convoy_compress:shipped(node(), Entries, Size, now_level(S), Vsn),
             {[{Target, Batch, Msgs}], compressed(Node, Zipped, S)}
     end;
 courier_ops(Node, plain, Wire, _Size, S) ->
@@ -485,6 +482,15 @@ courier_ops(_Node, unknown, _Wire, {Msgs, _}, S) ->
 %% connection takes it: not the limit now).
 now_level(#s{rt = #runtime{compress = auto}}) -> never;
 now_level(#s{rt = #runtime{compress = Compress}}) -> Compress.
+
+%% What a node's meter measured holds while it is connected (looked up only for a
+%% node measured: forgetting an idle node is a lane's routine).
+forget_meter(Node, Meters) ->
+    case convoy_compress_auto:knows(Node, Meters)
+        andalso not lists:member(Node, nodes(connected)) of
+        true -> convoy_compress_auto:forget(Node, Meters);
+        false -> Meters
+    end.
 
 %% Under `auto', a convoy peer that reads compressed batches and meters gets its
 %% courier chunks metered (`convoy_courier', `convoy_compress_auto').
@@ -506,14 +512,6 @@ metered(Node, Tag, Now, S = #s{meters = Ms, rt = RT, index = I, couriers = Cs}) 
     _ = Level =:= none orelse not is_map_key(Node, Cs)
         orelse convoy_courier:set_level(maps:get(Node, Cs), Level),
     S#s{meters = Ms1}.
-
-%% The batch, or the batch compressed at `Level' when the peer's version allows it
-%% and it pays (`convoy_compress'), with what to count for it.
-envelope(Vsn, Entries, {Msgs, Bytes} = Size, Level) ->
-    case convoy_compress:envelope(node(), Entries, Size, Level, Vsn) of
-        {batch, Batch} -> {Batch, plain};
-        {zbatch, ZBatch, Out} -> {ZBatch, {Msgs, Bytes, Out}}
-    end.
 
 %% A compressed batch that left, or went to a courier, or that a courier
 %% compressed, counted and reported once: one that could not leave (not
