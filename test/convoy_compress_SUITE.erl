@@ -141,11 +141,17 @@ auto_behind_busy_connection(_Config) ->
                                    end, fun(K) -> K =:= convoy end, 10000),
     Receivers = [convoy_ct_seq:start(B) || _ <- lists:seq(1, ?RECEIVERS)],
     Sink = convoy_ct_peers:sink_on(B),
+    %% the blocker is queued on A's connection before the stream starts (a send
+    %% checks the buffer before it queues, so the first one goes in whole)
     ok = peer:call(PeerA, erlang, apply,
                    [fun() ->
-                            _ = spawn(fun() -> Sink ! {blocker, binary:copy(<<1>>, 1 bsl 27)} end),
-                            ok
-                    end, []]),
+                            Self = self(),
+                            _ = spawn(fun() ->
+                                              Sink ! {blocker, binary:copy(<<1>>, 1 bsl 27)},
+                                              Self ! blocker_queued
+                                      end),
+                            receive blocker_queued -> ok end
+                    end, []], 30000),
     Total = 5 * ?MESSAGES,
     ok = peer:call(PeerA, ?MODULE, stream_from, [Receivers, Total], 120000),
     PerReceiver = Total div ?RECEIVERS,
