@@ -68,9 +68,11 @@ usage() ->
     Quick = lists:join(",", [atom_to_list(N) || N <- convoy_bench_scenarios:default_selection()]),
     ["usage: bin/convoy-bench [tune SCENARIO] [options]      (or: make bench ARGS=\"...\")\n"
      "       bin/convoy-bench cost [--tiny]   what one convoy:send/2 costs, step by step\n"
-     "       bin/convoy-bench page DIR [--charts CHARTS]   a run's results as a Markdown\n"
-     "                      page on stdout (bench/RESULTS.md is one); --charts copies the\n"
-     "                      run's charts to CHARTS and links them from the page\n"
+     "       bin/convoy-bench page DIR [--also DIR2]... [--charts CHARTS]   a run's\n"
+     "                      results as a Markdown page on stdout (bench/RESULTS.md is\n"
+     "                      one); each --also run follows with its own command and host;\n"
+     "                      --charts copies the first run's charts to CHARTS and links\n"
+     "                      them from the page\n"
      "\n"
      "Compares convoy with plain distribution on nodes the harness starts itself (OTP\n"
      "peer nodes, connected over distribution; the harness node only coordinates).\n"
@@ -225,7 +227,7 @@ defaults() ->
       convoy => [], only => all, params => #{}, nodes => none, cookie => undefined,
       out => undefined, plots => true, peer_args => [], quiet => false,
       nodes_note => undefined, check => false, confirm => 3, noise => false,
-      charts => undefined}.
+      charts => undefined, also => []}.
 
 %% @doc Parse command-line arguments.
 -spec parse([string()]) -> {ok, opts()} | {error, binary()}.
@@ -240,6 +242,7 @@ parse([], O) -> O;
 parse(["cost" | R], O) -> parse(R, O#{command => cost});
 parse(["page", Dir | R], O) -> parse(R, O#{command => page, page => Dir});
 parse(["--charts", Dir | R], O) -> parse(R, O#{charts => Dir});
+parse(["--also", Dir | R], O = #{also := Also}) -> parse(R, O#{also => Also ++ [Dir]});
 parse(["tune", S | R], O) -> parse(R, O#{command => tune, tune => scenario(S)});
 parse(["--tune", S | R], O) -> parse(R, O#{command => tune, tune => scenario(S)});
 parse(["--help" | _], O) -> O#{command => help};
@@ -457,16 +460,18 @@ config(Opts, Facts, Variants, Secs) ->
 %% The commit of the checkout the harness runs in, `+' when src/ or bench/ differ
 %% from it; `null' outside a git checkout.
 commit() ->
-    case os:cmd("git rev-parse --short HEAD 2>/dev/null") of
-        [C | _] = Out when C =/= $f ->
-            Head = string:trim(Out),
+    Head = string:trim(os:cmd("git rev-parse --short HEAD 2>/dev/null")),
+    case Head =/= "" andalso lists:all(fun is_hex/1, Head) of
+        true ->
             case os:cmd("git status --porcelain -- src bench 2>/dev/null") of
                 "" -> list_to_binary(Head);
                 _ -> list_to_binary(Head ++ "+")
             end;
-        _ ->
-            null
+        false ->
+            null % not a git checkout (git's error is not a commit, though `f' starts both)
     end.
+
+is_hex(C) -> (C >= $0 andalso C =< $9) orelse (C >= $a andalso C =< $f).
 
 body(Opts = #{command := bench, scenarios := Sel}, Variants, RunOpts, Nodes0) ->
     Names = case Sel of

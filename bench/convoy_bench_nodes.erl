@@ -335,6 +335,7 @@ push_convoy(Node) ->
 %% each node routes to every other through convoy.
 set_convoy(Nodes, Wanted) ->
     ok = drain(Nodes),
+    ok = say_compressed(Nodes),
     [case erpc:call(N, application, stop, [convoy]) of
          ok -> ok;
          {error, {not_started, convoy}} -> ok
@@ -379,6 +380,24 @@ drain(Nodes, Held, Since) ->
         Less when Less < Held -> drain(Nodes, Less, Now);
         Same when Now - Since >= ?DRAIN_STALL_MS -> Same;
         Same -> drain(Nodes, Same, Since)
+    end.
+
+%% What the convoy that is about to stop compressed (`compress' set) since it
+%% started, in the cells just measured with its settings, so that a cell of
+%% `auto' can be read with what it did; nothing said when it compressed nothing.
+say_compressed(Nodes) ->
+    Counts = [Counts || N <- Nodes,
+                        #{nodes := PerNode} <- [catch erpc:call(N, convoy, info, [], 5000)],
+                        Counts <- maps:values(PerNode)],
+    Sum = fun(K) -> lists:sum([maps:get(K, C, 0) || C <- Counts]) end,
+    case Sum(compressed_batches) of
+        0 ->
+            ok;
+        Zipped ->
+            io:format(standard_error, "convoy-bench: convoy sent ~b of its ~b batches "
+                      "compressed since it started (~.1f MB in, ~.1f MB out)~n",
+                      [Zipped, Sum(batches), Sum(compressed_bytes_in) / 1.0e6,
+                       Sum(compressed_bytes_out) / 1.0e6])
     end.
 
 %% Messages convoy holds on Nodes (room taken for them until their lane ships

@@ -5,20 +5,22 @@
 %% and beside the other variants some rows are compared with (`batch''s with
 %% `convoy' and `send_many', convoy's with `manifold'), and the run's charts.
 %% `bench/RESULTS.md' is such a page, so every figure on it comes from one run
-%% whose command, date and host it prints.
+%% whose command, date and host it prints. Runs given with `--also DIR' follow
+%% the first, each under its own heading with its command, date and host (a run
+%% on a capped link, which `make bench' does not make, for example).
 -module(convoy_bench_page).
 
--export([run/1, page/2]).
+-export([run/1, page/2, page/3]).
 
 %% @doc Print the page of `Dir''s run; with `charts' set, copy the run's charts
 %% there and link them by that directory's name (the page is meant to sit in the
 %% directory above it, as bench/RESULTS.md sits above bench/charts).
--spec run(#{page := file:filename(), charts := file:filename() | undefined, _ => _}) ->
+-spec run(#{page := file:filename(), charts := file:filename() | undefined,
+            also := [file:filename()], _ => _}) ->
           {ok, map()} | {error, binary()}.
-run(#{page := Dir, charts := Charts}) ->
-    case file:read_file(filename:join(Dir, "results.json")) of
-        {ok, Json} ->
-            {ok, Result} = convoy_bench_json:decode(Json),
+run(#{page := Dir, charts := Charts, also := AlsoDirs}) ->
+    case read_all([Dir | AlsoDirs]) of
+        {ok, [Result | Also]} ->
             Pngs = filelib:wildcard("*.png", Dir),
             Links = case Charts of
                         undefined ->
@@ -29,31 +31,66 @@ run(#{page := Dir, charts := Charts}) ->
                              || P <- Pngs],
                             [filename:join(filename:basename(Charts), P) || P <- Pngs]
                     end,
-            io:put_chars(page(Result, Links)),
-            {ok, #{page => Dir, charts => Links}};
-        {error, Why} ->
-            {error, iolist_to_binary(io_lib:format("cannot read ~s/results.json: ~p",
-                                                   [Dir, Why]))}
+            io:put_chars(page(Result, Links, Also)),
+            {ok, #{page => Dir, charts => Links, also => AlsoDirs}};
+        {error, _} = Error ->
+            Error
     end.
+
+read_all(Dirs) ->
+    lists:foldr(fun(Dir, {ok, Acc}) ->
+                        case file:read_file(filename:join(Dir, "results.json")) of
+                            {ok, Json} ->
+                                {ok, Result} = convoy_bench_json:decode(Json),
+                                {ok, [Result | Acc]};
+                            {error, Why} ->
+                                {error, iolist_to_binary(
+                                          io_lib:format("cannot read ~s/results.json: ~p",
+                                                        [Dir, Why]))}
+                        end;
+                   (_Dir, Error) ->
+                        Error
+                end, {ok, []}, Dirs).
 
 %% @doc The page of a decoded results.json, linking the charts `Links' (paths as
 %% the page should write them; each chart goes with the scenario its name starts
 %% with).
 -spec page(map(), [file:filename()]) -> iolist().
-page(R = #{<<"config">> := C, <<"scenarios">> := Scenarios}, Links) ->
-    [header(C),
+page(R, Links) ->
+    page(R, Links, []).
+
+%% @doc `page/2' followed by the runs `Also', each with its own command and host.
+-spec page(map(), [file:filename()], [map()]) -> iolist().
+page(R = #{<<"config">> := C, <<"scenarios">> := Scenarios}, Links, Also) ->
+    [["# Results\n\n", "One run of the harness (`bin/convoy-bench`, see [README.md](README.md)), made with\n\n"],
+     header(C),
      reading(),
      check(R),
-     [scenario(S, Links) || S <- Scenarios]].
+     [scenario(S, Links, "##") || S <- Scenarios],
+     [also(A) || A <- Also]].
+
+%% Another run: its link (a capped one says so), command and host, its tables.
+also(R = #{<<"config">> := C, <<"scenarios">> := Scenarios}) ->
+    ["## Another run: ", lists:join(", ", [N || #{<<"name">> := N} <- Scenarios]),
+     case link_rate(maps:get(<<"args">>, C, [])) of
+         none -> "";
+         Rate -> [" on a link capped at ", Rate]
+     end,
+     "\n\nMade with\n\n",
+     header(C),
+     check(R),
+     [scenario(S, [], "###") || S <- Scenarios]].
+
+link_rate([<<"--link-rate">>, Rate | _]) -> Rate;
+link_rate([_ | Rest]) -> link_rate(Rest);
+link_rate([]) -> none.
 
 %%--------------------------------------------------------------------
 %% The host, the command, how to read
 
 header(C = #{<<"facts">> := F}) ->
-    Args = [binary_to_list(A) || A <- maps:get(<<"args">>, C, [])],
-    ["# Results\n\n",
-     "One run of the harness (`bin/convoy-bench`, see [README.md](README.md)), made with\n\n",
-     "```sh\nbin/convoy-bench ", lists:join(" ", Args), "\n```\n\n",
+    Args = [binary_to_list(A) || A <- as_typed(maps:get(<<"args">>, C, []))],
+    ["```sh\nbin/convoy-bench ", lists:join(" ", [quoted(A) || A <- Args]), "\n```\n\n",
      "| | |\n|---|---|\n",
      row("date", maps:get(<<"started">>, C, <<"?">>)),
      row("commit", maps:get(<<"commit">>, C, <<"not recorded">>)),
@@ -75,6 +112,23 @@ header(C = #{<<"facts">> := F}) ->
 
 row(K, V) ->
     ["| ", K, " | ", V, " |\n"].
+
+%% The arguments as the user typed them: `bin/convoy-bench --netns --rate R'
+%% runs the harness in a namespace with `--nodes', `--nodes-note' (the page's
+%% nodes row) and `--link-rate R' added before the user's own.
+as_typed([<<"--nodes">>, _, <<"--nodes-note">>, <<"network namespaces:", _/binary>> | Rest]) ->
+    case Rest of
+        [<<"--link-rate">>, Rate | User] -> [<<"--netns">>, <<"--rate">>, Rate | User];
+        User -> [<<"--netns">> | User]
+    end;
+as_typed(Args) ->
+    Args.
+
+quoted(A) ->
+    case lists:any(fun(C) -> lists:member(C, " []'\"") end, A) of
+        true -> [$', A, $'];
+        false -> A
+    end.
 
 reading() ->
     ["## How to read these figures\n\n",
@@ -110,7 +164,7 @@ check(_) ->
 %%--------------------------------------------------------------------
 %% A scenario
 
-scenario(S = #{<<"name">> := Name, <<"title">> := Title, <<"spec">> := Spec}, Links) ->
+scenario(S = #{<<"name">> := Name, <<"title">> := Title, <<"spec">> := Spec}, Links, Level) ->
     #{<<"primary">> := #{<<"figure">> := Fig, <<"better">> := Better}} = Spec,
     Label = label(Spec, Fig),
     Summary = maps:get(<<"summary">>, S, []),
@@ -118,7 +172,7 @@ scenario(S = #{<<"name">> := Name, <<"title">> := Title, <<"spec">> := Spec}, Li
     Rows = [E || E = #{<<"variant">> := V} <- Summary,
                  V =/= <<"local">> orelse Name =:= <<"local">>],
     Cols = columns(Rows, Fig),
-    ["## ", Name, "\n\n", Title, ".\n\n",
+    [Level, " ", Name, "\n\n", Title, ".\n\n",
      "| point | variant | ", Label, " | ", lists:join(" | ", [H || {H, _} <- Cols]), " |\n",
      "|---|---|---|", [["---|"] || _ <- Cols], "\n",
      [["| ", P, " | ", V, " | ", cell(E, Fig, Spec), " | ",

@@ -58,6 +58,8 @@ arguments(_Config) ->
         convoy_bench:parse(["--check", "--param", "deadline_ms=5"]),
     {ok, #{confirm := 3}} = convoy_bench:parse(["--check"]),
     {ok, #{confirm := 0}} = convoy_bench:parse(["--check", "--confirm", "0"]),
+    {ok, #{command := page, page := "r1", also := ["r2", "r3"], charts := "c"}} =
+        convoy_bench:parse(["page", "r1", "--also", "r2", "--charts", "c", "--also", "r3"]),
     %% plain_again runs only when asked for: by --noise or by name
     Names = fun(Args) ->
                     {ok, O} = convoy_bench:parse(Args),

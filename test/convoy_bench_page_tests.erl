@@ -26,6 +26,28 @@ page_test() ->
     Hasnt(<<"oneway8_x_plain">>),  % another scenario's chart
     Hasnt(<<"| local |">>).       % `!' on one node only in `local'
 
+%% A run given with `--also' follows under its own heading, with the command
+%% as typed (a `--netns --rate' run records the arguments the namespace got) and
+%% its host; its scenarios one level down.
+also_test() ->
+    #{<<"config">> := C} = Main = result(),
+    Capped = Main#{<<"config">> :=
+                       C#{<<"args">> := [<<"--nodes">>, <<"a@10.77.0.1,b@10.77.0.2">>,
+                                         <<"--nodes-note">>, <<"network namespaces: A=...">>,
+                                         <<"--link-rate">>, <<"100mbit">>,
+                                         <<"--scenario">>, <<"oneway">>, <<"--variants">>,
+                                         <<"plain,convoy,convoy[compress=auto]">>],
+                          <<"commit">> := <<"def5678">>}},
+    Text = iolist_to_binary(convoy_bench_page:page(Main, [], [maps:remove(<<"check">>, Capped)])),
+    Has = fun(S) -> ?assertNotEqual(nomatch, binary:match(Text, S), S) end,
+    Has(<<"## Another run: oneway on a link capped at 100mbit">>),
+    Has(<<"bin/convoy-bench --netns --rate 100mbit --scenario oneway "
+          "--variants 'plain,convoy,convoy[compress=auto]'">>),
+    Has(<<"| commit | def5678 |">>),
+    Has(<<"### oneway">>),
+    ?assertEqual(1, length(binary:matches(Text, <<"`--check`">>))),
+    ?assertEqual(1, length(binary:matches(Text, <<"# Results">>))).
+
 result() ->
     Spread = fun(Md, Lo, Hi) ->
                      #{<<"median">> => Md, <<"min">> => Lo, <<"max">> => Hi, <<"n">> => 2}
