@@ -30,6 +30,14 @@
 %% Then the first send of a fresh process, as in the seed's flood (`[fresh]'),
 %% for convoy, the guarded floor, the bare hand-over and `!'.
 %%
+%% Then a stream as `oneway' makes it (`[stream cpu]'): one process on A sends `n'
+%% messages, each built as it is sent, to a counting process on B, by convoy, by
+%% the guarded floor and by the bare hand-over, alternated `repeat' times; the CPU
+%% each node spent from the first send to the last message counted, per message
+%% (median). The steps above are each timed alone; a stream runs them all at once,
+%% the lane's per-batch work, the encoding, the receiving side and the wake-ups
+%% included, on both nodes.
+%%
 %% Last, the send call where the hot-path's cost shows (`[exchange]'): one, then
 %% four request/response pairs between A and B, both sides sending by
 %% `convoy:send/2', then by `!' behind one call to another module's function
@@ -44,6 +52,8 @@
 -export([run/1, text/1]).
 %% Called on node A.
 -export([measure/2, sink/0, exchange_server/1]).
+%% Called on node B and A by the stream rows.
+-export([stream_sink/2, stream_send/4]).
 
 -include("../src/convoy_runtime.hrl").
 
@@ -69,7 +79,8 @@ run(Opts) ->
     try
         Sink = erpc:call(B, erlang, spawn, [?MODULE, sink, []]),
         Rows = erpc:call(A, ?MODULE, measure,
-                         [Sink, #{n => N, repeat => Repeat, exchange_ms => PhaseMs}], infinity),
+                         [Sink, #{n => N, repeat => Repeat, exchange_ms => PhaseMs}], infinity)
+            ++ stream_rows(A, B, 5 * N, Repeat),
         Text = iolist_to_binary(text(Rows)),
         io:put_chars(Text),
         {ok, #{cost => Rows, text => Text}}
@@ -82,7 +93,8 @@ run(Opts) ->
 text(Rows) ->
     Ordered = [S || #{step := S, shape := atom} <- Rows],
     ["cost of one convoy:send/2 on the batched path, ns per message; [cpu]: median of "
-     "repeats, CPU time of node A; [exchange]: the call inside 1 or 4 "
+     "repeats, CPU time of node A; [stream cpu]: a one-way stream's CPU time on each "
+     "node, median of alternated runs; [exchange]: the call inside 1 or 4 "
      "request/response pairs, median of alternated phases, wall time; others: "
      "fastest of repeats, wall time\n",
      io_lib:format("  ~-62s ~9s ~9s ~9s~n", ["step" | [atom_to_list(Sh) || Sh <- ?SHAPES]]),
@@ -180,6 +192,59 @@ fresh_spawn(Self, Send, K, Acc) ->
             fresh_spawn(Self, Send, K - 1,
                         [erlang:convert_time_unit(Native, native, nanosecond) | Acc])
     end.
+
+%% The stream rows, from the harness's node: per shape, the modes alternated
+%% `R' times, each run's CPU of A and of B per message.
+-define(STREAM_MODES, [{convoy, <<"convoy:send/2">>}, {guarded, <<"guarded floor">>},
+                       {handover, <<"bare hand-over">>}]).
+
+stream_rows(A, B, N, R) ->
+    ok = convoy_bench_handover:start([A, B]),
+    try
+        lists:append(
+          [begin
+               Runs = [{Mode, stream_run(Mode, Shape, A, B, N)}
+                       || _ <- lists:seq(1, R), {Mode, _} <- ?STREAM_MODES],
+               [#{step => <<"[stream cpu] node ", Which/binary, ", per message: ", Name/binary>>,
+                  shape => Shape,
+                  ns => median([element(I, Cpu) || {M, Cpu} <- Runs, M =:= Mode])}
+                || {I, Which} <- [{1, <<"A">>}, {2, <<"B">>}], {Mode, Name} <- ?STREAM_MODES]
+           end || Shape <- ?SHAPES])
+    after
+        convoy_bench_handover:stop([A, B])
+    end.
+
+%% One stream: {A's CPU ns, B's CPU ns} per message.
+stream_run(Mode, Shape, A, B, N) ->
+    Self = self(),
+    Sink = erpc:call(B, erlang, spawn_opt, [?MODULE, stream_sink, [Self, N],
+                                            [{message_queue_data, off_heap}]]),
+    Cpu = fun() -> [element(1, erpc:call(X, erlang, statistics, [runtime])) || X <- [A, B]] end,
+    [A0, B0] = Cpu(),
+    _ = erpc:call(A, erlang, spawn, [?MODULE, stream_send, [Mode, Sink, Shape, N]]),
+    receive
+        {Sink, counted} -> ok
+    after 120000 ->
+        exit(Sink, kill),
+        error({stream_timeout, Mode, Shape})
+    end,
+    [A1, B1] = Cpu(),
+    {(A1 - A0) * 1.0e6 / N, (B1 - B0) * 1.0e6 / N}.
+
+%% @doc Counts `N' messages, then tells `Parent' (on node B).
+-spec stream_sink(pid(), non_neg_integer()) -> ok.
+stream_sink(Parent, 0) ->
+    Parent ! {self(), counted},
+    ok;
+stream_sink(Parent, N) ->
+    receive _ -> stream_sink(Parent, N - 1) end.
+
+%% @doc `N' messages of `Shape', each built as it is sent, by `Mode' (on node A).
+-spec stream_send(convoy | guarded | handover, pid(), atom | event | phoenix,
+                  non_neg_integer()) -> ok.
+stream_send(Mode, Sink, Shape, N) ->
+    _ = convoy_bench_measure:send_all(Mode, Sink, Shape, N),
+    ok.
 
 %% The send call's cost inside an exchange: the modes alternated phase by
 %% phase (the machine's load drifts), each phase on fresh pairs. One pair waits

@@ -62,10 +62,11 @@ page(R, Links) ->
 %% @doc `page/2' followed by the runs `Also', each with its own command and host.
 -spec page(map(), [file:filename()], [map()]) -> iolist().
 page(R = #{<<"config">> := C, <<"scenarios">> := Scenarios}, Links, Also) ->
-    [["# Results\n\n", "One run of the harness (`bin/convoy-bench`, see [README.md](README.md)), made with\n\n"],
+    ["# Results\n\n",
+     "One run of the harness (`bin/convoy-bench`, see [README.md](README.md)), made with\n\n",
      header(C),
      reading(),
-     check(R),
+     check(R, "##"),
      [scenario(S, Links, "##") || S <- Scenarios],
      [also(A) || A <- Also]].
 
@@ -78,7 +79,7 @@ also(R = #{<<"config">> := C, <<"scenarios">> := Scenarios}) ->
      end,
      "\n\nMade with\n\n",
      header(C),
-     check(R),
+     check(R, "###"),
      [scenario(S, [], "###") || S <- Scenarios]].
 
 link_rate([<<"--link-rate">>, Rate | _]) -> Rate;
@@ -150,8 +151,8 @@ reading() ->
      "cores, another network or other load, the same code gives other ratios.\n",
      "Compare ratios within one run; measure your own cluster with `make bench`.\n\n"].
 
-check(#{<<"check">> := #{<<"within">> := N, <<"cells">> := M} = Ch}) ->
-    ["## The check\n\n",
+check(#{<<"check">> := #{<<"within">> := N, <<"cells">> := M} = Ch}, Level) ->
+    [Level, " The check\n\n",
      io_lib:format("`--check`: ~b of ~b convoy cells within tolerance of plain (throughput "
                    "at least 0.95x, p50 at most 1.10x, p99 at most 1.25x).~n", [N, M]),
      case maps:get(<<"failures">>, Ch, []) of
@@ -161,7 +162,7 @@ check(#{<<"check">> := #{<<"within">> := N, <<"cells">> := M} = Ch}) ->
                  || #{<<"scenario">> := S, <<"point">> := P, <<"figure">> := Fig,
                       <<"ratio">> := Ra, <<"limit">> := L} <- Fs], "\n"]
      end];
-check(_) ->
+check(_, _Level) ->
     [].
 
 %%--------------------------------------------------------------------

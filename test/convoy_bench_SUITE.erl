@@ -402,6 +402,12 @@ cost_tiny(_Config) ->
     [?assertEqual(2, length([S || S <- Fresh, binary:match(S, Mode) =/= nomatch]), Mode)
      || Mode <- [<<"convoy:send/2">>, <<"send_guarded/2">>, <<"hand-over">>, <<"! to the">>]],
     [?assert(Ns > 0) || #{step := <<"[fresh] ", _/binary>>, ns := Ns} <- Rows],
+    %% a stream's CPU on each node, for convoy, the guarded floor and the bare
+    %% hand-over (CPU time in milliseconds: a tiny stream may read 0)
+    ?assertEqual([<<"[stream cpu] node ", N/binary, ", per message: ", M/binary>>
+                  || N <- [<<"A">>, <<"B">>],
+                     M <- [<<"bare hand-over">>, <<"convoy:send/2">>, <<"guarded floor">>]],
+                 [S || S = <<"[stream cpu]", _/binary>> <- Steps]),
     ok.
 
 %% Running nodes given with --nodes: the harness loads its own code there; the
