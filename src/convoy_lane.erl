@@ -466,7 +466,7 @@ ship_route(Node, plain, {Wire, _Size}, S) ->
 courier_ops(Node, {convoy, Vsn, Inboxes}, Wire, {Msgs, _} = Size, S = #s{index = I}) ->
     Target = {convoy_wire:lane_inbox(I, Inboxes), Node},
     Entries = convoy_lane_wire:entries(Wire, Vsn, Node),
-    case metered(Vsn, S) of
+    case is_metered(Vsn, S) of
         true ->
             {[{metered, Target, Vsn, Entries, Size, {S#s.probe_secret, Node}}], S};
         false ->
@@ -494,8 +494,8 @@ forget_meter(Node, Meters) ->
 
 %% Under `auto', a convoy peer that reads compressed batches and meters gets its
 %% courier chunks metered (`convoy_courier', `convoy_compress_auto').
-metered(Vsn, #s{rt = #runtime{compress = auto}}) -> convoy_wire:supports(Vsn, meter);
-metered(_Vsn, _S) -> false.
+is_metered(Vsn, #s{rt = #runtime{compress = auto}}) -> convoy_wire:supports(Vsn, meter);
+is_metered(_Vsn, _S) -> false.
 
 %% A metered chunk's meter answered, at the peer's time: the node's courier may
 %% have to change its level, and an event says when the mode chosen changed.
@@ -600,7 +600,7 @@ plain_courier(Node, Wire, S) ->
 
 courier(Node, Ops, S = #s{index = I, rt = RT, meters = Ms}) ->
     {Level, Ms1} = case maps:get(Node, S#s.routes, unknown) of
-                       {convoy, Vsn, _} -> case metered(Vsn, S) of
+                       {convoy, Vsn, _} -> case is_metered(Vsn, S) of
                                                true -> convoy_compress_auto:level(Node, Ms);
                                                false -> {never, Ms}
                                            end;

@@ -176,9 +176,7 @@ event({courier_done, Node, _DoneOrFailed}, _Now, {C = #core{couriers = Cs}, A})
     C1 = C#core{couriers = maps:remove(Node, Cs),
                 queues = convoy_batch:set_status(Node, ready, C#core.queues)},
     %% Lots it did not report sent (it was killed) are lost all the same.
-    prune(Node, lists:foldl(fun({Msgs, Marks}, CA) ->
-                                    answer_marks(Marks, dropped_count(Node, Msgs, noconnect, CA))
-                            end, {C1, A}, queue:to_list(Lots)));
+    prune(Node, drop_lots(Node, Lots, noconnect, {C1, A}));
 event({courier_sent, Node, Lot, {Sent, Sends, _Lost}} = E, _Now, {C = #core{couriers = Cs}, A})
   when is_integer(Sent), Sent >= 0, is_integer(Sends) ->
     case Cs of
@@ -225,12 +223,8 @@ event(shutdown_ship, _Now, {C, A}) ->
 event(shutdown_drop, _Now, {C, A}) ->
     %% Couriers and connectors are gone with the lane: what they carried and what
     %% is still queued cannot leave.
-    CA1 = maps:fold(fun(Node, {_, Lots, _, _}, Acc0) ->
-                            lists:foldl(fun({Msgs, Marks}, Acc) ->
-                                                answer_marks(Marks, dropped_count(Node, Msgs,
-                                                                                  shutdown, Acc))
-                                        end, Acc0, queue:to_list(Lots))
-                    end, {C#core{couriers = #{}, connecting = #{}}, A}, C#core.couriers),
+    CA1 = maps:fold(fun(Node, {_, Lots, _, _}, Acc) -> drop_lots(Node, Lots, shutdown, Acc) end,
+                    {C#core{couriers = #{}, connecting = #{}}, A}, C#core.couriers),
     lists:foldl(fun(Node, {C2, A2}) ->
                         {Entries, Q} = convoy_batch:drop(Node, C2#core.queues),
                         Q1 = convoy_batch:set_status(Node, ready, Q),
@@ -241,6 +235,12 @@ event(Event, _Now, {C, A}) ->
     {C, [{stray, Event} | A]}.
 
 queued_nodes(#core{queues = Q}) -> convoy_batch:nodes(Q).
+
+%% A courier's lots that will not be reported sent: dropped, their marks answered.
+drop_lots(Node, Lots, Reason, CA) ->
+    lists:foldl(fun({Msgs, Marks}, Acc) ->
+                        answer_marks(Marks, dropped_count(Node, Msgs, Reason, Acc))
+                end, CA, queue:to_list(Lots)).
 
 %% A courier that sent all it was given ends, and its outcome frees the node;
 %% given more since, it goes on.
@@ -566,8 +566,11 @@ holding(C = #core{npending = P, queues = Q, held = Held}) ->
     P + convoy_batch:buffered(Q) + in_flight(C) + case Held of none -> 0; _ -> 1 end.
 
 in_flight(#core{couriers = Cs, shipping = Sh}) ->
-    maps:fold(fun(_, {M, _, _, _}, Acc) -> Acc + M end, 0, Cs)
-        + maps:fold(fun(_, {M, _, _}, Acc) -> Acc + M end, 0, Sh).
+    carried(Cs) + maps:fold(fun(_, {M, _, _}, Acc) -> Acc + M end, 0, Sh).
+
+%% Messages all couriers carry.
+carried(Couriers) ->
+    maps:fold(fun(_, {M, _, _, _}, Acc) -> Acc + M end, 0, Couriers).
 
 %% @doc Messages queued (not counting pending sends, couriers or chunks out).
 -spec buffered(core()) -> non_neg_integer().
@@ -584,5 +587,5 @@ summary(C = #core{}) ->
     #{buffered => buffered(C), pending => C#core.npending, held => C#core.held,
       retiring => C#core.retiring, couriers => maps:keys(C#core.couriers),
       connecting => maps:keys(C#core.connecting), flushes => map_size(C#core.flushes),
-      in_couriers => maps:fold(fun(_, {M, _, _, _}, Acc) -> Acc + M end, 0, C#core.couriers),
+      in_couriers => carried(C#core.couriers),
       waiters => maps:fold(fun(_, Q, Acc) -> Acc + queue:len(Q) end, 0, C#core.waiters)}.

@@ -304,13 +304,11 @@ entry({?TAG_PUBLISH, _Scope, _Group, ?ANY_BATCH(K)}, _From, _Local) when ?IS_BAT
     {error, bad_entry}; % as above
 entry({?TAG_PUBLISH, Scope, Group, Msg}, _From, _Local) when is_atom(Scope) ->
     {publish, Scope, Group, Msg};
-entry({?TAG_BARRIER, ReplyTo, Tag}, From, _Local) when is_pid(ReplyTo); is_reference(ReplyTo) ->
+entry({Answered, ReplyTo, Tag}, From, _Local)
+  when (Answered =:= ?TAG_BARRIER orelse Answered =:= ?TAG_METER)
+       andalso (is_pid(ReplyTo) orelse is_reference(ReplyTo)) ->
     case node(ReplyTo) =:= From of
-        true -> {barrier, ReplyTo, Tag};
-        false -> {error, bad_entry}
-    end;
-entry({?TAG_METER, ReplyTo, Tag}, From, _Local) when is_pid(ReplyTo); is_reference(ReplyTo) ->
-    case node(ReplyTo) =:= From of
+        true when Answered =:= ?TAG_BARRIER -> {barrier, ReplyTo, Tag};
         true -> {meter, ReplyTo, Tag};
         false -> {error, bad_entry}
     end;
