@@ -41,7 +41,7 @@
 -export([calm/2, streams/2, unpaid_until/2, pays/3, quiet/2, unadmitted/3, may_bypass/2, bypass/3,
          multicast/4, pieces/3, decide/4, overload/2, held_bytes/4, constants/0]).
 %% The sender's own part: one state per sending process.
--export([own/0, reuse/1, unmarked_record/3, found/2, marked_record/5, skip/1, entry_record/3,
+-export([own/0, reuse/1, unmarked_record/3, found/2, marked_record/5, skip/1, held_record/2, entry_record/3,
          own_last/2, long_ago/1]).
 
 -export_type([size/0, calm/0, route/0, own/0]).
@@ -302,6 +302,22 @@ marked_record(Own = #own{last = Last}, Skipped, Node, Now, Window) ->
 -spec skip(undefined | non_neg_integer()) -> {skip, pos_integer()} | record.
 skip(Skipped) when is_integer(Skipped), Skipped < ?SKIP_MAX -> {skip, Skipped + 1};
 skip(_Skipped) -> record.
+
+%% @doc A marked sender's small send held behind its node's messages, its
+%% admission the lane's `V'th (`convoy_slots:admit_many/2', a count that only
+%% grows): a sender that streams (`Skipped' counting) records only the lane's
+%% every `SKIP_MAX' + 1th admission, the record standing for `SKIP_MAX' + 1 of
+%% its sends (exact for a sender alone on its lane), and writes nothing
+%% otherwise; any other sender records it as on an idle lane (`skip/1').
+-spec held_record(undefined | non_neg_integer(), integer()) ->
+          skip | {record, undefined | non_neg_integer()}.
+held_record(Skipped, V) when is_integer(Skipped) ->
+    case V rem (?SKIP_MAX + 1) of
+        0 -> {record, ?SKIP_MAX};
+        _ -> skip
+    end;
+held_record(undefined, _V) ->
+    {record, undefined}.
 
 %% @doc A multicast entry's small send to `Node' at `Now', recorded as one send:
 %% the sender's own gap since its last record to `Node'. An entry reuses no calm

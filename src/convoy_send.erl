@@ -203,7 +203,7 @@ carry_out(S = #send{rt = RT = #runtime{lanes = Lanes, max_buffered = MaxN,
     %% A marked sender's small message (every message of a flood): while anything
     %% is held for the node the lane is busy without reading it (the read that
     %% takes the message's room answers it); else the lane's calm decides.
-    {_Lanes, C, H} = kept_refs(Lanes, Node),
+    {{_Lanes, C, H}, Read} = held_refs(Lanes, Node),
     case convoy_held:hold_behind(H, Bytes, MaxN, MaxB) of
         empty ->
             Calm = convoy_sender:unheld_calm(RT, L, Node, idle(RT, L, V)),
@@ -216,7 +216,7 @@ carry_out(S = #send{rt = RT = #runtime{lanes = Lanes, max_buffered = MaxN,
                     held(hold(RT, H, Bytes), S, C, H)
             end;
         Held ->
-            convoy_sender:skipped_record(RT, L, Node),
+            convoy_sender:held_record(Read, RT, L, Node, V),
             held(Held, S, C, H)
     end;
 carry_out(S = #send{rt = RT, size = {small, Bytes}}, {held, C, H}, _V) ->
@@ -720,11 +720,12 @@ refs(Node) ->
             convoy_metrics:new_refs()
     end.
 
-%% `refs/1' as the sender keeps them while its lanes run (`convoy_sender:refs/2').
-kept_refs(Lanes, Node) ->
-    case convoy_sender:refs(Lanes, Node) of
-        undefined -> erlang:insert_element(1, refs(Node), Lanes);
-        Refs -> Refs
+%% `refs/1' as the sender keeps them while its lanes run, with its state as read
+%% (`convoy_sender:held_refs/2').
+held_refs(Lanes, Node) ->
+    case convoy_sender:held_refs(Lanes, Node) of
+        {undefined, Read} -> {erlang:insert_element(1, refs(Node), Lanes), Read};
+        Found -> Found
     end.
 
 %% Count a direct send with the node's counters, checked by a mark in the

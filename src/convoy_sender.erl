@@ -11,7 +11,8 @@
 %%   to that inbox;</li>
 %% <li>`own': its part of the adaptive policy (`convoy_path:own()': the calm it
 %%   reuses, its last recorded small send to each node);</li>
-%% <li>`skipped': the records a marked sender skipped in a row;</li>
+%% <li>`skipped': the records a marked sender skipped in a row, an integer
+%%   while it streams (`undefined' otherwise);</li>
 %% <li>`refs': the counters and held array of each node it streams to, as it read
 %%   them under the lanes then running (`refs/2').</li>
 %% </ul>
@@ -21,11 +22,11 @@
 -module(convoy_sender).
 
 -export([marker/1, is_marked/1, mark/1, mark_lane/1, mark_pieces/2, confirmed/1, unmark/1]).
--export([unmarked_calm/3, marked_calm/3, unheld_calm/4, skipped_record/3, entry_calm/3]).
--export([refs/2, forget_refs/1]).
+-export([unmarked_calm/3, marked_calm/3, unheld_calm/4, entry_calm/3]).
+-export([refs/2, held_refs/2, held_record/5, forget_refs/1]).
 -export([parts/0]).
 
--export_type([marker/0]).
+-export_type([marker/0, read/0]).
 
 -include("convoy_runtime.hrl").
 
@@ -38,6 +39,9 @@
                  skipped :: non_neg_integer() | undefined,
                  refs = #{} :: #{node() => {tuple(), counters:counters_ref(),
                                             convoy_held:held()}}}).
+
+%% The state as a send read it, or `unread'.
+-opaque read() :: #sender{} | unread.
 
 -compile({inline, [state/0, set_marked/2, slots/2, now_us/1]}).
 
@@ -127,6 +131,17 @@ refs(Lanes, Node) ->
     case get(?KEY) of
         #sender{refs = #{Node := {Lanes, _C, _H} = Refs}} -> Refs;
         _ -> keep_refs(Lanes, Node)
+    end.
+
+%% @doc `refs/2' for a marked sender's small send, which may be held behind the
+%% node's messages, with the state it was read from: `skipped/4' counts that
+%% send's skipped record on it, so a flood's send reads its state once.
+-spec held_refs(tuple(), node()) ->
+          {{tuple(), counters:counters_ref(), convoy_held:held()} | undefined, read()}.
+held_refs(Lanes, Node) ->
+    case get(?KEY) of
+        #sender{refs = #{Node := {Lanes, _C, _H} = Refs}} = S -> {Refs, S};
+        _ -> {keep_refs(Lanes, Node), unread}
     end.
 
 keep_refs(Lanes, Node) ->
@@ -223,8 +238,14 @@ record_unmarked(RT, L, Node, S, Own0) ->
 %% sends old.
 -spec marked_calm(#runtime{}, pos_integer(), node()) -> convoy_path:calm().
 marked_calm(RT = #runtime{bypass_after = W, max_delay = 0}, L, Node) when is_integer(W) ->
+    S = #sender{skipped = Skipped0} = state(),
+    marked_calm(RT, L, Node, S, Skipped0);
+marked_calm(RT, L, _Node) ->
+    forced(RT, L).
+
+%% `marked_calm/3' on the state `S', its skipped records counted `Skipped0'.
+marked_calm(RT = #runtime{bypass_after = W}, L, Node, S = #sender{own = Own0}, Skipped0) ->
     Now = now_us(RT),
-    S = #sender{own = Own0, skipped = Skipped0} = state(),
     case convoy_path:marked_record(own(Own0), skipped(Skipped0), Node, Now, W) of
         {skip, Skipped} ->
             put(?KEY, S#sender{skipped = Skipped}),
@@ -232,9 +253,7 @@ marked_calm(RT = #runtime{bypass_after = W, max_delay = 0}, L, Node) when is_int
         {record, OwnGap, Sends, Own, Skipped} ->
             put(?KEY, S#sender{own = Own, skipped = Skipped}),
             calm(RT, L, Now, OwnGap, Sends, lane)
-    end;
-marked_calm(RT, L, _Node) ->
-    forced(RT, L).
+    end.
 
 %% @doc With nothing held for the node, a marked sender's lane as its small send
 %% finds it, `Idle' after its admission or not: busy while the lane still holds
@@ -249,12 +268,12 @@ unheld_calm(RT, L, Node, Idle) ->
             marked_calm(RT, L, Node)
     end.
 
-%% @doc A marked sender's small send to its busy lane (the path does not depend
-%% on the lane's calm). A sender that its last clock reading found streaming
-%% skips this one's clock and record too, up to SKIP_MAX in a row; any other
-%% sender records it: the lane's last small send and averages stay as fresh as
-%% its senders' traffic, which the calm of every other sender on the lane reads.
--spec skipped_record(#runtime{}, pos_integer(), node()) -> ok.
+%% A marked sender's small send to its busy lane, nothing held for the node (the
+%% path does not depend on the lane's calm). A sender that its last clock
+%% reading found streaming skips this one's clock and record too, up to
+%% SKIP_MAX in a row; any other sender records it: the lane's last small send
+%% and averages stay as fresh as its senders' traffic, which the calm of every
+%% other sender on the lane reads.
 skipped_record(RT = #runtime{bypass_after = W, max_delay = 0}, L, Node) when is_integer(W) ->
     S = #sender{skipped = Skipped0} = state(),
     case convoy_path:skip(Skipped0) of
@@ -266,6 +285,23 @@ skipped_record(RT = #runtime{bypass_after = W, max_delay = 0}, L, Node) when is_
             ok
     end;
 skipped_record(RT, L, _Node) ->
+    busy = forced(RT, L),
+    ok.
+
+%% @doc A marked sender's small send held behind the node's messages, its
+%% admission the lane's `V'th, on the state `held_refs/2' read (`unread': read
+%% it): a sender that streams writes nothing but one record in `SKIP_MAX' + 1 of
+%% the lane's admissions (`convoy_path:held_record/2').
+-spec held_record(read(), #runtime{}, pos_integer(), node(), integer()) -> ok.
+held_record(unread, RT, L, Node, V) ->
+    held_record(state(), RT, L, Node, V);
+held_record(S = #sender{skipped = Skipped},
+            RT = #runtime{bypass_after = W, max_delay = 0}, L, Node, V) when is_integer(W) ->
+    case convoy_path:held_record(Skipped, V) of
+        skip -> ok;
+        {record, Stands} -> _ = marked_calm(RT, L, Node, S, Stands), ok
+    end;
+held_record(_S, RT, L, _Node, _V) ->
     busy = forced(RT, L),
     ok.
 
@@ -330,3 +366,38 @@ forced(RT, L) ->
 slots(#runtime{slots = Slots}, L) -> element(L, Slots).
 
 now_us(#runtime{clock = Clock}) -> convoy_slots:now_us(Clock).
+
+-ifdef(TEST).
+-include_lib("eunit/include/eunit.hrl").
+
+%% Held behind its node's messages, a streaming sender writes neither its state
+%% nor the lane's line but at one admission in SKIP_MAX + 1 of the lane's, where
+%% it records (the lane's last small send moves on, and its own).
+held_record_test() ->
+    #{'SKIP_MAX' := Max} = convoy_path:constants(),
+    Clock = convoy_slots:clock(),
+    Slots = convoy_slots:new(0, Clock),
+    RT = #runtime{bypass_after = 20, max_delay = 0, slots = {Slots}, clock = Clock},
+    try
+        %% records close together: the sender streams (it counts skips)
+        [_ = marked_calm(RT, 1, n@h) || _ <- lists:seq(1, 3 * Max)],
+        #sender{skipped = Skipped} = get(?KEY),
+        ?assert(is_integer(Skipped)),
+        Streaming = get(?KEY),
+        Last = convoy_slots:last_small_send(Slots),
+        timer:sleep(2), % the lanes' clock moves on
+        Period = Max + 1,
+        [begin
+             {_Refs, Read} = held_refs({}, n@h),
+             ok = held_record(Read, RT, 1, n@h, V),
+             ?assertEqual(Streaming, get(?KEY)),
+             ?assertEqual(Last, convoy_slots:last_small_send(Slots))
+         end || V <- lists:seq(Period + 1, 2 * Period - 1)],
+        ok = held_record(get(?KEY), RT, 1, n@h, 2 * Period),
+        ?assert(convoy_slots:last_small_send(Slots) > Last),
+        ?assertNotEqual(Streaming, get(?KEY))
+    after
+        erase(?KEY)
+    end.
+
+-endif.

@@ -178,6 +178,26 @@ marked_skip_test() ->
     ?assertMatch({record, 100, 16, _, undefined},
                  convoy_path:marked_record(Own1, Skipped, b@h, 16 + 1600, 20)).
 
+%% Held behind its node's messages, a streaming sender records only the lane's
+%% every SKIP_MAX + 1th admission, the record standing for SKIP_MAX + 1 sends,
+%% and skips the others whatever its count; a sender that does not stream
+%% records as on an idle lane (`skip/1': its first record then counts).
+held_record_test() ->
+    #{'SKIP_MAX' := Max} = convoy_path:constants(),
+    Period = Max + 1,
+    Records = [V || V <- lists:seq(-3 * Period, 5 * Period), % any integer
+                    convoy_path:held_record(0, V) =/= skip],
+    ?assertEqual(9, length(Records)),
+    [?assertEqual(0, V rem Period) || V <- Records],
+    [?assertEqual({record, Max}, convoy_path:held_record(S, 2 * Period)) || S <- [0, 3, Max]],
+    [?assertEqual(skip, convoy_path:held_record(S, 2 * Period + 1)) || S <- [0, 3, Max]],
+    [?assertEqual({record, undefined}, convoy_path:held_record(undefined, V))
+     || V <- [1, Period, 7]],
+    %% the record stands for Period sends: its gap per send, never a skip
+    {record, _, 1, Own0, _} = convoy_path:marked_record(convoy_path:own(), 0, b@h, 0, 20),
+    ?assertMatch({record, 2, Period, _, 0},
+                 convoy_path:marked_record(Own0, Max, b@h, 2 * Period, 20)).
+
 %% A multicast entry records one send and leaves the reuse as it is.
 entry_record_test() ->
     {_, _, Own0} = convoy_path:unmarked_record(convoy_path:own(), b@h, 0),
