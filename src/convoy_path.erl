@@ -41,10 +41,10 @@
 -export([calm/2, streams/2, unpaid_until/2, pays/3, quiet/2, unadmitted/3, may_bypass/2, bypass/3,
          multicast/4, pieces/3, decide/4, overload/2, held_bytes/4, constants/0]).
 %% The sender's own part: one state per sending process.
--export([own/0, reuse/1, unmarked_record/3, found/2, marked_record/5, skip/1, held_record/2, entry_record/3,
+-export([own/0, reuse/1, unmarked_record/3, found/2, marked_record/5, skip/1, held_record/2, counted/2, entry_record/3,
          own_last/2, long_ago/1]).
 
--export_type([size/0, calm/0, route/0, own/0]).
+-export_type([size/0, calm/0, route/0, own/0, skipped/0]).
 
 %% The constants (SETTLED_US, PAYS_X16, PROBE_US, BATCH_SENDERS, ...) and why.
 -include("convoy_policy.hrl").
@@ -82,6 +82,10 @@
               left = 0 :: non_neg_integer(),
               last = #{} :: #{node() => integer()}}).
 -opaque own() :: #own{}.
+%% A marked sender's skipped records: counted while it streams, `undefined' while
+%% it does not, `{since, V}' after a record held behind its node's messages that
+%% took the lane's admission `V' (`counted/2').
+-type skipped() :: non_neg_integer() | undefined | {since, integer()}.
 
 %% @doc The policy's constants by name (convoy_policy.hrl), as doc/design.md's
 %% table lists them.
@@ -303,15 +307,24 @@ marked_record(Own = #own{last = Last}, Skipped, Node, Now, Window) ->
 skip(Skipped) when is_integer(Skipped), Skipped < ?SKIP_MAX -> {skip, Skipped + 1};
 skip(_Skipped) -> record.
 
+%% @doc The records a marked sender skipped since its last (`skipped()'), its
+%% admission now the lane's `V'th (`none' when it has none): after a record held
+%% behind the node's messages (`{since, V0}'), the lane's admissions between the
+%% two, at most `SKIP_MAX' (exact for a sender alone on its lane; with others,
+%% more than its own, as a record's gap per send is then read short anyway).
+-spec counted(skipped(), integer() | none) -> non_neg_integer() | undefined.
+counted({since, V0}, V) when is_integer(V) -> max(0, min(V - V0 - 1, ?SKIP_MAX));
+counted({since, _V0}, none) -> 0;
+counted(Skipped, _V) -> Skipped.
+
 %% @doc A marked sender's small send held behind its node's messages, its
 %% admission the lane's `V'th (`convoy_slots:admit_many/2', a count that only
 %% grows): a sender that streams (`Skipped' counting) records only the lane's
 %% every `SKIP_MAX' + 1th admission, the record standing for `SKIP_MAX' + 1 of
 %% its sends (exact for a sender alone on its lane), and writes nothing
 %% otherwise; any other sender records it as on an idle lane (`skip/1').
--spec held_record(undefined | non_neg_integer(), integer()) ->
-          skip | {record, undefined | non_neg_integer()}.
-held_record(Skipped, V) when is_integer(Skipped) ->
+-spec held_record(skipped(), integer()) -> skip | {record, undefined | non_neg_integer()}.
+held_record(Skipped, V) when Skipped =/= undefined ->
     case V rem (?SKIP_MAX + 1) of
         0 -> {record, ?SKIP_MAX};
         _ -> skip

@@ -206,7 +206,7 @@ carry_out(S = #send{rt = RT = #runtime{lanes = Lanes, max_buffered = MaxN,
     {{_Lanes, C, H}, Read} = held_refs(Lanes, Node),
     case convoy_held:hold_behind(H, Bytes, MaxN, MaxB) of
         empty ->
-            Calm = convoy_sender:unheld_calm(RT, L, Node, idle(RT, L, V)),
+            Calm = convoy_sender:unheld_calm(RT, L, Node, idle(RT, L, V), V),
             case convoy_path:may_bypass(small, Calm) of
                 true ->
                     Row = node_row(Node),

@@ -11,8 +11,10 @@
 %%   to that inbox;</li>
 %% <li>`own': its part of the adaptive policy (`convoy_path:own()': the calm it
 %%   reuses, its last recorded small send to each node);</li>
-%% <li>`skipped': the records a marked sender skipped in a row, an integer
-%%   while it streams (`undefined' otherwise);</li>
+%% <li>`skipped': the records a marked sender skipped in a row while it
+%%   streams (`undefined' otherwise), or the lane's admission its last record
+%%   held behind the node's messages took (`{since, V}'), from which the
+%%   lane's admissions count them (`convoy_path:counted/2');</li>
 %% <li>`refs': the counters and held array of each node it streams to, as it read
 %%   them under the lanes then running (`refs/2').</li>
 %% </ul>
@@ -22,7 +24,7 @@
 -module(convoy_sender).
 
 -export([marker/1, is_marked/1, mark/1, mark_lane/1, mark_pieces/2, confirmed/1, unmark/1]).
--export([unmarked_calm/3, marked_calm/3, unheld_calm/4, entry_calm/3]).
+-export([unmarked_calm/3, marked_calm/3, unheld_calm/5, entry_calm/3]).
 -export([refs/2, held_refs/2, held_record/5, forget_refs/1]).
 -export([parts/0]).
 
@@ -36,7 +38,7 @@
 
 -record(sender, {marked = #{} :: #{node() => true | {pieces, atom()}},
                  own :: convoy_path:own() | undefined,
-                 skipped :: non_neg_integer() | undefined,
+                 skipped :: convoy_path:skipped(),
                  refs = #{} :: #{node() => {tuple(), counters:counters_ref(),
                                             convoy_held:held()}}}).
 
@@ -237,35 +239,54 @@ record_unmarked(RT, L, Node, S, Own0) ->
 %% large messages that the lane is in use, stays at most SKIP_MAX + 1 of its
 %% sends old.
 -spec marked_calm(#runtime{}, pos_integer(), node()) -> convoy_path:calm().
-marked_calm(RT = #runtime{bypass_after = W, max_delay = 0}, L, Node) when is_integer(W) ->
+marked_calm(RT, L, Node) ->
+    marked_calm(RT, L, Node, none).
+
+%% `marked_calm/3' after the sender's admission, the lane's `V'th (`none' before
+%% one: the lane's count is read if the sender's own count needs it).
+marked_calm(RT = #runtime{bypass_after = W, max_delay = 0}, L, Node, V) when is_integer(W) ->
     S = #sender{skipped = Skipped0} = state(),
-    marked_calm(RT, L, Node, S, Skipped0);
-marked_calm(RT, L, _Node) ->
+    marked_calm(RT, L, Node, S, counted(RT, L, Skipped0, V), 0);
+marked_calm(RT, L, _Node, _V) ->
     forced(RT, L).
 
-%% `marked_calm/3' on the state `S', its skipped records counted `Skipped0'.
-marked_calm(RT = #runtime{bypass_after = W}, L, Node, S = #sender{own = Own0}, Skipped0) ->
+%% `marked_calm/4' on the state `S', its skipped records counted `Skipped0'; a
+%% record that finds the sender streaming counts from `Streaming' on.
+marked_calm(RT = #runtime{bypass_after = W}, L, Node, S = #sender{own = Own0}, Skipped0,
+            Streaming) ->
     Now = now_us(RT),
     case convoy_path:marked_record(own(Own0), skipped(Skipped0), Node, Now, W) of
         {skip, Skipped} ->
             put(?KEY, S#sender{skipped = Skipped}),
             busy;
-        {record, OwnGap, Sends, Own, Skipped} ->
+        {record, OwnGap, Sends, Own, Next} ->
+            Skipped = case Next of
+                          0 -> Streaming;
+                          undefined -> undefined
+                      end,
             put(?KEY, S#sender{own = Own, skipped = Skipped}),
             calm(RT, L, Now, OwnGap, Sends, lane)
     end.
 
+%% The records the sender skipped since its last: after one held behind the
+%% node's messages, counted by the lane's admissions since (`convoy_path:counted/2').
+counted(RT, L, {since, _} = Skipped, none) ->
+    convoy_path:counted(Skipped, convoy_slots:admitted(slots(RT, L)));
+counted(_RT, _L, Skipped, V) ->
+    convoy_path:counted(Skipped, V).
+
 %% @doc With nothing held for the node, a marked sender's lane as its small send
-%% finds it, `Idle' after its admission or not: busy while the lane still holds
-%% admitted messages (recorded as a skip), else its calm.
--spec unheld_calm(#runtime{}, pos_integer(), node(), boolean()) -> convoy_path:calm().
-unheld_calm(RT, L, Node, Idle) ->
+%% finds it, `Idle' after its admission (the lane's `V'th) or not: busy while the
+%% lane still holds admitted messages (recorded as a skip), else its calm.
+-spec unheld_calm(#runtime{}, pos_integer(), node(), boolean(), integer()) ->
+          convoy_path:calm().
+unheld_calm(RT, L, Node, Idle, V) ->
     case Idle of
         false ->
-            skipped_record(RT, L, Node),
+            skipped_record(RT, L, Node, V),
             busy;
         true ->
-            marked_calm(RT, L, Node)
+            marked_calm(RT, L, Node, V)
     end.
 
 %% A marked sender's small send to its busy lane, nothing held for the node (the
@@ -274,17 +295,17 @@ unheld_calm(RT, L, Node, Idle) ->
 %% SKIP_MAX in a row; any other sender records it: the lane's last small send
 %% and averages stay as fresh as its senders' traffic, which the calm of every
 %% other sender on the lane reads.
-skipped_record(RT = #runtime{bypass_after = W, max_delay = 0}, L, Node) when is_integer(W) ->
+skipped_record(RT = #runtime{bypass_after = W, max_delay = 0}, L, Node, V) when is_integer(W) ->
     S = #sender{skipped = Skipped0} = state(),
-    case convoy_path:skip(Skipped0) of
+    case convoy_path:skip(convoy_path:counted(Skipped0, V)) of
         {skip, Skipped} ->
             put(?KEY, S#sender{skipped = Skipped}),
             ok;
         record ->
-            _ = marked_calm(RT, L, Node),
+            _ = marked_calm(RT, L, Node, V),
             ok
     end;
-skipped_record(RT, L, _Node) ->
+skipped_record(RT, L, _Node, _V) ->
     busy = forced(RT, L),
     ok.
 
@@ -299,7 +320,7 @@ held_record(S = #sender{skipped = Skipped},
             RT = #runtime{bypass_after = W, max_delay = 0}, L, Node, V) when is_integer(W) ->
     case convoy_path:held_record(Skipped, V) of
         skip -> ok;
-        {record, Stands} -> _ = marked_calm(RT, L, Node, S, Stands), ok
+        {record, Stands} -> _ = marked_calm(RT, L, Node, S, Stands, {since, V}), ok
     end;
 held_record(_S, RT, L, _Node, _V) ->
     busy = forced(RT, L),

@@ -193,6 +193,15 @@ held_record_test() ->
     [?assertEqual(skip, convoy_path:held_record(S, 2 * Period + 1)) || S <- [0, 3, Max]],
     [?assertEqual({record, undefined}, convoy_path:held_record(undefined, V))
      || V <- [1, Period, 7]],
+    %% after such a record, the sender counts from the lane's admission it took
+    ?assertEqual(skip, convoy_path:held_record({since, Period}, 2 * Period + 1)),
+    ?assertEqual({record, Max}, convoy_path:held_record({since, Period}, 2 * Period)),
+    %% its skips, counted by the lane's admissions since (at most SKIP_MAX)
+    ?assertEqual(4, convoy_path:counted({since, -10}, -5)), % the count may be any integer
+    ?assertEqual(0, convoy_path:counted({since, 10}, 11)),
+    ?assertEqual(Max, convoy_path:counted({since, 10}, 10 + 100)),
+    ?assertEqual(0, convoy_path:counted({since, 10}, none)),
+    [?assertEqual(S, convoy_path:counted(S, 99)) || S <- [undefined, 0, 3]],
     %% the record stands for Period sends: its gap per send, never a skip
     {record, _, 1, Own0, _} = convoy_path:marked_record(convoy_path:own(), 0, b@h, 0, 20),
     ?assertMatch({record, 2, Period, _, 0},
