@@ -41,8 +41,8 @@
 -export([calm/2, streams/2, unpaid_until/2, pays/3, quiet/2, unadmitted/3, may_bypass/2, bypass/3,
          multicast/4, pieces/3, decide/4, overload/2, held_bytes/4, constants/0]).
 %% The sender's own part: one state per sending process.
--export([own/0, reuse/1, unmarked_record/3, found/2, marked_record/5, skip/1, held_record/2, counted/2, entry_record/3,
-         own_last/2, long_ago/1]).
+-export([own/0, reuse/1, unmarked_record/3, found/2, marked_record/5, skip/1, held_record/2,
+         counted/2, entry_record/3, own_last/2, long_ago/1]).
 
 -export_type([size/0, calm/0, route/0, own/0, skipped/0]).
 

@@ -136,8 +136,8 @@ refs(Lanes, Node) ->
     end.
 
 %% @doc `refs/2' for a marked sender's small send, which may be held behind the
-%% node's messages, with the state it was read from: `skipped/4' counts that
-%% send's skipped record on it, so a flood's send reads its state once.
+%% node's messages, with the state it was read from: `held_record/5' decides
+%% on it whether that send records, so a flood's send reads its state once.
 -spec held_refs(tuple(), node()) ->
           {{tuple(), counters:counters_ref(), convoy_held:held()} | undefined, read()}.
 held_refs(Lanes, Node) ->
