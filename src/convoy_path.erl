@@ -70,8 +70,10 @@
 %% sender's state): a calm it found and may take as found for `left' more small
 %% sends (`CALM_REUSE'), and its last recorded small send to each node (the lanes'
 %% clock). The small sends a marked sender made without recording them since its
-%% last record (`SKIP_MAX') are a count beside it in that state: it changes on
-%% nearly every send of a flood.
+%% last record (`SKIP_MAX') are a count beside it in that state (`skipped()'),
+%% except while its node has messages held, a flood's every send: then the lane's
+%% admissions count them (`held_record/2', `counted/2') and the send writes
+%% nothing.
 %% Streaming is judged per node, as a lane batches per node: a sender that sends
 %% one message to each of several nodes in a row (a broadcast) streams to none of
 %% them. A record's gap is divided by all the sends it stands for, to any node
