@@ -16,7 +16,7 @@
 %%   held behind the node's messages took (`{since, V}'), from which the
 %%   lane's admissions count them (`convoy_path:counted/2');</li>
 %% <li>`refs': the counters and held array of each node it streams to, as it read
-%%   them under the lanes then running (`refs/2').</li>
+%%   them under the lanes then running (`held_refs/2').</li>
 %% </ul>
 %% What it collects inside `convoy:batch/1' is kept apart (`convoy_scope').
 %% A process that never sent remotely has no entry, and the paths that need no
@@ -25,7 +25,7 @@
 
 -export([marker/1, is_marked/1, mark/1, mark_lane/1, mark_pieces/2, confirmed/1, unmark/1]).
 -export([unmarked_calm/3, marked_calm/3, unheld_calm/5, entry_calm/3]).
--export([refs/2, held_refs/2, held_record/5, forget_refs/1]).
+-export([held_refs/2, held_record/5, forget_refs/1]).
 -export([parts/0]).
 
 -export_type([marker/0, read/0]).
@@ -124,20 +124,12 @@ set_marked(Node, Marker) ->
 %% @doc `{Lanes, C, H}': `Node''s counters and held array (`convoy_peers:refs/1'),
 %% read once per node while `Lanes' run, then kept (a flood's sender would
 %% otherwise read them at each send, and reading a `persistent_term' by a tuple
-%% key hashes it). A row convoy_peers forgets is closed first, and the sender that
-%% finds it closed forgets it here (`forget_refs/1'); a convoy started again runs
-%% other lanes. `undefined' while convoy's tree is torn down.
--spec refs(tuple(), node()) ->
-          {tuple(), counters:counters_ref(), convoy_held:held()} | undefined.
-refs(Lanes, Node) ->
-    case get(?KEY) of
-        #sender{refs = #{Node := {Lanes, _C, _H} = Refs}} -> Refs;
-        _ -> keep_refs(Lanes, Node)
-    end.
-
-%% @doc `refs/2' for a marked sender's small send, which may be held behind the
-%% node's messages, with the state it was read from: `held_record/5' decides
-%% on it whether that send records, so a flood's send reads its state once.
+%% key hashes it), with the state they were read from: `held_record/5' decides
+%% on it whether a send held behind the node's messages records, so a flood's
+%% send reads its state once (`unread' when the row was read, and kept, now). A
+%% row convoy_peers forgets is closed first, and the sender that finds it closed
+%% forgets it here (`forget_refs/1'); a convoy started again runs other lanes.
+%% `undefined' while convoy's tree is torn down.
 -spec held_refs(tuple(), node()) ->
           {{tuple(), counters:counters_ref(), convoy_held:held()} | undefined, read()}.
 held_refs(Lanes, Node) ->

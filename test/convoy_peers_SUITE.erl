@@ -373,7 +373,7 @@ direct_count_after_forget(_Config) ->
     exit(Sender, kill),
     peer:stop(Peer2).
 
-%% A marked sender keeps its node's row (`convoy_sender:refs/2'): once the row is
+%% A marked sender keeps its node's row (`convoy_sender:held_refs/2'): once the row is
 %% forgotten (closed) it reads the new one, and once convoy is started again it
 %% reads the new instance's. Every message is counted in the row of its time and
 %% delivered, and nothing stays held.
