@@ -75,6 +75,9 @@
 
 %% @doc See `convoy:cast/2'.
 -spec cast(convoy:server_ref(), term()) -> ok.
+cast(Pid, Request) when is_pid(Pid), node(Pid) =/= node() ->
+    %% a server on another node by pid, the usual cast: nothing to catch
+    convoy_route:send_remote(node(Pid), Pid, {'$gen_cast', Request});
 cast({global, Name} = Ref, Request) ->
     cast_registered(Ref, fun() -> global:whereis_name(Name) end, Request);
 cast({via, Mod, Name} = Ref, Request) ->

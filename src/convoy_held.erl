@@ -62,6 +62,9 @@
 
 -export_type([held/0, bound/0, shares/0]).
 
+%% A flood's every send takes its room through them.
+-compile({inline, [fits/5, within/2]}).
+
 -opaque held() :: atomics:atomics_ref().
 -opaque shares() :: atomics:atomics_ref().
 -type bound() :: pos_integer() | infinity.

@@ -87,10 +87,10 @@ remote(undefined, Node, To, Msg) ->
     after_pieces(undefined, Node, {To, Msg}, fun() -> plain_send(Node, [To], Msg) end);
 remote(RT = #runtime{stopping = true}, Node, To, Msg) ->
     after_pieces(RT, Node, {To, Msg}, fun() -> stopping(RT, Node, [To], Msg) end);
-remote(RT = #runtime{large_threshold = T}, Node, To, Msg) ->
+remote(RT = #runtime{large_threshold = T, lanes = Lanes}, Node, To, Msg) ->
     L = lane_of(RT),
     Size = convoy_size:measure(Msg, T), % measured once: {small | large, Bytes}
-    case convoy_sender:marker(Node) of
+    case convoy_sender:marked(Node, Lanes) of
         false ->
             unmarked(RT, L, Node, To, Msg, Size);
         true ->
@@ -102,7 +102,10 @@ remote(RT = #runtime{large_threshold = T}, Node, To, Msg) ->
             case lane_inbox(L, Node) of
                 Inbox -> after_marked(S);
                 _Other -> settle(RT, Node, Inbox, {To, Msg}, fun() -> after_marked(S) end)
-            end
+            end;
+        Kept ->
+            %% marked, the node's row kept: a flood's every send
+            bracket(context(RT, L, Node, To, Msg, Size), {marked, Kept})
     end.
 
 after_marked(S = #send{rt = RT, lane = L, node = Node, size = Size}) ->
@@ -197,13 +200,16 @@ bracket(Job, Plan, Slots, K) ->
     end.
 
 %% What an admitted job does now: `{Handed, Then}'.
-carry_out(S = #send{rt = RT = #runtime{lanes = Lanes, max_buffered = MaxN,
-                                        max_buffered_bytes = MaxB},
-                    lane = L, node = Node, size = {small, Bytes}}, marked, V) ->
-    %% A marked sender's small message (every message of a flood): while anything
-    %% is held for the node the lane is busy without reading it (the read that
-    %% takes the message's room answers it); else the lane's calm decides.
-    {{_Lanes, C, H}, Read} = held_refs(Lanes, Node),
+carry_out(S = #send{rt = #runtime{lanes = Lanes}, node = Node, size = {small, _}}, marked,
+          V) ->
+    carry_out(S, {marked, held_refs(Lanes, Node)}, V);
+carry_out(S = #send{rt = RT = #runtime{max_buffered = MaxN, max_buffered_bytes = MaxB},
+                    lane = L, node = Node, size = {small, Bytes}},
+          {marked, {{_Lanes, C, H}, Read}}, V) ->
+    %% A marked sender's small message (every message of a flood), the node's
+    %% row as kept: while anything is held for the node the lane is busy without
+    %% reading it (the read that takes the message's room answers it); else the
+    %% lane's calm decides.
     case convoy_held:hold_behind(H, Bytes, MaxN, MaxB) of
         empty ->
             Calm = convoy_sender:unheld_calm(RT, L, Node, idle(RT, L, V), V),
@@ -225,6 +231,8 @@ carry_out(S = #send{rt = RT, size = {small, Bytes}}, {held, C, H}, _V) ->
         Other -> held(Other, S, C, H)
     end;
 carry_out(S, marked, V) ->
+    calm_path(S, busy, V); % a large one
+carry_out(S, {marked, _Kept}, V) ->
     calm_path(S, busy, V); % a large one
 carry_out(S, {calm, Calm}, V) ->
     calm_path(S, Calm, V);

@@ -23,7 +23,7 @@
 %% state (a fresh process's first send to a busy node) write none.
 -module(convoy_sender).
 
--export([marker/1, is_marked/1, mark/1, mark_lane/1, mark_pieces/2, confirmed/1, unmark/1]).
+-export([marker/1, marked/2, is_marked/1, mark/1, mark_lane/1, mark_pieces/2, confirmed/1, unmark/1]).
 -export([unmarked_calm/3, marked_calm/3, unheld_calm/5, entry_calm/3]).
 -export([held_refs/2, held_record/5, forget_refs/1]).
 -export([parts/0]).
@@ -62,6 +62,21 @@ marker(Node) ->
     case get(?KEY) of
         #sender{marked = #{Node := Marker}} -> Marker;
         _ -> false
+    end.
+
+%% @doc `marker/1' and, for a sender marked `true' that kept `Node''s row under
+%% `Lanes' (`held_refs/2'), that row with the state it was read from, in the
+%% one read: a flood's every send reads its state once.
+-spec marked(node(), tuple()) ->
+          marker() | {{tuple(), counters:counters_ref(), convoy_held:held()}, read()}.
+marked(Node, Lanes) ->
+    case get(?KEY) of
+        #sender{marked = #{Node := true}, refs = #{Node := {Lanes, _C, _H} = Refs}} = S ->
+            {Refs, S};
+        #sender{marked = #{Node := Marker}} ->
+            Marker;
+        _ ->
+            false
     end.
 
 %% @doc Whether the calling process's traffic to `Node' went through a lane or
@@ -382,6 +397,26 @@ now_us(#runtime{clock = Clock}) -> convoy_slots:now_us(Clock).
 
 -ifdef(TEST).
 -include_lib("eunit/include/eunit.hrl").
+
+%% One read answers the marker and, marked `true', the node's row as kept under
+%% the lanes running.
+marked_test() ->
+    try
+        ?assertEqual(false, marked(n@h, {lane})),
+        ok = mark_lane(n@h),
+        ?assertEqual(true, marked(n@h, {lane})),
+        {C, _} = convoy_metrics:new_refs(),
+        Refs = {{lane}, C, convoy_held:new()},
+        put(?KEY, (get(?KEY))#sender{refs = #{n@h => Refs}}),
+        S = get(?KEY),
+        ?assertEqual({Refs, S}, marked(n@h, {lane})),
+        ?assertEqual(true, marked(n@h, {other_lane})), % kept under lanes gone
+        ?assertEqual(false, marked(m@h, {lane})),
+        ok = mark_pieces(n@h, inbox_1),
+        ?assertEqual({pieces, inbox_1}, marked(n@h, {lane}))
+    after
+        erase(?KEY)
+    end.
 
 %% Held behind its node's messages, a streaming sender writes neither its state
 %% nor the lane's line but at one admission in SKIP_MAX + 1 of the lane's, where

@@ -28,6 +28,9 @@
 %% A fun's own words, not counting what it captured.
 -define(FUN_WORDS, 8).
 
+%% Every remote send measures its message once.
+-compile({inline, [bytes/1]}).
+
 %% @doc True when `Term''s size is at least `Threshold' bytes.
 -spec is_large(term(), non_neg_integer() | infinity) -> boolean().
 is_large(_Term, infinity) -> false;
