@@ -324,8 +324,10 @@ counted(Skipped, _V) -> Skipped.
 %% grows): a sender that streams (`Skipped' counting) records only the lane's
 %% every `SKIP_MAX' + 1th admission, the record standing for `SKIP_MAX' + 1 of
 %% its sends (exact for a sender alone on its lane), and writes nothing
-%% otherwise; any other sender records it as on an idle lane (`skip/1').
--spec held_record(skipped(), integer()) -> skip | {record, undefined | non_neg_integer()}.
+%% otherwise (`streaming': a sender known to count, its count not read); any
+%% other sender records it as on an idle lane (`skip/1').
+-spec held_record(skipped() | streaming, integer()) ->
+          skip | {record, undefined | non_neg_integer()}.
 held_record(Skipped, V) when Skipped =/= undefined ->
     case V rem (?SKIP_MAX + 1) of
         0 -> {record, ?SKIP_MAX};

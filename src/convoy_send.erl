@@ -24,7 +24,7 @@
 %%   clears it.</li>
 %% </ol>
 %%
-%% The admission bracket (`bracket/2'): every message that may touch the lane is
+%% The admission bracket (`bracket/5'): every message that may touch the lane is
 %% admitted there, once, and its admission ends there, once: handed to the lane
 %% (which disposes of it when it ships the message), or disposed of by the
 %% sender before anything that may wait (a barrier, the lane's drain, room in
@@ -75,7 +75,7 @@
 %% The bracket and a flood's path through it are inlined: every message of a
 %% flood takes them (measured: reductions per send, `bin/convoy-bench cost').
 -compile({inline, [slots/2, size_kind/1, idle/3, context/6, count_direct/1, hold/3,
-                   bracket/2, bracket/4, carry_out/3, held/4]}).
+                   bracket/2, bracket/5, job/3, carry_out/5, carry_out/3, held/4]}).
 
 %%--------------------------------------------------------------------
 %% One message
@@ -89,23 +89,34 @@ remote(RT = #runtime{stopping = true}, Node, To, Msg) ->
     after_pieces(RT, Node, {To, Msg}, fun() -> stopping(RT, Node, [To], Msg) end);
 remote(RT = #runtime{large_threshold = T, lanes = Lanes}, Node, To, Msg) ->
     L = lane_of(RT),
-    Size = convoy_size:measure(Msg, T), % measured once: {small | large, Bytes}
+    Bytes = convoy_size:bytes(Msg), % measured once
     case convoy_sender:marked(Node, Lanes) of
         false ->
-            unmarked(RT, L, Node, To, Msg, Size);
+            unmarked(RT, L, Node, To, Msg, convoy_size:sized(Bytes, T));
         true ->
-            bracket(context(RT, L, Node, To, Msg, Size), marked);
+            bracket(context(RT, L, Node, To, Msg, convoy_size:sized(Bytes, T)), marked);
         {pieces, Inbox} ->
             %% off a flood's path: a message handed to the lane here ends the
             %% marker (`hand_over/1')
-            S = context(RT, L, Node, To, Msg, Size),
-            case lane_inbox(L, Node) of
+            S = context(RT, L, Node, To, Msg, convoy_size:sized(Bytes, T)),
+            case convoy_row:lane_inbox(L, Node) of
                 Inbox -> after_marked(S);
                 _Other -> settle(RT, Node, Inbox, {To, Msg}, fun() -> after_marked(S) end)
             end;
-        Kept ->
-            %% marked, the node's row kept: a flood's every send
-            bracket(context(RT, L, Node, To, Msg, Size), {marked, Kept})
+        Refs ->
+            %% marked and streaming, the node's row kept: a flood's every send
+            streaming(RT, L, Node, To, Msg, Bytes, Refs)
+    end.
+
+%% A streaming sender's message, the node's row kept (`Refs'). A small one's job
+%% is the lane's message itself, the runtime and the lane beside it: a flood's
+%% send makes that term and no other (each term a sender makes brings its next
+%% garbage collection nearer); its context is made only if it leaves the
+%% flood's path (`job/3').
+streaming(RT = #runtime{large_threshold = T}, L, Node, To, Msg, Bytes, Refs) ->
+    case convoy_size:is_small(Bytes, T) of
+        true -> bracket({?TAG_SEND, Node, To, Msg, Bytes}, Refs, RT, L, 1);
+        false -> bracket(context(RT, L, Node, To, Msg, convoy_size:sized(Bytes, T)), marked)
     end.
 
 after_marked(S = #send{rt = RT, lane = L, node = Node, size = Size}) ->
@@ -137,6 +148,13 @@ unmarked(RT, L, Node, To, Msg, Size) ->
 context(RT, L, Node, To, Msg, Size) ->
     #send{rt = RT, lane = L, node = Node, to = To, msg = Msg, size = Size}.
 
+%% A job as the paths after the admission take it: a streaming sender's
+%% (`streaming/7') as any other send's.
+job({?TAG_SEND, Node, To, Msg, Bytes}, RT, L) ->
+    context(RT, L, Node, To, Msg, {small, Bytes});
+job(Job, _RT, _L) ->
+    Job.
+
 %% Unadmitted: in pieces to a peer that reads them, else sent now; if the
 %% connection is busy or down, the lane takes it.
 direct(RT, L, Node, To, Msg, {large, B} = Size) ->
@@ -146,13 +164,13 @@ direct(RT, L, Node, To, Msg, {large, B} = Size) ->
     end;
 direct(RT, L, Node, To, Msg, Size) ->
     case erlang:send(convoy_wire:address(To, Node), Msg, ?DIRECT_OPTS) of
-        ok -> count_direct_to(Node);
+        ok -> convoy_row:count_direct(Node);
         _NoSuspendOrNoConnect -> bracket(context(RT, L, Node, To, Msg, Size), lane)
     end.
 
 direct_send(S = #send{node = Node, to = To, msg = Msg}) ->
     case erlang:send(convoy_wire:address(To, Node), Msg, ?DIRECT_OPTS) of
-        ok -> count_direct_to(Node);
+        ok -> convoy_row:count_direct(Node);
         _NoSuspendOrNoConnect -> bracket(S, lane)
     end.
 
@@ -173,66 +191,62 @@ together(RT, Nodes) ->
     bracket(#many{rt = RT, lane = lane_of(RT), nodes = Nodes, count = count(Nodes)}, together).
 
 %% The one admission of a message (or of `send_many/1''s messages) and the one
-%% place where the sender ends it. `Plan' is what was decided before the
-%% admission. `carry_out/3' never disposes: it returns how many admissions the
+%% place where the sender ends it: `bracket/5', for a job, the plan decided
+%% before the admission, the runtime, the lane and how many admissions.
+%% `carry_out/5' never disposes: it returns how many admissions the
 %% lane took over and what is left to do, which runs after the others are
 %% disposed of (a wait, a message in pieces, a start over through the bracket).
 %% On a closed lane (retired or stopping; its successor is already published)
 %% the message starts again.
 bracket(S = #send{rt = RT, lane = L}, Plan) ->
-    bracket(S, Plan, slots(RT, L), 1);
+    bracket(S, Plan, RT, L, 1);
 bracket(M = #many{rt = RT, lane = L, count = K}, Plan) ->
-    bracket(M, Plan, slots(RT, L), K).
+    bracket(M, Plan, RT, L, K).
 
-bracket(Job, Plan, Slots, K) ->
+bracket(Job, Plan, RT, L, K) ->
+    Slots = slots(RT, L),
     V = convoy_slots:admit_many(Slots, K),
     case convoy_slots:is_closed(V) of
         true ->
-            again(Job, Plan);
+            again(job(Job, RT, L), Plan);
         false ->
-            case carry_out(Job, Plan, V) of
+            case carry_out(Job, Plan, V, RT, L) of
                 {K, ok} ->
                     ok; % all handed to the lane (a flood's every message)
                 {Handed, Then} ->
                     ok = convoy_slots:dispose(Slots, K - Handed),
-                    then(Job, Then)
+                    then(job(Job, RT, L), Then)
             end
     end.
 
 %% What an admitted job does now: `{Handed, Then}'.
+carry_out({?TAG_SEND, Node, _To, _Msg, Bytes} = Handed, {_Lanes, C, H}, V,
+          RT = #runtime{lanes = Lanes, max_buffered = MaxN, max_buffered_bytes = MaxB}, L) ->
+    %% A streaming sender's small message (every message of a flood): handed
+    %% over while the node has messages held, as `marked_held/6' would.
+    case convoy_held:hold_behind(H, Bytes, MaxN, MaxB) of
+        ok ->
+            convoy_sender:held_record(streaming, RT, L, Node, V),
+            erlang:send(element(L, Lanes), Handed),
+            {1, ok};
+        Other ->
+            marked_held(Other, job(Handed, RT, L), C, H, streaming, V)
+    end;
+carry_out(Job, Plan, V, _RT, _L) ->
+    carry_out(Job, Plan, V).
+
 carry_out(S = #send{rt = #runtime{lanes = Lanes}, node = Node, size = {small, _}}, marked,
           V) ->
-    carry_out(S, {marked, held_refs(Lanes, Node)}, V);
-carry_out(S = #send{rt = RT = #runtime{max_buffered = MaxN, max_buffered_bytes = MaxB},
-                    lane = L, node = Node, size = {small, Bytes}},
-          {marked, {{_Lanes, C, H}, Read}}, V) ->
-    %% A marked sender's small message (every message of a flood), the node's
-    %% row as kept: while anything is held for the node the lane is busy without
-    %% reading it (the read that takes the message's room answers it); else the
-    %% lane's calm decides.
-    case convoy_held:hold_behind(H, Bytes, MaxN, MaxB) of
-        empty ->
-            Calm = convoy_sender:unheld_calm(RT, L, Node, idle(RT, L, V), V),
-            case convoy_path:may_bypass(small, Calm) of
-                true ->
-                    Row = node_row(Node),
-                    perform(S, convoy_path:decide(small, Calm, element(1, Row), false), Row,
-                            none);
-                false ->
-                    held(hold(RT, H, Bytes), S, C, H)
-            end;
-        Held ->
-            convoy_sender:held_record(Read, RT, L, Node, V),
-            held(Held, S, C, H)
-    end;
+    {{_Lanes, C, H}, Read} = convoy_row:held_refs(Lanes, Node),
+    #send{rt = #runtime{max_buffered = MaxN, max_buffered_bytes = MaxB},
+          size = {small, Bytes}} = S,
+    marked_held(convoy_held:hold_behind(H, Bytes, MaxN, MaxB), S, C, H, Read, V);
 carry_out(S = #send{rt = RT, size = {small, Bytes}}, {held, C, H}, _V) ->
     case hold(RT, H, Bytes) of
         ok -> hand_over(S);
         Other -> held(Other, S, C, H)
     end;
 carry_out(S, marked, V) ->
-    calm_path(S, busy, V); % a large one
-carry_out(S, {marked, _Kept}, V) ->
     calm_path(S, busy, V); % a large one
 carry_out(S, {calm, Calm}, V) ->
     calm_path(S, Calm, V);
@@ -251,6 +265,24 @@ carry_out(#many{nodes = Nodes, rt = RT, lane = L, count = K}, together, V) ->
 carry_out(#many{rt = RT, lane = L, nodes = Nodes}, lane, _V) ->
     hand_over_many(RT, L, Nodes).
 
+%% A marked sender's small message, the node's row as kept, its room asked for
+%% (`convoy_held:hold_behind/4'): while anything is held for the node the lane
+%% is busy without reading it (the read that takes the message's room answers
+%% it); else the lane's calm decides.
+marked_held(empty, S = #send{rt = RT, lane = L, node = Node, size = {small, Bytes}}, C, H,
+            _Read, V) ->
+    Calm = convoy_sender:unheld_calm(RT, L, Node, idle(RT, L, V), V),
+    case convoy_path:may_bypass(small, Calm) of
+        true ->
+            Row = convoy_row:read(Node),
+            perform(S, convoy_path:decide(small, Calm, element(1, Row), false), Row, none);
+        false ->
+            held(hold(RT, H, Bytes), S, C, H)
+    end;
+marked_held(Held, S = #send{rt = RT, lane = L, node = Node}, C, H, Read, V) ->
+    convoy_sender:held_record(Read, RT, L, Node, V),
+    held(Held, S, C, H).
+
 %% An admitted message whose sender found the lane's calm: the lane's view and
 %% whether a large one goes in pieces, then `convoy_path:decide/4'.
 calm_path(S = #send{rt = RT, lane = L, node = Node, size = Size}, Calm, V) ->
@@ -260,7 +292,7 @@ calm_path(S = #send{rt = RT, lane = L, node = Node, size = Size}, Calm, V) ->
                  _ -> none
              end,
     Row = case convoy_path:may_bypass(Kind, Calm) andalso idle(RT, L, V) of
-              true -> node_row(Node);
+              true -> convoy_row:read(Node);
               false -> {busy, undefined, none}
           end,
     perform(S, convoy_path:decide(Kind, Calm, element(1, Row), Pieces =/= none), Row, Pieces).
@@ -377,7 +409,7 @@ entry_path(S = #send{rt = RT, lane = L, node = Node, to = Tos, size = Size}, V) 
                small -> convoy_sender:entry_calm(RT, L, Node)
            end,
     {Route, C, Inboxes} = case Idle of
-                              true -> multi_row(Node, Tos);
+                              true -> convoy_row:read_multi(Node, Tos);
                               false -> {none, undefined, none}
                           end,
     case convoy_path:multicast(Kind, Calm, Idle, Route) of
@@ -412,7 +444,7 @@ wire_entry(Entry) -> Entry.
 %% never ships them in a batch with small ones (convoy_batch).
 to_lane(S = #send{rt = RT, node = Node, size = Size}) ->
     {_Tag, Bytes} = kind(Size),
-    {C, H} = refs(Node),
+    {C, H} = convoy_row:refs(Node),
     case hold(RT, H, Bytes) of
         ok -> hand_over(S);
         full -> overloaded(S, C, H);
@@ -499,7 +531,7 @@ held_sends(_RT, [], Sends, N, Left) ->
 held_sends(RT = #runtime{max_buffered = MaxN, max_buffered_bytes = MaxB},
            [{Node, Entries, Bytes, {_, Tos} = Group} | Rest], Sends, N, Left) ->
     K = length(Tos),
-    {_C, H} = refs(Node),
+    {_C, H} = convoy_row:refs(Node),
     case convoy_held:hold_many(H, K, Bytes, MaxN, MaxB) of
         ok ->
             convoy_sender:mark_lane(Node),
@@ -513,7 +545,7 @@ held_sends(RT = #runtime{max_buffered = MaxN, max_buffered_bytes = MaxB},
 %% a peer that is not an answering convoy node, a busy connection).
 via_inbox_many(#runtime{max_batch = MaxBatch}, L, {Node, _Entries, _Bytes, {Node, Tos}}) ->
     K = length(Tos),
-    case K =< MaxBatch andalso node_row(Node) of
+    case K =< MaxBatch andalso convoy_row:read(Node) of
         {convoy, C, Inboxes} ->
             case to_inbox(L, Node, Inboxes, Tos) of
                 ok ->
@@ -561,7 +593,7 @@ entry(RT, Node, Tos, Msg, Size) ->
     S = #send{rt = RT, lane = L, node = Node, to = Tos, msg = Msg, size = Size, entry = true},
     case convoy_sender:marker(Node) of
         {pieces, Inbox} ->
-            case lane_inbox(L, Node) of
+            case convoy_row:lane_inbox(L, Node) of
                 Inbox -> bracket(S, entry);
                 _Other -> settle(RT, Node, Inbox, wire_entry({Tos, Msg}),
                                  fun() -> bracket(S, entry) end)
@@ -633,7 +665,7 @@ after_pieces(RT, Node, Entry, Next) ->
     end.
 
 settle(RT, Node, Inbox, Entry, Next) ->
-    case convoy_wait:confirm(RT, settle_lane(RT), Node, Inbox, node_counters(Node)) of
+    case convoy_wait:confirm(RT, settle_lane(RT), Node, Inbox, convoy_row:counters(Node)) of
         ok ->
             case RT of
                 undefined -> convoy_sender:unmark(Node); % nothing of convoy's to wait for
@@ -662,9 +694,9 @@ behind_pieces(RT, Node, Inbox, Entry, Next) ->
         ok when RT =:= undefined ->
             ok;
         ok ->
-            count_direct_to(Node);
+            convoy_row:count_direct(Node);
         nosuspend ->
-            case node_counters(Node) of
+            case convoy_row:counters(Node) of
                 undefined -> ok;
                 C -> refused(RT, C)
             end;
@@ -714,83 +746,5 @@ idle(_RT, _L, _V) -> false.
 size_kind({large, _}) -> large;
 size_kind(_) -> small.
 
-%% A node's counters and held array (convoy_held), as convoy_peers publishes them
-%% (read in place, never copied). A row that convoy_peers forgets between this
-%% read and their use is closed for good: taking room in it answers `closed',
-%% and the caller reads the row again.
-refs(Node) ->
-    case convoy_peers:refs(Node) of
-        {_C, _H} = Refs ->
-            Refs;
-        undefined ->
-            %% No convoy_peers (convoy's tree is being torn down): never crash
-            %% the caller; these counts are not kept.
-            convoy_metrics:new_refs()
-    end.
-
-%% `refs/1' as the sender keeps them while its lanes run, with its state as read
-%% (`convoy_sender:held_refs/2').
-held_refs(Lanes, Node) ->
-    case convoy_sender:held_refs(Lanes, Node) of
-        {undefined, Read} -> {erlang:insert_element(1, refs(Node), Lanes), Read};
-        Found -> Found
-    end.
-
-%% Count a direct send with the node's counters, checked by a mark in the
-%% counters themselves (`convoy_metrics:add_direct/1'): a row forgotten
-%% meanwhile is fetched again.
-count_direct_to(Node) ->
-    case convoy_metrics:add_direct(element(1, refs(Node))) of
-        ok -> ok;
-        closed -> erlang:yield(), count_direct_to(Node)
-    end.
-
 count_direct(C) ->
     convoy_metrics:add(C, direct, 1).
-
-%% Node's route as `convoy_path' reads it (convoy, unanswered, plain, or none
-%% before convoy has dealt with Node or while its tree is torn down), its
-%% counters and its inbox names.
-node_row(Node) ->
-    case convoy_peers:lookup(Node) of
-        {{convoy, _Vsn, Inboxes}, C, _H} -> {answering(C), C, Inboxes};
-        {plain, C, _H} -> {plain, C, none};
-        none -> {none, undefined, none}
-    end.
-
-%% A publish entry goes to the inbox only of a peer that reads it; for any other
-%% the lane turns it into what the peer reads when it ships.
-multi_row(Node, {?TAG_PUBLISH, _Scope, _Group}) ->
-    case convoy_peers:lookup(Node) of
-        {{convoy, Vsn, Inboxes}, C, _H} ->
-            case convoy_wire:supports(Vsn, publish) of
-                true -> {answering(C), C, Inboxes};
-                false -> {none, undefined, none}
-            end;
-        _ ->
-            {none, undefined, none}
-    end;
-multi_row(Node, _Tos) ->
-    node_row(Node).
-
-%% A convoy peer's route: `unanswered' while a wait for its answer that ran out
-%% has not been followed by an answer (see `convoy_metrics:unanswered/2').
-answering(C) ->
-    case convoy_metrics:is_unanswered(C) of
-        false -> convoy;
-        true -> unanswered
-    end.
-
-%% The inbox lane L ships to on Node now (`none' when Node is not a convoy peer).
-lane_inbox(L, Node) ->
-    case convoy_peers:lookup(Node) of
-        {{convoy, _Vsn, Inboxes}, _C, _H} -> convoy_wire:lane_inbox(L, Inboxes);
-        _ -> none
-    end.
-
-%% Node's counters if it has a row (none is created here).
-node_counters(Node) ->
-    case convoy_peers:lookup(Node) of
-        {_Route, C, _H} -> C;
-        none -> undefined
-    end.

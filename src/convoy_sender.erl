@@ -23,7 +23,8 @@
 %% state (a fresh process's first send to a busy node) write none.
 -module(convoy_sender).
 
--export([marker/1, marked/2, is_marked/1, mark/1, mark_lane/1, mark_pieces/2, confirmed/1, unmark/1]).
+-export([marker/1, marked/2, is_marked/1, mark/1, mark_lane/1, mark_pieces/2, confirmed/1,
+         unmark/1]).
 -export([unmarked_calm/3, marked_calm/3, unheld_calm/5, entry_calm/3]).
 -export([held_refs/2, held_record/5, forget_refs/1]).
 -export([parts/0]).
@@ -64,15 +65,17 @@ marker(Node) ->
         _ -> false
     end.
 
-%% @doc `marker/1' and, for a sender marked `true' that kept `Node''s row under
-%% `Lanes' (`held_refs/2'), that row with the state it was read from, in the
-%% one read: a flood's every send reads its state once.
+%% @doc `marker/1', or for a sender marked `true' that streams (it counts its
+%% skipped records) and kept `Node''s row under `Lanes' (`held_refs/2'), that
+%% row: a flood's every send reads its state once, and makes no term to learn
+%% it (`held_record/5' with `streaming').
 -spec marked(node(), tuple()) ->
-          marker() | {{tuple(), counters:counters_ref(), convoy_held:held()}, read()}.
+          marker() | {tuple(), counters:counters_ref(), convoy_held:held()}.
 marked(Node, Lanes) ->
     case get(?KEY) of
-        #sender{marked = #{Node := true}, refs = #{Node := {Lanes, _C, _H} = Refs}} = S ->
-            {Refs, S};
+        #sender{marked = #{Node := true}, skipped = Skipped,
+                refs = #{Node := {Lanes, _C, _H} = Refs}} when Skipped =/= undefined ->
+            Refs;
         #sender{marked = #{Node := Marker}} ->
             Marker;
         _ ->
@@ -318,11 +321,18 @@ skipped_record(RT, L, _Node, _V) ->
 
 %% @doc A marked sender's small send held behind the node's messages, its
 %% admission the lane's `V'th, on the state `held_refs/2' read (`unread': read
-%% it): a sender that streams writes nothing but one record in `SKIP_MAX' + 1 of
-%% the lane's admissions (`convoy_path:held_record/2').
--spec held_record(read(), #runtime{}, pos_integer(), node(), integer()) -> ok.
+%% it; `streaming': `marked/2' found it streaming, read it only to record): a
+%% sender that streams writes nothing but one record in `SKIP_MAX' + 1 of the
+%% lane's admissions (`convoy_path:held_record/2').
+-spec held_record(read() | streaming, #runtime{}, pos_integer(), node(), integer()) -> ok.
 held_record(unread, RT, L, Node, V) ->
     held_record(state(), RT, L, Node, V);
+held_record(streaming, RT = #runtime{bypass_after = W, max_delay = 0}, L, Node, V)
+  when is_integer(W) ->
+    case convoy_path:held_record(streaming, V) of
+        skip -> ok;
+        {record, Stands} -> _ = marked_calm(RT, L, Node, state(), Stands, {since, V}), ok
+    end;
 held_record(S = #sender{skipped = Skipped},
             RT = #runtime{bypass_after = W, max_delay = 0}, L, Node, V) when is_integer(W) ->
     case convoy_path:held_record(Skipped, V) of
@@ -398,8 +408,8 @@ now_us(#runtime{clock = Clock}) -> convoy_slots:now_us(Clock).
 -ifdef(TEST).
 -include_lib("eunit/include/eunit.hrl").
 
-%% One read answers the marker and, marked `true', the node's row as kept under
-%% the lanes running.
+%% One read answers the marker and, marked `true' and streaming, the node's row
+%% as kept under the lanes running.
 marked_test() ->
     try
         ?assertEqual(false, marked(n@h, {lane})),
@@ -408,8 +418,9 @@ marked_test() ->
         {C, _} = convoy_metrics:new_refs(),
         Refs = {{lane}, C, convoy_held:new()},
         put(?KEY, (get(?KEY))#sender{refs = #{n@h => Refs}}),
-        S = get(?KEY),
-        ?assertEqual({Refs, S}, marked(n@h, {lane})),
+        ?assertEqual(true, marked(n@h, {lane})), % kept, but not streaming
+        put(?KEY, (get(?KEY))#sender{skipped = 0}),
+        ?assertEqual(Refs, marked(n@h, {lane})),
         ?assertEqual(true, marked(n@h, {other_lane})), % kept under lanes gone
         ?assertEqual(false, marked(m@h, {lane})),
         ok = mark_pieces(n@h, inbox_1),

@@ -14,7 +14,7 @@
 %% checking a term costs at most about the cap, whatever the term's size.
 -module(convoy_size).
 
--export([is_large/2, measure/2, bytes/1, copy_words/2]).
+-export([is_large/2, measure/2, sized/2, is_small/2, bytes/1, copy_words/2]).
 
 -define(WORD, 8).
 %% Binaries up to this many bytes live on the heap and are copied by a send; longer
@@ -29,7 +29,7 @@
 -define(FUN_WORDS, 8).
 
 %% Every remote send measures its message once.
--compile({inline, [bytes/1]}).
+-compile({inline, [bytes/1, is_small/2]}).
 
 %% @doc True when `Term''s size is at least `Threshold' bytes.
 -spec is_large(term(), non_neg_integer() | infinity) -> boolean().
@@ -40,11 +40,21 @@ is_large(Term, Threshold) -> bytes(Term) >= Threshold.
 -spec measure(term(), non_neg_integer() | infinity) ->
           {small | large, non_neg_integer()}.
 measure(Term, Threshold) ->
-    Bytes = bytes(Term),
-    case Threshold =:= infinity orelse Bytes < Threshold of
+    sized(bytes(Term), Threshold).
+
+%% @doc `measure/2' of a term of `Bytes'.
+-spec sized(non_neg_integer(), non_neg_integer() | infinity) ->
+          {small | large, non_neg_integer()}.
+sized(Bytes, Threshold) ->
+    case is_small(Bytes, Threshold) of
         true -> {small, Bytes};
         false -> {large, Bytes}
     end.
+
+%% @doc Whether a term of `Bytes' is below `Threshold': a small message.
+-spec is_small(non_neg_integer(), non_neg_integer() | infinity) -> boolean().
+is_small(Bytes, Threshold) ->
+    Threshold =:= infinity orelse Bytes < Threshold.
 
 %% @doc The size, in bytes, of `Term' in the external format.
 -spec bytes(term()) -> non_neg_integer().
@@ -132,6 +142,13 @@ long_list_test() ->
 big_tuple_and_map_test() ->
     ?assert(is_large(list_to_tuple(lists:seq(1, 30000)), 65536)),
     ?assert(is_large(maps:from_list([{I, I} || I <- lists:seq(1, 10000)]), 65536)).
+
+sized_test() ->
+    ?assertEqual({small, 999}, sized(999, 1000)),
+    ?assertEqual({large, 1000}, sized(1000, 1000)),
+    ?assertEqual({small, 1 bsl 40}, sized(1 bsl 40, infinity)),
+    ?assert(is_small(0, 1)),
+    ?assertNot(is_small(0, 0)).
 
 measure_test() ->
     ?assertEqual({small, bytes({a, <<"xyz">>})}, measure({a, <<"xyz">>}, 1000)),
