@@ -449,12 +449,22 @@ held_record_test() ->
         [begin
              {_Refs, Read} = held_refs({}, n@h),
              ok = held_record(Read, RT, 1, n@h, V),
+             ok = held_record(streaming, RT, 1, n@h, V), % as marked/2 found it
              ?assertEqual(Streaming, get(?KEY)),
              ?assertEqual(Last, convoy_slots:last_small_send(Slots))
          end || V <- lists:seq(Period + 1, 2 * Period - 1)],
         ok = held_record(get(?KEY), RT, 1, n@h, 2 * Period),
-        ?assert(convoy_slots:last_small_send(Slots) > Last),
-        ?assertNotEqual(Streaming, get(?KEY))
+        Recorded = convoy_slots:last_small_send(Slots),
+        ?assert(Recorded > Last),
+        ?assertNotEqual(Streaming, get(?KEY)),
+        %% `streaming' records at the same admissions, reading the state then
+        timer:sleep(2),
+        Again = get(?KEY),
+        ok = held_record(streaming, RT, 1, n@h, 3 * Period - 1),
+        ?assertEqual({Again, Recorded}, {get(?KEY), convoy_slots:last_small_send(Slots)}),
+        ok = held_record(streaming, RT, 1, n@h, 3 * Period),
+        ?assert(convoy_slots:last_small_send(Slots) > Recorded),
+        ?assertNotEqual(Again, get(?KEY))
     after
         erase(?KEY)
     end.
