@@ -31,14 +31,13 @@ refs(Node) ->
             convoy_metrics:new_refs()
     end.
 
-%% @doc `refs/1' as the sender keeps them while its lanes run, with its state as
-%% read (`convoy_sender:held_refs/2').
--spec held_refs(tuple(), node()) ->
-          {{tuple(), counters:counters_ref(), convoy_held:held()}, convoy_sender:read()}.
+%% @doc `refs/1' as the sender keeps them while its lanes run
+%% (`convoy_sender:held_refs/2').
+-spec held_refs(tuple(), node()) -> {tuple(), counters:counters_ref(), convoy_held:held()}.
 held_refs(Lanes, Node) ->
     case convoy_sender:held_refs(Lanes, Node) of
-        {undefined, Read} -> {erlang:insert_element(1, refs(Node), Lanes), Read};
-        Found -> Found
+        undefined -> erlang:insert_element(1, refs(Node), Lanes);
+        Refs -> Refs
     end.
 
 %% @doc Count a direct send with the node's counters, checked by a mark in the

@@ -235,12 +235,10 @@ carry_out({?TAG_SEND, Node, _To, _Msg, Bytes} = Handed, {_Lanes, C, H}, V,
 carry_out(Job, Plan, V, _RT, _L) ->
     carry_out(Job, Plan, V).
 
-carry_out(S = #send{rt = #runtime{lanes = Lanes}, node = Node, size = {small, _}}, marked,
-          V) ->
-    {{_Lanes, C, H}, Read} = convoy_row:held_refs(Lanes, Node),
-    #send{rt = #runtime{max_buffered = MaxN, max_buffered_bytes = MaxB},
-          size = {small, Bytes}} = S,
-    marked_held(convoy_held:hold_behind(H, Bytes, MaxN, MaxB), S, C, H, Read, V);
+carry_out(S = #send{rt = #runtime{lanes = Lanes, max_buffered = MaxN, max_buffered_bytes = MaxB},
+                    node = Node, size = {small, Bytes}}, marked, V) ->
+    {_Lanes, C, H} = convoy_row:held_refs(Lanes, Node),
+    marked_held(convoy_held:hold_behind(H, Bytes, MaxN, MaxB), S, C, H, unread, V);
 carry_out(S = #send{rt = RT, size = {small, Bytes}}, {held, C, H}, _V) ->
     case hold(RT, H, Bytes) of
         ok -> hand_over(S);
@@ -270,7 +268,7 @@ carry_out(#many{rt = RT, lane = L, nodes = Nodes}, lane, _V) ->
 %% is busy without reading it (the read that takes the message's room answers
 %% it); else the lane's calm decides.
 marked_held(empty, S = #send{rt = RT, lane = L, node = Node, size = {small, Bytes}}, C, H,
-            _Read, V) ->
+            _Known, V) ->
     Calm = convoy_sender:unheld_calm(RT, L, Node, idle(RT, L, V), V),
     case convoy_path:may_bypass(small, Calm) of
         true ->
@@ -279,8 +277,8 @@ marked_held(empty, S = #send{rt = RT, lane = L, node = Node, size = {small, Byte
         false ->
             held(hold(RT, H, Bytes), S, C, H)
     end;
-marked_held(Held, S = #send{rt = RT, lane = L, node = Node}, C, H, Read, V) ->
-    convoy_sender:held_record(Read, RT, L, Node, V),
+marked_held(Held, S = #send{rt = RT, lane = L, node = Node}, C, H, Known, V) ->
+    convoy_sender:held_record(Known, RT, L, Node, V),
     held(Held, S, C, H).
 
 %% An admitted message whose sender found the lane's calm: the lane's view and

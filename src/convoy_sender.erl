@@ -29,7 +29,7 @@
 -export([held_refs/2, held_record/5, forget_refs/1]).
 -export([parts/0]).
 
--export_type([marker/0, read/0]).
+-export_type([marker/0]).
 
 -include("convoy_runtime.hrl").
 
@@ -42,9 +42,6 @@
                  skipped :: convoy_path:skipped(),
                  refs = #{} :: #{node() => {tuple(), counters:counters_ref(),
                                             convoy_held:held()}}}).
-
-%% The state as a send read it, or `unread'.
--opaque read() :: #sender{} | unread.
 
 -compile({inline, [state/0, set_marked/2, slots/2, now_us/1]}).
 
@@ -142,18 +139,16 @@ set_marked(Node, Marker) ->
 %% @doc `{Lanes, C, H}': `Node''s counters and held array (`convoy_peers:refs/1'),
 %% read once per node while `Lanes' run, then kept (a flood's sender would
 %% otherwise read them at each send, and reading a `persistent_term' by a tuple
-%% key hashes it), with the state they were read from: `held_record/5' decides
-%% on it whether a send held behind the node's messages records, so a flood's
-%% send reads its state once (`unread' when the row was read, and kept, now). A
+%% key hashes it; a streaming sender finds them with its marker, `marked/2'). A
 %% row convoy_peers forgets is closed first, and the sender that finds it closed
 %% forgets it here (`forget_refs/1'); a convoy started again runs other lanes.
 %% `undefined' while convoy's tree is torn down.
 -spec held_refs(tuple(), node()) ->
-          {{tuple(), counters:counters_ref(), convoy_held:held()} | undefined, read()}.
+          {tuple(), counters:counters_ref(), convoy_held:held()} | undefined.
 held_refs(Lanes, Node) ->
     case get(?KEY) of
-        #sender{refs = #{Node := {Lanes, _C, _H} = Refs}} = S -> {Refs, S};
-        _ -> {keep_refs(Lanes, Node), unread}
+        #sender{refs = #{Node := {Lanes, _C, _H} = Refs}} -> Refs;
+        _ -> keep_refs(Lanes, Node)
     end.
 
 keep_refs(Lanes, Node) ->
@@ -320,26 +315,22 @@ skipped_record(RT, L, _Node, _V) ->
     ok.
 
 %% @doc A marked sender's small send held behind the node's messages, its
-%% admission the lane's `V'th, on the state `held_refs/2' read (`unread': read
-%% it; `streaming': `marked/2' found it streaming, read it only to record): a
-%% sender that streams writes nothing but one record in `SKIP_MAX' + 1 of the
-%% lane's admissions (`convoy_path:held_record/2').
--spec held_record(read() | streaming, #runtime{}, pos_integer(), node(), integer()) -> ok.
-held_record(unread, RT, L, Node, V) ->
-    held_record(state(), RT, L, Node, V);
-held_record(streaming, RT = #runtime{bypass_after = W, max_delay = 0}, L, Node, V)
+%% admission the lane's `V'th (`streaming': `marked/2' found it counting its
+%% skipped records; `unread': read its state): a sender that streams writes
+%% nothing, and reads nothing, but at one admission in `SKIP_MAX' + 1 of the
+%% lane's, where it records (`convoy_path:held_record/2').
+-spec held_record(streaming | unread, #runtime{}, pos_integer(), node(), integer()) -> ok.
+held_record(Known, RT = #runtime{bypass_after = W, max_delay = 0}, L, Node, V)
   when is_integer(W) ->
-    case convoy_path:held_record(streaming, V) of
+    Skipped = case Known of
+                  streaming -> streaming;
+                  unread -> (state())#sender.skipped
+              end,
+    case convoy_path:held_record(Skipped, V) of
         skip -> ok;
         {record, Stands} -> _ = marked_calm(RT, L, Node, state(), Stands, {since, V}), ok
     end;
-held_record(S = #sender{skipped = Skipped},
-            RT = #runtime{bypass_after = W, max_delay = 0}, L, Node, V) when is_integer(W) ->
-    case convoy_path:held_record(Skipped, V) of
-        skip -> ok;
-        {record, Stands} -> _ = marked_calm(RT, L, Node, S, Stands, {since, V}), ok
-    end;
-held_record(_S, RT, L, _Node, _V) ->
+held_record(_Known, RT, L, _Node, _V) ->
     busy = forced(RT, L),
     ok.
 
@@ -447,13 +438,12 @@ held_record_test() ->
         timer:sleep(2), % the lanes' clock moves on
         Period = Max + 1,
         [begin
-             {_Refs, Read} = held_refs({}, n@h),
-             ok = held_record(Read, RT, 1, n@h, V),
+             ok = held_record(unread, RT, 1, n@h, V),
              ok = held_record(streaming, RT, 1, n@h, V), % as marked/2 found it
              ?assertEqual(Streaming, get(?KEY)),
              ?assertEqual(Last, convoy_slots:last_small_send(Slots))
          end || V <- lists:seq(Period + 1, 2 * Period - 1)],
-        ok = held_record(get(?KEY), RT, 1, n@h, 2 * Period),
+        ok = held_record(unread, RT, 1, n@h, 2 * Period),
         Recorded = convoy_slots:last_small_send(Slots),
         ?assert(Recorded > Last),
         ?assertNotEqual(Streaming, get(?KEY)),
