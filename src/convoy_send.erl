@@ -91,21 +91,11 @@ remote(RT = #runtime{large_threshold = T, lanes = Lanes}, Node, To, Msg) ->
     L = lane_of(RT),
     Bytes = convoy_size:bytes(Msg), % measured once
     case convoy_sender:marked(Node, Lanes) of
-        false ->
-            unmarked(RT, L, Node, To, Msg, convoy_size:sized(Bytes, T));
-        true ->
-            bracket(context(RT, L, Node, To, Msg, convoy_size:sized(Bytes, T)), marked);
-        {pieces, Inbox} ->
-            %% off a flood's path: a message handed to the lane here ends the
-            %% marker (`hand_over/1')
-            S = context(RT, L, Node, To, Msg, convoy_size:sized(Bytes, T)),
-            case convoy_row:lane_inbox(L, Node) of
-                Inbox -> after_marked(S);
-                _Other -> settle(RT, Node, Inbox, {To, Msg}, fun() -> after_marked(S) end)
-            end;
-        Refs ->
+        {_Lanes, _C, _H} = Refs ->
             %% marked and streaming, the node's row kept: a flood's every send
-            streaming(RT, L, Node, To, Msg, Bytes, Refs)
+            streaming(RT, L, Node, To, Msg, Bytes, Refs);
+        Marker ->
+            by_marker(Marker, RT, L, Node, To, Msg, convoy_size:sized(Bytes, T))
     end.
 
 %% A streaming sender's message, the node's row kept (`Refs'). A small one's job
@@ -116,7 +106,21 @@ remote(RT = #runtime{large_threshold = T, lanes = Lanes}, Node, To, Msg) ->
 streaming(RT = #runtime{large_threshold = T}, L, Node, To, Msg, Bytes, Refs) ->
     case convoy_size:is_small(Bytes, T) of
         true -> bracket({?TAG_SEND, Node, To, Msg, Bytes}, Refs, RT, L, 1);
-        false -> bracket(context(RT, L, Node, To, Msg, convoy_size:sized(Bytes, T)), marked)
+        false -> by_marker(true, RT, L, Node, To, Msg, convoy_size:sized(Bytes, T))
+    end.
+
+%% Any other message, by the sender's marker for its node.
+by_marker(false, RT, L, Node, To, Msg, Size) ->
+    unmarked(RT, L, Node, To, Msg, Size);
+by_marker(true, RT, L, Node, To, Msg, Size) ->
+    bracket(context(RT, L, Node, To, Msg, Size), marked);
+by_marker({pieces, Inbox}, RT, L, Node, To, Msg, Size) ->
+    %% off a flood's path: a message handed to the lane here ends the marker
+    %% (`hand_over/1')
+    S = context(RT, L, Node, To, Msg, Size),
+    case convoy_row:lane_inbox(L, Node) of
+        Inbox -> after_marked(S);
+        _Other -> settle(RT, Node, Inbox, {To, Msg}, fun() -> after_marked(S) end)
     end.
 
 after_marked(S = #send{rt = RT, lane = L, node = Node, size = Size}) ->
