@@ -272,7 +272,7 @@ flush(Node) ->
 flush(Which, Timeout) when is_atom(Which), Timeout =:= infinity;
                            is_atom(Which), is_integer(Timeout), Timeout >= 0 ->
     ok = convoy_route:leave(),
-    convoy_control:flush(Which, Timeout);
+    convoy_lanes:flush(Which, Timeout);
 flush(Which, Timeout) ->
     erlang:error(badarg, [Which, Timeout]).
 

@@ -69,9 +69,10 @@
 
 %% @doc Every setting, in README order: key, default, accepted values.
 %%
-%% `lanes' defaults to 1: on the 2-core machine this project is measured on, a
-%% second lane splits a single sender's traffic nowhere (lanes are chosen per
-%% sender) and adds a process competing for the same two schedulers; see
+%% `lanes' (per destination node) defaults to 1: on the 2-core machine this
+%% project is measured on, a second lane splits a single sender's traffic
+%% nowhere (lanes are chosen per sender) and adds a process competing for the
+%% same two schedulers; see
 %% doc/decisions.md. Its upper bound is the most inboxes a peer accepts
 %% (`convoy_wire'), which keeps the lane and inbox tables small.
 %%

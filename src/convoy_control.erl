@@ -1,7 +1,14 @@
 %% @private
-%% Owns the settings in force: publishes them (with the lane table) in
-%% persistent_term, applies `convoy:set_config/1', replaces lanes when `lanes'
-%% changes, replaces a lane that dies, and drains the lanes when convoy stops.
+%% Owns the settings in force and the lanes: publishes the settings in
+%% persistent_term, and beside them each node's runtime (`convoy_lanes': the
+%% settings with the node's own lanes); applies `convoy:set_config/1', starts a
+%% node's lanes when it connects (or a message goes to it first), retires them
+%% once `convoy_peers' forgot the node, replaces lanes when `lanes' changes,
+%% replaces a lane that dies, and drains the lanes when convoy stops.
+%%
+%% A node forgotten is gone (no row, not connected): its lanes retire as in a
+%% lane change, with no successors. If it is sent to again before they are gone,
+%% its new lanes start held for it and are released once they are.
 %%
 %% Changing `lanes' loses and reorders nothing:
 %% <ol>
@@ -21,9 +28,9 @@
 %%
 %% A lane that dies (killed from outside, or a bug) is replaced in place: its
 %% counters are closed, what it held is counted as lost (`convoy_metrics:lost/1')
-%% and logged, and a new lane with new counters takes its index, so it ships to the
-%% same inbox of each peer, behind whatever the dead lane had shipped. Nothing else
-%% restarts.
+%% and logged, and a new lane with new counters takes its index among its node's,
+%% so it ships to the same inbox of the node, behind whatever the dead lane had
+%% shipped. Nothing else restarts.
 %%
 %% Stopping (terminate/2) closes every lane and publishes the runtime marked
 %% `stopping'; the lanes retire as in a lane change, with no successors. Senders
@@ -38,7 +45,7 @@
 -module(convoy_control).
 -behaviour(gen_server).
 
--export([start_link/1, set_config/1, flush/2, status/0]).
+-export([start_link/1, set_config/1, lanes_for/1, lane_nodes/0, status/0]).
 -export([init/1, handle_call/3, handle_cast/2, handle_info/2, terminate/2]).
 
 -include("convoy_runtime.hrl").
@@ -49,7 +56,9 @@
 %% convoy_sup leaves room above it.
 -define(STOP_MS, 10000).
 
--record(switch, {old :: #runtime{},
+-record(switch, {old :: #{node() => #runtime{}},
+                 %% the new lanes (not those of nodes added since)
+                 new :: [pid()],
                  %% old lanes not yet retired
                  retiring :: [pid()],
                  reported = [] :: [pid()],
@@ -60,8 +69,14 @@
 -record(s, {config :: convoy_config:config(),
             runtime :: #runtime{} | undefined, % undefined only while starting
             secret :: reference(),
+            %% each node's runtime: the settings, and the node's own lanes
+            rows = #{} :: #{node() => #runtime{}},
             monitors = #{} :: #{reference() => pid()},
-            switch = none :: none | #switch{}}).
+            switch = none :: none | #switch{},
+            %% lanes of forgotten nodes, retiring: their node and counters
+            gone = #{} :: #{pid() => {node(), convoy_slots:slots()}},
+            %% nodes forgotten during a lane change, retired once it ends
+            forget = [] :: [node()]}).
 
 -spec start_link(convoy_config:config()) -> {ok, pid()} | {error, term()}.
 start_link(Config) ->
@@ -75,43 +90,33 @@ set_config(Opts) ->
         exit:_ -> {error, not_started} % not running, or stopping meanwhile
     end.
 
-%% @doc `convoy:flush/2', in the caller: wait until the caller's lane has shipped
-%% or counted as dropped everything the caller handed it for `Which' (a node, or
-%% `all'). With convoy stopping, wait for the lane to finish instead (bounded by
-%% the stop); with convoy not running, or for this node, nothing waits.
--spec flush(node() | all, timeout()) -> ok | {error, timeout}.
-flush(Which, Timeout) ->
-    case persistent_term:get(?RUNTIME_KEY, undefined) of
-        undefined ->
-            ok;
-        _ when Which =:= node() ->
-            ok;
-        RT = #runtime{stopping = true} ->
-            %% The lane ships everything and goes (terminate/2 bounds the wait).
-            convoy_wait:await_gone(element(convoy_send:lane_of(RT), RT#runtime.lanes));
-        RT ->
-            case convoy_wait:flush(element(convoy_send:lane_of(RT), RT#runtime.lanes), Which,
-                                   Timeout) of
-                ok -> ok;
-                %% The lane was replaced (lanes changed) or convoy restarted.
-                down -> flush(Which, Timeout);
-                timeout -> {error, timeout}
-            end
+%% @doc `Node''s lanes started, if it has none: once this returns its runtime is
+%% published (unless convoy stopped meanwhile).
+-spec lanes_for(node()) -> ok.
+lanes_for(Node) ->
+    try
+        gen_server:call(?MODULE, {lanes_for, Node}, infinity)
+    catch
+        exit:_ -> ok % not running, or stopping meanwhile: the caller reads that
     end.
+
+%% @doc The nodes with lanes (none when convoy is not running).
+-spec lane_nodes() -> [node()].
+lane_nodes() ->
+    try gen_server:call(?MODULE, nodes, infinity) catch exit:_ -> [] end.
 
 %% @doc The settings in force and the lanes (`convoy:info/0'), or `not_running'.
 -spec status() -> not_running
                 | #{settings := convoy_config:config(),
-                    lanes := [#{index := pos_integer(), pid := pid(),
+                    lanes := [#{node := node(), index := pos_integer(), pid := pid(),
                                 queue := non_neg_integer()}]}.
 status() ->
-    case persistent_term:get(?RUNTIME_KEY, undefined) of
-        undefined ->
-            not_running;
-        #runtime{config = Config, n = N, lanes = Lanes} ->
+    try gen_server:call(?MODULE, lanes, infinity) of
+        {Config, Lanes} ->
             #{settings => Config,
-              lanes => [#{index => I, pid => P, queue => queue_len(P)}
-                        || {I, P} <- lists:zip(lists:seq(1, N), tuple_to_list(Lanes))]}
+              lanes => [L#{queue => queue_len(P)} || L = #{pid := P} <- Lanes]}
+    catch
+        exit:_ -> not_running
     end.
 
 queue_len(Pid) ->
@@ -124,19 +129,63 @@ queue_len(Pid) ->
 -spec init(convoy_config:config()) -> {ok, #s{}}.
 init(Config = #{lanes := N}) ->
     process_flag(trap_exit, true),
-    S0 = #s{config = Config, secret = make_ref()},
-    {RT, S1} = start_lanes(runtime(Config, N, erlang:unique_integer([positive])), none, S0),
-    persistent_term:put(?RUNTIME_KEY, RT),
-    {ok, S1#s{runtime = RT}}.
+    ok = net_kernel:monitor_nodes(true),
+    RT = runtime(Config, N, erlang:unique_integer([positive])),
+    erase_rows(fun(_) -> true end), % a previous start's, if it ended without its stop
+    S = lists:foldl(fun start_node/2, #s{config = Config, secret = make_ref(), runtime = RT},
+                    lists:sort(nodes())),
+    {ok, publish(S)}.
 
-%% Lanes start with the runtime they will serve (all of it but the lane table).
-start_lanes(RT = #runtime{n = N}, Held, S) ->
+%% A node's runtime, `RT' with the node's own `n' lanes (started with it, `Held'
+%% as a lane change's are, `none' otherwise) and their admission counters.
+start_row(RT = #runtime{n = N, clock = Clock}, Held, S) ->
     Behind = case Held of none -> 0; _ -> 1 end,
-    RT1 = RT#runtime{slots = list_to_tuple([convoy_slots:new(Behind, RT#runtime.clock)
+    Row = RT#runtime{slots = list_to_tuple([convoy_slots:new(Behind, Clock)
                                             || _ <- lists:seq(1, N)])},
-    {Pids, S1} = lists:mapfoldl(fun(I, Acc) -> start_lane(I, Held, RT1, Acc) end, S,
+    {Pids, S1} = lists:mapfoldl(fun(I, Acc) -> start_lane(I, Held, Row, Acc) end, S,
                                 lists:seq(1, N)),
-    {RT1#runtime{lanes = list_to_tuple(Pids)}, S1}.
+    {Row#runtime{lanes = list_to_tuple(Pids)}, S1}.
+
+%% What senders read: the settings' runtime with each connected node's (one read
+%% of an atom key on a send's path), and every other node's under a key of its
+%% own (a node sent to before it connects, a hidden one, one that went down). A
+%% node's runtime is put under its own key before it leaves the settings' (and
+%% taken off only after it is there), so a sender always finds it.
+publish(S = #s{runtime = RT, rows = Rows}) ->
+    Connected = maps:with(erlang:nodes(), Rows),
+    Own = maps:without(maps:keys(Connected), Rows),
+    maps:foreach(fun(Node, Row) -> persistent_term:put({?RUNTIME_KEY, Node}, Row) end, Own),
+    persistent_term:put(?RUNTIME_KEY, RT#runtime{rows = Connected}),
+    _ = [persistent_term:erase({?RUNTIME_KEY, Node}) || Node <- maps:keys(Connected)],
+    S.
+
+%% Every node's published runtime that `Which' selects goes.
+erase_rows(Which) ->
+    _ = [persistent_term:erase(K) || {K = {?RUNTIME_KEY, _}, Row} <- persistent_term:get(),
+                                     Which(Row)],
+    ok.
+
+%% A node gets its lanes when it connects, or when a message goes to it first
+%% (a hidden node, or one not connected yet). While the lanes it had before it
+%% was forgotten still retire, its new ones hold its traffic until they are gone
+%% (`gone_done/2'); otherwise no lane has had traffic for it, and they hold
+%% nothing back.
+add_node(Node, S = #s{rows = Rows}) when is_map_key(Node, Rows) ->
+    S;
+add_node(Node, S) ->
+    publish(start_node(Node, S)).
+
+start_node(Node, S = #s{rows = Rows}) when is_map_key(Node, Rows) ->
+    S;
+start_node(Node, S = #s{rows = Rows, runtime = RT}) ->
+    {Row, S1} = start_row(RT, node_held(Node, S), S),
+    S1#s{rows = Rows#{Node => Row}}.
+
+node_held(Node, #s{gone = Gone}) ->
+    case lists:keymember(Node, 1, maps:values(Gone)) of
+        true -> [Node];
+        false -> none
+    end.
 
 start_lane(I, Held, RT, S = #s{secret = Secret, monitors = M}) ->
     {ok, Pid} = convoy_lane_sup:start_lane(I, Held, RT, {self(), Secret}),
@@ -144,13 +193,13 @@ start_lane(I, Held, RT, S = #s{secret = Secret, monitors = M}) ->
 
 %% The runtime for Config: every field named after a setting takes that setting's
 %% value, so a new setting needs only its field in convoy_runtime.hrl (`lanes' is
-%% the exception: the count is `n', the field holds the lane pids). The other
+%% the exception: the count is `n', the field holds a node's lane pids). The other
 %% fields are set here; a field that is neither fails at start-up with
 %% `{badkey, Field}'. Built as a tuple because a `#runtime{}' literal would have
 %% to name each setting again.
 runtime(Config, N, Generation) ->
     Values = maps:merge(maps:remove(lanes, Config),
-                        #{lanes => {}, slots => {}, clock => convoy_slots:clock(),
+                        #{lanes => {}, rows => #{}, slots => {}, clock => convoy_slots:clock(),
                           generation => Generation, n => N,
                           stopping => false, refuse => drop, config => Config}),
     list_to_tuple([runtime | [maps:get(F, Values) || F <- record_info(fields, runtime)]]).
@@ -162,15 +211,25 @@ handle_call({set_config, Opts}, _From, S = #s{config = Old}) ->
         {error, _} = E ->
             {reply, E, S};
         {ok, New} when map_get(lanes, New) =:= map_get(lanes, Old) ->
-            #runtime{generation = Gen, lanes = Lanes, slots = Slots, n = N} = S#s.runtime,
-            RT = (runtime(New, N, Gen))#runtime{lanes = Lanes, slots = Slots},
-            persistent_term:put(?RUNTIME_KEY, RT),
-            {reply, ok, S#s{config = New, runtime = RT}};
+            #runtime{generation = Gen, n = N} = S#s.runtime,
+            RT = runtime(New, N, Gen),
+            Rows = maps:map(fun(_Node, #runtime{lanes = Lanes, slots = Slots}) ->
+                                    RT#runtime{lanes = Lanes, slots = Slots}
+                            end, S#s.rows),
+            {reply, ok, publish(S#s{config = New, runtime = RT, rows = Rows})};
         {ok, _New} when S#s.switch =/= none ->
             {reply, {error, {busy, lanes}}, S};
         {ok, New} ->
             {reply, ok, switch_lanes(New, S)}
     end;
+handle_call({lanes_for, Node}, _From, S) when is_atom(Node) ->
+    {reply, ok, add_node(Node, S)};
+handle_call(nodes, _From, S) ->
+    {reply, lists:sort(maps:keys(S#s.rows)), S};
+handle_call(lanes, _From, S = #s{config = Config}) ->
+    {reply, {Config, [#{node => Node, index => I, pid => element(I, Lanes)}
+                      || {Node, #runtime{lanes = Lanes}} <- lists:sort(maps:to_list(S#s.rows)),
+                         I <- lists:seq(1, tuple_size(Lanes))]}, S};
 handle_call(_Req, _From, S) ->
     convoy_metrics:rejected(unknown_message),
     {reply, {error, unknown_call}, S}.
@@ -181,22 +240,48 @@ handle_cast(_Msg, S) ->
     convoy_metrics:rejected(unknown_message),
     {noreply, S}.
 
-switch_lanes(New = #{lanes := M}, S = #s{runtime = OldRT}) ->
-    {RT, S1} = start_lanes(runtime(New, M, OldRT#runtime.generation), all, S),
-    persistent_term:put(?RUNTIME_KEY, RT),
-    Old = retire_all(OldRT, S1),
-    S1#s{config = New, runtime = RT, switch = #switch{old = OldRT, retiring = Old}}.
+switch_lanes(New = #{lanes := M}, S0 = #s{runtime = OldRT, rows = OldRows}) ->
+    RT = runtime(New, M, OldRT#runtime.generation),
+    {Rows, S1} = maps:fold(fun(Node, _Old, {Acc, SAcc}) ->
+                                   {Row, SAcc1} = start_row(RT, all, SAcc),
+                                   {Acc#{Node => Row}, SAcc1}
+                           end, {#{}, S0}, OldRows),
+    S2 = publish(S1#s{runtime = RT, rows = Rows}),
+    Old = retire_all(OldRows, S2),
+    S2#s{config = New, switch = #switch{old = OldRows, new = row_lanes(Rows), retiring = Old}}.
 
-%% Close every lane of a runtime and tell it to retire; returns the lanes.
-retire_all(#runtime{lanes = Lanes, slots = Slots}, #s{secret = Secret}) ->
+row_lanes(Rows) ->
+    [P || #runtime{lanes = Lanes} <- maps:values(Rows), P <- tuple_to_list(Lanes)].
+
+%% Close every lane of these rows and tell it to retire; returns the lanes.
+retire_all(Rows, S) ->
+    lists:append([retire_row(Row, S) || Row <- maps:values(Rows)]).
+
+retire_row(#runtime{lanes = Lanes, slots = Slots}, #s{secret = Secret, gone = Gone}) ->
     [begin
          K = convoy_slots:close(element(I, Slots)),
          Pid ! {?TAG_RETIRE, Secret, K},
          Pid
-     end || {I, Pid} <- lists:zip(lists:seq(1, tuple_size(Lanes)), tuple_to_list(Lanes))].
+     end || I <- lists:seq(1, tuple_size(Lanes)), Pid <- [element(I, Lanes)],
+            not is_map_key(Pid, Gone)].
 
 %% @private
 -spec handle_info(term(), #s{}) -> {noreply, #s{}}.
+handle_info({?TAG_RETIRING, Secret, Pid, _Nodes}, S = #s{secret = Secret, gone = Gone})
+  when is_map_key(Pid, Gone) ->
+    {noreply, S}; % a forgotten node's: nothing waits for its barriers
+handle_info({?TAG_NODE_DONE, Secret, Pid, _Node}, S = #s{secret = Secret, gone = Gone})
+  when is_map_key(Pid, Gone) ->
+    {noreply, S};
+handle_info({?TAG_RETIRED, Secret, Pid}, S = #s{secret = Secret, gone = Gone})
+  when is_map_key(Pid, Gone) ->
+    {noreply, gone_done(Pid, S)};
+handle_info({?TAG_FORGOTTEN, Node}, S) when is_atom(Node) ->
+    {noreply, forget_node(Node, S)};
+handle_info({nodeup, Node}, S) ->
+    {noreply, publish(start_node(Node, S))};
+handle_info({nodedown, _Node}, S) ->
+    {noreply, publish(S)};
 handle_info({?TAG_RETIRING, Secret, Pid, Nodes}, S = #s{secret = Secret, switch = #switch{}})
   when is_list(Nodes) ->
     {noreply, retiring(Pid, Nodes, S)};
@@ -266,27 +351,75 @@ release(_Node, S) ->
 retired(Pid, S = #s{switch = Sw}) ->
     case lists:delete(Pid, Sw#switch.retiring) of
         [] ->
-            S#s{switch = none};
+            lists:foldl(fun forget_node/2, S#s{switch = none, forget = []}, S#s.forget);
         Rest ->
             S#s{switch = Sw#switch{retiring = Rest,
                                    reported = lists:delete(Pid, Sw#switch.reported)}}
     end.
 
-to_new_lanes(#s{runtime = #runtime{lanes = Lanes}}, Msg) ->
-    _ = [Pid ! Msg || Pid <- tuple_to_list(Lanes)],
+to_new_lanes(#s{switch = #switch{new = New}}, Msg) ->
+    _ = [Pid ! Msg || Pid <- New],
     ok.
+
+%%--------------------------------------------------------------------
+%% A node forgotten
+
+%% convoy_peers forgot `Node' (its `TAG_FORGOTTEN' message): if it is really gone
+%% (no row, not connected), its lanes retire as in a lane change, nothing held
+%% back behind them (a row is forgotten only once nothing is held for its node),
+%% and its runtime goes: a message to it afterwards starts new lanes.
+forget_node(Node, S = #s{switch = #switch{}}) ->
+    S#s{forget = [Node | lists:delete(Node, S#s.forget)]};
+forget_node(Node, S = #s{rows = Rows}) ->
+    case Rows of
+        #{Node := Row = #runtime{lanes = Lanes, slots = Slots}} ->
+            case convoy_peers:lookup(Node) =:= none
+                andalso not lists:member(Node, nodes(connected)) of
+                true ->
+                    S1 = publish(S#s{rows = maps:remove(Node, Rows)}),
+                    _ = persistent_term:erase({?RUNTIME_KEY, Node}),
+                    _ = retire_row(Row, S1),
+                    Gone = maps:from_list([{element(I, Lanes), {Node, element(I, Slots)}}
+                                           || I <- lists:seq(1, tuple_size(Lanes))]),
+                    S1#s{gone = maps:merge(S1#s.gone, Gone)};
+                false ->
+                    S
+            end;
+        _ ->
+            S
+    end.
+
+%% A forgotten node's lane retired (or died): once the last of them is gone, a
+%% new row of the node's, held meanwhile, is released.
+gone_done(Pid, S = #s{gone = Gone0}) ->
+    {Node, _Slots} = maps:get(Pid, Gone0),
+    S1 = S#s{gone = maps:remove(Pid, Gone0)},
+    case {node_held(Node, S1), S1#s.rows} of
+        {none, #{Node := #runtime{lanes = Lanes}}} ->
+            _ = [P ! {?TAG_RELEASE, S#s.secret, Node} || P <- tuple_to_list(Lanes)],
+            S1;
+        _ ->
+            S1
+    end.
 
 %%--------------------------------------------------------------------
 %% A lane died
 
-lane_died(Pid, Reason, S = #s{runtime = RT, switch = Sw}) ->
-    case index_of(Pid, RT#runtime.lanes) of
-        {ok, I} ->
-            replace_lane(I, Reason, S);
+lane_died(Pid, Reason, S = #s{gone = Gone}) when is_map_key(Pid, Gone) ->
+    %% what a forgotten node's lane still held is lost
+    {_Node, Slots} = maps:get(Pid, Gone),
+    count_lost(Slots, 0, 0, Reason),
+    gone_done(Pid, S);
+lane_died(Pid, Reason, S = #s{rows = Rows, switch = Sw}) ->
+    case find_lane(Pid, Rows) of
+        {Node, I} ->
+            replace_lane(Node, I, Reason, S);
         none when Sw =/= none ->
             %% An old lane of a lane change: what it held is lost; the change goes on
             %% without it.
-            count_lost(Sw#switch.old, Pid, 0, Reason),
+            {OldNode, OldI} = find_lane(Pid, Sw#switch.old),
+            count_lost(element(OldI, (maps:get(OldNode, Sw#switch.old))#runtime.slots), 0,
+                       OldI, Reason),
             S1 = lists:foldl(fun(Node, Acc) -> node_done(Pid, Node, Acc) end,
                              S#s{switch = Sw#switch{reported = [Pid | lists:delete(Pid, Sw#switch.reported)]}},
                              maps:keys(Sw#switch.pending)),
@@ -295,38 +428,45 @@ lane_died(Pid, Reason, S = #s{runtime = RT, switch = Sw}) ->
             S
     end.
 
-%% A new lane at the dead one's index, with new counters: the dead lane's are closed
-%% (senders that land there re-read the runtime).
-replace_lane(I, Reason, S = #s{runtime = RT, switch = Sw}) ->
+%% A new lane at the dead one's place among its node's, with new counters: the
+%% dead lane's are closed (senders that land there read the runtime again).
+replace_lane(Node, I, Reason, S = #s{rows = Rows, switch = Sw}) ->
+    Row = #runtime{lanes = Lanes, slots = Slots} = maps:get(Node, Rows),
+    Dead = element(I, Lanes),
+    New = case Sw of #switch{new = N} -> lists:member(Dead, N); none -> false end,
     {Held, Behind} = case Sw of
-                         #switch{hold_sent = false} -> {all, 1};
-                         #switch{pending = P} when map_size(P) > 0 -> {maps:keys(P), 1};
-                         _ -> {none, 0} % no change in progress, or every node released
+                         #switch{hold_sent = false} when New -> {all, 1};
+                         #switch{pending = P} when New, map_size(P) > 0 -> {maps:keys(P), 1};
+                         _ when New -> {none, 0}; % every node released
+                         _ -> case node_held(Node, S) of
+                                  none -> {none, 0};
+                                  H -> {H, 1} % its forgotten lanes still retire
+                              end
                      end,
-    count_lost(RT, element(I, RT#runtime.lanes), Behind, Reason),
-    Slots = convoy_slots:new(Behind, RT#runtime.clock),
-    RT1 = RT#runtime{slots = setelement(I, RT#runtime.slots, Slots)},
-    {Pid, S1} = start_lane(I, Held, RT1, S),
-    RT2 = RT1#runtime{lanes = setelement(I, RT1#runtime.lanes, Pid)},
-    persistent_term:put(?RUNTIME_KEY, RT2),
-    S1#s{runtime = RT2}.
+    count_lost(element(I, Slots), Behind, I, Reason),
+    Row1 = Row#runtime{slots = setelement(I, Slots, convoy_slots:new(Behind, Row#runtime.clock))},
+    {Pid, S1} = start_lane(I, Held, Row1, S),
+    Row2 = Row1#runtime{lanes = setelement(I, Lanes, Pid)},
+    Sw1 = case Sw of
+              #switch{new = N1} when New -> Sw#switch{new = [Pid | lists:delete(Dead, N1)]};
+              _ -> Sw
+          end,
+    publish(S1#s{rows = Rows#{Node := Row2}, switch = Sw1}).
 
 %% Behind: 1 if the lane was still held (its counters started one behind).
-count_lost(RT = #runtime{lanes = Lanes}, Pid, Behind, Reason) ->
-    {ok, I} = index_of(Pid, Lanes),
-    Slots = element(I, RT#runtime.slots),
+count_lost(Slots, Behind, I, Reason) ->
     Granted = convoy_slots:close(Slots),
     Lost = max(0, Granted - convoy_slots:disposed(Slots) - Behind),
     convoy_metrics:lost(Lost),
     ?LOG_ERROR(#{what => convoy_lane_died, lane => I, reason => Reason, lost => Lost,
                  note => "the lane is replaced; nothing else restarts"}).
 
-index_of(Pid, Lanes) ->
-    index_of(Pid, Lanes, 1).
-
-index_of(_Pid, Lanes, I) when I > tuple_size(Lanes) -> none;
-index_of(Pid, Lanes, I) when element(I, Lanes) =:= Pid -> {ok, I};
-index_of(Pid, Lanes, I) -> index_of(Pid, Lanes, I + 1).
+find_lane(Pid, Rows) ->
+    case [{Node, I} || {Node, #runtime{lanes = Lanes}} <- maps:to_list(Rows),
+                       I <- lists:seq(1, tuple_size(Lanes)), element(I, Lanes) =:= Pid] of
+        [Found | _] -> Found;
+        [] -> none
+    end.
 
 %%--------------------------------------------------------------------
 %% Stop
@@ -337,12 +477,15 @@ terminate(Reason, S0) ->
     Deadline = erlang:monotonic_time(millisecond) + ?STOP_MS,
     S = await_switch(S0, Deadline),
     RT = S#s.runtime,
-    persistent_term:put(?RUNTIME_KEY, RT#runtime{stopping = true}),
-    Lanes = retire_all(RT, S),
+    _ = publish(S#s{runtime = RT#runtime{stopping = true},
+                    rows = maps:map(fun(_, Row) -> Row#runtime{stopping = true} end, S#s.rows)}),
+    Lanes = retire_all(S#s.rows, S) ++ maps:keys(S#s.gone),
     await_lanes(Lanes, S, Deadline),
     log_stop(Reason),
+    Gen = RT#runtime.generation,
+    erase_rows(fun(#runtime{generation = G}) -> G =:= Gen; (_) -> false end),
     case persistent_term:get(?RUNTIME_KEY, undefined) of
-        #runtime{generation = Gen} when Gen =:= RT#runtime.generation ->
+        #runtime{generation = Gen} ->
             _ = persistent_term:erase(?RUNTIME_KEY),
             ok;
         _ ->

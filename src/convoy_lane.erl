@@ -1,7 +1,9 @@
 %% @private
-%% An outbound lane: collects what senders hand it, one queue per destination node,
-%% and ships each queue as one distribution message as soon as its mailbox is
-%% drained (or after `max_delay' microseconds, or at `max_batch').
+%% An outbound lane: collects what senders hand it for its destination node (each
+%% node has lanes of its own, see `convoy_lanes') and ships that queue as one
+%% distribution message as soon as its mailbox is drained (or after `max_delay'
+%% microseconds, or at `max_batch'). Its core keeps a queue per node: a lane
+%% serves one.
 %%
 %% This process is the shell around `convoy_lane_core', which makes every decision
 %% (what to queue, what ships when, what a disposal gives back, whom to wake or
@@ -15,7 +17,7 @@
 %% <li>`nosuspend' (the node's distribution buffer is full): the chunk goes to a
 %%   courier, a process that makes the blocking send and takes each full chunk of
 %%   the node's queue after it, until it has sent all it was given (the rest of
-%%   the queue waits until it is done); other nodes carry on;</li>
+%%   the queue waits until it is done); the lane carries on;</li>
 %% <li>`noconnect': the chunk goes back to its queue and a connector process asks
 %%   `net_kernel' for a connection, as `!' would; if that fails, the node's queue is
 %%   dropped and counted.</li>

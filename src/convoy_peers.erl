@@ -527,11 +527,20 @@ close({Node, C, H, Total}, Now, {Forgotten, S}) ->
             ok = convoy_metrics:close(C),
             true = ets:delete(?TABLE, Node),
             _ = persistent_term:erase({?REFS, Node}),
+            ok = lanes_go(Node),
             S1 = gone(Node, S),
             {[{Node, convoy_metrics:node_counts(C)} | Forgotten],
              S1#s{seen = maps:remove(Node, S1#s.seen)}};
         false ->
             {Forgotten, S#s{seen = (S#s.seen)#{Node => {Total, Now}}}}
+    end.
+
+%% The node's lanes go too: convoy_control retires them once it finds the node
+%% gone. A message, not a call: this process never waits on the lanes' owner.
+lanes_go(Node) ->
+    case whereis(convoy_control) of
+        undefined -> ok;
+        Control -> Control ! {?TAG_FORGOTTEN, Node}, ok
     end.
 
 report(Forgotten) ->

@@ -45,7 +45,7 @@ send(Dest, Msg) ->
 -spec send_remote(node(), pid(), term()) -> ok.
 send_remote(Node, Pid, Msg) ->
     case convoy_scope:collect_send(Node, Pid, Msg) of
-        none -> convoy_send:remote(persistent_term:get(?RUNTIME_KEY, undefined), Node, Pid, Msg);
+        none -> convoy_send:send(Node, Pid, Msg);
         collected -> ok;
         full -> leave()
     end.
@@ -105,8 +105,8 @@ resolve_many(_Improper, All, _Local, _Remote, _Nodes) ->
     erlang:error(badarg, [All]).
 
 %% @doc Remote messages of `send_many/1', by node (`Remote', in list order). While convoy runs, a node's small
-%% messages go to the sender's lane together: one admission, room taken for all
-%% of them at once, and one hand-over for every such node. A node for which that
+%% messages go to the sender's lane for the node together: one admission, room
+%% taken for all of them at once, and one hand-over. A node for which that
 %% is not the plain case (a large message among them, no room for all of them
 %% at once, a message in pieces not yet confirmed) gets its messages one by one,
 %% as `send/2' sends them, after the hand-over: messages to one node keep their
@@ -128,10 +128,10 @@ many(RT = #runtime{stopping = false, large_threshold = T}, Remote) ->
                                      end
                              end, {[], []}, Remote),
     case convoy_send:together(RT, Together) of
-        {again, Groups} ->
-            %% the lane was closed: under the runtime republished meanwhile
+        {again, Groups, Left} ->
+            %% a lane was closed: under the runtime republished meanwhile
             many(persistent_term:get(?RUNTIME_KEY, undefined), Groups),
-            one_by_one(RT, OneByOne);
+            one_by_one(RT, Left ++ OneByOne);
         Left ->
             one_by_one(RT, Left ++ OneByOne)
     end;

@@ -9,12 +9,17 @@
 -define(RUNTIME_KEY, '$convoy_runtime').
 
 -record(runtime, {
-    lanes :: tuple(),                 % lane pids, index 1..n
+    %% a node's runtime (`convoy_lanes'): its lanes' pids, index 1..n; the
+    %% settings' runtime: none
+    lanes :: tuple(),
+    %% the settings' runtime: each connected node's runtime (a node's: none)
+    rows :: #{node() => #runtime{}},
     %% this start of convoy (tells stale caches): an integer, compared on every
     %% cached lookup of a send at the cost of one word
     generation :: pos_integer(),
+    %% lanes per node (the `lanes' setting)
     n :: pos_integer(),
-    %% each lane's admission counters (convoy_slots), index 1..n
+    %% a node's runtime: its lanes' admission counters (convoy_slots), index 1..n
     slots :: tuple(),
     %% the clock of the lanes' bookkeeping (convoy_slots:now_us/1): ticks of
     %% os:perf_counter/0 per microsecond, 0 for erlang:monotonic_time/1

@@ -5,9 +5,10 @@
 %%
 %% Ordering rests on three rules.
 %% <ol>
-%% <li>A sender always uses the same lane: `phash2(self(), Lanes)'. A lane ships each
-%%   node's queue in order, always to the same inbox of that node, and the inbox
-%%   delivers batches in arrival order.</li>
+%% <li>A sender always uses the same lane for a node: each node has lanes of its
+%%   own (`convoy_lanes'), and the sender's is the one at `phash2(self(), Lanes)'
+%%   among them. A lane ships its node's queue in order, always to the same inbox
+%%   of that node, and the inbox delivers batches in arrival order.</li>
 %% <li>A sender may bypass its lane only when the lane is idle: every admission to the
 %%   lane has been disposed of. Then everything the sender handed over before is
 %%   already in the distribution connection, which delivers in order what it was
@@ -40,7 +41,7 @@
 %% convoy's.
 -module(convoy_send).
 
--export([remote/4, entry/4, entry/5, entry_size/2, together/2, lane_of/1]).
+-export([send/3, remote/4, entry/4, entry/5, entry_size/2, together/2]).
 
 -export_type([entry_size/0]).
 
@@ -80,15 +81,32 @@
 %%--------------------------------------------------------------------
 %% One message
 
+%% @doc `send/2''s message to `To' on `Node': under the node's runtime when it is
+%% connected (found in the settings' runtime), else as `remote/4'.
+-spec send(node(), term(), term()) -> ok.
+send(Node, To, Msg) ->
+    case persistent_term:get(?RUNTIME_KEY, undefined) of
+        #runtime{stopping = false, rows = #{Node := Row}} -> sending(Row, Node, To, Msg);
+        RT -> remote(RT, Node, To, Msg)
+    end.
+
 %% @doc One message to `To' on `Node' under the runtime `RT' (`undefined' when
-%% convoy is not running): `ok', or `{error, overload}' when `send/3' is refused.
+%% convoy is not running) and its options: `ok', or `{error, overload}' when
+%% `send/3' is refused.
 -spec remote(#runtime{} | undefined, node(), term(), term()) -> ok | {error, overload}.
 remote(undefined, Node, To, Msg) ->
     after_pieces(undefined, Node, {To, Msg}, fun() -> plain_send(Node, [To], Msg) end);
 remote(RT = #runtime{stopping = true}, Node, To, Msg) ->
-    after_pieces(RT, Node, {To, Msg}, fun() -> stopping(RT, Node, [To], Msg) end);
-remote(RT = #runtime{large_threshold = T, lanes = Lanes}, Node, To, Msg) ->
-    L = lane_of(RT),
+    after_pieces(RT, Node, {To, Msg}, fun() -> stopping(Node, [To], Msg) end);
+remote(RT, Node, To, Msg) ->
+    case convoy_lanes:runtime(RT, Node) of
+        Row = #runtime{stopping = false} -> sending(Row, Node, To, Msg);
+        StoppingOrNot -> remote(StoppingOrNot, Node, To, Msg)
+    end.
+
+%% A message under its node's runtime (`Row'), convoy running.
+sending(RT = #runtime{large_threshold = T, lanes = Lanes}, Node, To, Msg) ->
+    L = convoy_lanes:lane_of(RT),
     Bytes = convoy_size:bytes(Msg), % measured once
     case convoy_sender:marked(Node, Lanes) of
         {_Lanes, _C, _H} = Refs ->
@@ -188,11 +206,26 @@ direct_send(S = #send{node = Node, to = To, msg = Msg}) ->
 %% messages. Returns the groups left to send one by one, or to send again under
 %% the runtime republished by a lane change or a stop (the lane was closed).
 -spec together(#runtime{}, [{node(), list(), non_neg_integer(), {node(), list()}}]) ->
-          [{node(), list()}] | {again, [{node(), list()}]}.
-together(_RT, []) ->
-    [];
+          [{node(), list()}] | {again, [{node(), list()}], [{node(), list()}]}.
 together(RT, Nodes) ->
-    bracket(#many{rt = RT, lane = lane_of(RT), nodes = Nodes, count = count(Nodes)}, together).
+    together(RT, Nodes, [], []).
+
+%% Each node's messages under its own runtime and lane.
+together(_RT, [], [], Left) ->
+    lists:append(lists:reverse(Left));
+together(_RT, [], Again, Left) ->
+    {again, lists:append(lists:reverse(Again)), lists:append(lists:reverse(Left))};
+together(RT, [{Node, _, _, Group} = G | Rest], Again, Left) ->
+    case convoy_lanes:runtime(RT, Node) of
+        Row = #runtime{stopping = false} ->
+            case bracket(#many{rt = Row, lane = convoy_lanes:lane_of(Row), nodes = [G],
+                               count = count([G])}, together) of
+                {again, Groups} -> together(RT, Rest, [Groups | Again], Left);
+                Groups -> together(RT, Rest, Again, [Groups | Left])
+            end;
+        _StoppingOrStopped ->
+            together(RT, Rest, [[Group] | Again], Left) % sent again, one by one
+    end.
 
 %% The one admission of a message (or of `send_many/1''s messages) and the one
 %% place where the sender ends it: `bracket/5', for a job, the plan decided
@@ -589,9 +622,15 @@ entry(undefined, Node, Tos, Msg, _Size) ->
     after_pieces(undefined, Node, wire_entry({Tos, Msg}),
                  fun() -> plain_send(Node, Tos, Msg) end);
 entry(RT = #runtime{stopping = true}, Node, Tos, Msg, _Size) ->
-    after_pieces(RT, Node, wire_entry({Tos, Msg}), fun() -> stopping(RT, Node, Tos, Msg) end);
+    after_pieces(RT, Node, wire_entry({Tos, Msg}), fun() -> stopping(Node, Tos, Msg) end);
 entry(RT, Node, Tos, Msg, Size) ->
-    L = lane_of(RT),
+    case convoy_lanes:runtime(RT, Node) of
+        Row = #runtime{stopping = false} -> entry_row(Row, Node, Tos, Msg, Size);
+        StoppingOrStopped -> entry(StoppingOrStopped, Node, Tos, Msg, Size)
+    end.
+
+entry_row(RT, Node, Tos, Msg, Size) ->
+    L = convoy_lanes:lane_of(RT),
     S = #send{rt = RT, lane = L, node = Node, to = Tos, msg = Msg, size = Size, entry = true},
     case convoy_sender:marker(Node) of
         {pieces, Inbox} ->
@@ -667,7 +706,8 @@ after_pieces(RT, Node, Entry, Next) ->
     end.
 
 settle(RT, Node, Inbox, Entry, Next) ->
-    case convoy_wait:confirm(RT, settle_lane(RT), Node, Inbox, convoy_row:counters(Node)) of
+    {RT1, L} = convoy_lanes:prober(RT, Node),
+    case convoy_wait:confirm(RT1, L, Node, Inbox, convoy_row:counters(Node)) of
         ok ->
             case RT of
                 undefined -> convoy_sender:unmark(Node); % nothing of convoy's to wait for
@@ -677,11 +717,6 @@ settle(RT, Node, Inbox, Entry, Next) ->
         _TimeoutOrNotSent ->
             behind_pieces(RT, Node, Inbox, Entry, Next)
     end.
-
-%% The caller's lane, which probes the node if the confirm runs out; with convoy
-%% not running nothing is counted or probed, and any index does.
-settle_lane(undefined) -> 1;
-settle_lane(RT) -> lane_of(RT).
 
 %% The message follows the pieces through their inbox: never suspending while
 %% convoy runs (a full connection to a node that does not answer is overload:
@@ -720,12 +755,15 @@ plain_send(Node, Tos, Msg) ->
 %% messages to Node went through its lane or an inbox waits until its lane is gone
 %% (everything it held shipped and confirmed delivered by the peer's inbox, or
 %% counted as dropped), so that its plain sends cannot overtake them.
-stopping(RT, Node, Tos, Msg) ->
+stopping(Node, Tos, Msg) ->
     case convoy_sender:is_marked(Node) of
         false ->
             ok;
         true ->
-            convoy_wait:await_gone(element(lane_of(RT), RT#runtime.lanes)),
+            case convoy_lanes:row(Node) of
+                undefined -> ok; % no lane of its took anything for it
+                Row -> convoy_wait:await_gone(convoy_lanes:lane(Row))
+            end,
             convoy_sender:unmark(Node)
     end,
     plain_send(Node, Tos, Msg).
@@ -733,10 +771,6 @@ stopping(RT, Node, Tos, Msg) ->
 %%--------------------------------------------------------------------
 %% Facts
 
-%% @doc The lane index of the calling process.
--spec lane_of(#runtime{}) -> pos_integer().
-lane_of(#runtime{n = 1}) -> 1;
-lane_of(#runtime{n = N}) -> erlang:phash2(self(), N) + 1.
 
 slots(#runtime{slots = Slots}, L) -> element(L, Slots).
 

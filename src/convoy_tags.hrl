@@ -53,6 +53,9 @@
 -define(TAG_RETIRING, '$convoy_retiring').
 -define(TAG_NODE_DONE, '$convoy_node_done').
 -define(TAG_RETIRED, '$convoy_retired').
+%% From convoy_peers to convoy_control: a node's row
+%% was forgotten; checked there (no row, not connected) before its lanes retire.
+-define(TAG_FORGOTTEN, '$convoy_forgotten').
 
 %% convoy:call/2,3 (convoy_gen) and the monitors it shares (convoy_calls): a
 %% watch taken, a server's `DOWN' passed on, and the tag of the `DOWN' a caller

@@ -76,7 +76,7 @@ barrier(RT = #runtime{lanes = Lanes, barrier_timeout = Timeout}, L, Node, Inboxe
 %% it has no row, or `RT' undefined when convoy is not running: then nothing is
 %% counted), `L' the caller's lane (which probes the node if the wait runs
 %% out). A node marked unanswered is not waited for again: one wait per stall.
--spec confirm(#runtime{} | undefined, pos_integer(), node(), atom(),
+-spec confirm(#runtime{} | undefined, pos_integer() | none, node(), atom(),
               counters:counters_ref() | undefined) -> ok | timeout | not_sent.
 confirm(RT, L, Node, Inbox, C) ->
     case C =/= undefined andalso convoy_metrics:is_unanswered(C) of
@@ -251,7 +251,7 @@ waited(RT, L, C, Node, Wait, T0, Result) ->
 %% time units; counted by the wait itself, here or in `convoy_chunk_send' for a
 %% message in pieces): the node is marked unanswered, lane `L' probes it, and
 %% the event is reported.
--spec ran_out(#runtime{}, pos_integer(), node(), counters:counters_ref(),
+-spec ran_out(#runtime{}, pos_integer() | none, node(), counters:counters_ref(),
               barrier | drain | piece, integer()) -> ok.
 ran_out(RT, L, Node, C, Wait, Waited) ->
     ok = unanswered(RT, L, Node, C, wait),
@@ -261,7 +261,10 @@ ran_out(RT, L, Node, C, Wait, Waited) ->
 %% @doc Mark `Node' unanswered (`convoy_metrics:unanswered/2') and ask lane `L' to
 %% probe it, so the mark clears once the node answers even if no lane ships to
 %% it meanwhile (a lane probing it already ignores the request).
--spec unanswered(#runtime{}, pos_integer(), node(), counters:counters_ref(), wait | room) -> ok.
+-spec unanswered(#runtime{}, pos_integer() | none, node(), counters:counters_ref(),
+                 wait | room) -> ok.
+unanswered(_RT, none, _Node, C, Why) ->
+    convoy_metrics:unanswered(C, Why);
 unanswered(#runtime{lanes = Lanes}, L, Node, C, Why) ->
     ok = convoy_metrics:unanswered(C, Why),
     element(L, Lanes) ! {?TAG_PROBE, Node},

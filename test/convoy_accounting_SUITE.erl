@@ -226,8 +226,7 @@ resume_lanes() ->
     ok.
 
 lanes() ->
-    #runtime{lanes = Lanes} = persistent_term:get(?RUNTIME_KEY),
-    tuple_to_list(Lanes).
+    [L || {_Node, #runtime{lanes = Lanes}} <- convoy_lanes:rows(), L <- tuple_to_list(Lanes)].
 
 %%--------------------------------------------------------------------
 %% The invariants
@@ -271,9 +270,9 @@ check(Before, After0, Receivers, ReceiverNodes, Sent, Refused) ->
 %% Every lane's admissions and disposals, and the nodes' counters, once every
 %% admission was disposed of and nothing is held (or after Tries polls).
 settled(Nodes, Tries) ->
-    RT = persistent_term:get(?RUNTIME_KEY),
     Lanes = [{convoy_slots:admitted(S), convoy_slots:disposed(S)}
-             || S <- tuple_to_list(RT#runtime.slots)],
+             || {_Node, #runtime{slots = Slots}} <- convoy_lanes:rows(),
+                S <- tuple_to_list(Slots)],
     Counters = counters(lists:usort(Nodes)),
     Held = [N || {N, #{buffered := B, queued := Q}} <- maps:to_list(Counters), B + Q =/= 0],
     case [A || {A, D} <- Lanes, A =/= D] =:= [] andalso Held =:= [] of

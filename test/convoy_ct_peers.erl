@@ -8,8 +8,30 @@
 -export([start/3, start_convoy/2, start_local/1, stop_local/0, convoy_peer/3, await_route/2,
          route_kind/1, await/3, with_stopped/2,
          restart_here/0, route_as_version/2, trace_inbox/1, traced/1, sink_on/1, received/2]).
+%% This node's lanes (each node's own, `convoy_lanes').
+-export([lanes/0, lane/2, slots/1, all_slots/0]).
 %% Run on the peers.
 -export([sink/0]).
+
+%% Every lane of every node, node by node.
+lanes() ->
+    [L || {_Node, Row} <- convoy_lanes:rows(), L <- tuple_to_list(element(2, lanes_slots(Row)))].
+
+%% Lane I of Node's (its pid).
+lane(Node, I) ->
+    element(I, element(2, lanes_slots(convoy_lanes:row(Node)))).
+
+%% Node's lanes' admission counters, as a tuple (lane I's at I).
+slots(Node) ->
+    element(3, lanes_slots(convoy_lanes:row(Node))).
+
+%% Every lane's admission counters, node by node.
+all_slots() ->
+    [S || {_Node, Row} <- convoy_lanes:rows(), S <- tuple_to_list(element(3, lanes_slots(Row)))].
+
+%% A node's runtime's lanes and slots (convoy_runtime.hrl is convoy's own).
+lanes_slots(Row) ->
+    {Row, convoy_lanes:lanes_of(Row), convoy_lanes:slots_of(Row)}.
 
 %% A peer named Name for Suite; Extra: peer:start_options(), `args' appended.
 start(Suite, Name, Extra) ->

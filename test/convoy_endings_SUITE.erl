@@ -122,8 +122,7 @@ suspended(Lane) ->
 
 %% Lane L has shipped everything admitted to it and the node holds nothing.
 shipped(L, Node) ->
-    #runtime{slots = Slots} = persistent_term:get(?RUNTIME_KEY),
-    A = element(L, Slots),
+    A = element(L, convoy_ct_peers:slots(Node)),
     {_C, H} = convoy_peers:refs(Node),
     case convoy_slots:disposed(A) =:= convoy_slots:admitted(A) andalso convoy_held:is_empty(H) of
         true -> ok;
@@ -341,8 +340,7 @@ name(decide) -> decide;
 name(overload) -> overload.
 
 lanes() ->
-    #runtime{lanes = Lanes} = persistent_term:get(?RUNTIME_KEY),
-    tuple_to_list(Lanes).
+    convoy_ct_peers:lanes().
 
 sink_on(Node) ->
     convoy_ct_peers:sink_on(Node).

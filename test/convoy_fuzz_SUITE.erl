@@ -168,8 +168,12 @@ fuzz_peers(Config) ->
 fuzz_lanes(Config) ->
     rand:seed(exsss, ?config(seed, Config)),
     Ctx = ctx(Config),
-    Lanes = [P || #{pid := P} <- maps:get(lanes, convoy:info())],
-    ?assertEqual(2, length(Lanes)),
+    LaneInfo = maps:get(lanes, convoy:info()),
+    Lanes = [P || #{pid := P} <- LaneInfo],
+    %% two lanes for each node: the peers, A and B
+    ?assertEqual(lists:sort([?config(a, Config), ?config(a, Config), ?config(b, Config),
+                             ?config(b, Config)]),
+                 lists:sort([N || #{node := N} <- LaneInfo])),
     Before = rejected(),
     N = lists:sum([begin
                        Sent = length([L ! lane_term(Ctx) || _ <- lists:seq(1, ?LANE_INPUTS)]),

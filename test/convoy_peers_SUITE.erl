@@ -261,9 +261,10 @@ dead_names_forgotten(_Config) ->
                         end),
     receive sent -> ok after 60000 -> ct:fail(sends_stuck) end,
     ?assert(length(convoy_peers:all()) >= N),
-    %% the lane keeps nothing for nodes it no longer holds anything for
-    [Lane] = [P || #{pid := P} <- maps:get(lanes, convoy:info())],
-    ?assertMatch(#{known_nodes := K} when K =< 1, sys:get_state(Lane)),
+    %% each node has a lane of its own, which keeps nothing once it holds nothing
+    Lanes = [P || #{pid := P} <- maps:get(lanes, convoy:info())],
+    ?assert(length(Lanes) >= N),
+    [?assertMatch(#{known_nodes := K} when K =< 1, sys:get_state(Lane)) || Lane <- Lanes],
     ok = convoy_peers:set_sweep(#{interval => 200, grace => 300}),
     convoy_ct_peers:await(fun() -> maps:get(nodes, convoy_peers:forgotten()) end,
                           fun(F) -> F >= N end, 20000),
@@ -280,6 +281,11 @@ dead_names_forgotten(_Config) ->
     [?assertMatch(#{node := _, at := _, counters := #{accepted := 1, dropped := 1}}, L)
      || L <- Last],
     ?assertEqual([], [Name || Name <- Names, is_map_key(Name, Nodes)]),
+    %% and their lanes retired: only connected nodes keep theirs
+    convoy_ct_peers:await(fun() -> [P || P <- Lanes, is_process_alive(P)] end,
+                          fun(Alive) -> length(Alive) =< length(nodes(connected)) end, 20000),
+    ?assertEqual([], [N1 || #{node := N1} <- maps:get(lanes, convoy:info()),
+                            lists:member(N1, Names)]),
     Reports = log_reports(),
     ct:pal("~p sweep reports: ~p", [length(Reports), [maps:without([nodes], R) || R <- Reports]]),
     ?assertEqual(N, lists:sum([C || #{count := C} <- Reports])),

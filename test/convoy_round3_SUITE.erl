@@ -42,7 +42,7 @@ killed_while_blocked_disposes(_Config) ->
                                   block_timeout => 60000, max_delay => 1000}),
     {_PeerB, B} = convoy_ct_peers:convoy_peer(?MODULE, ?CT_PEER_NAME(r3_block), #{}),
     Sink = spawn(B, ?MODULE, collector, []),
-    Lane = lane(1),
+    Lane = convoy_ct_peers:lane(B, 1),
     ok = sys:suspend(Lane),
     Sender = spawn(fun() -> [convoy:send(Sink, {n, I}) || I <- lists:seq(1, 10)] end),
     %% five held, the sixth blocked in its wait for room
@@ -53,7 +53,7 @@ killed_while_blocked_disposes(_Config) ->
                           end, 10000),
     exit(Sender, kill),
     ok = sys:resume(Lane),
-    await_idle(1),
+    await_idle(B, 1),
     ok = convoy:set_config(#{lanes => 2}),
     await_received(Sink, 5),
     await_idle_all().
@@ -82,7 +82,7 @@ killed_in_barrier_wait_disposes(_Config) ->
                                  (_) -> false
                               end, 10000),
         exit(Sender, kill),
-        await_idle(1)
+        await_idle(B, 1)
     end),
     ok = convoy:set_config(#{lanes => 2}),
     await_idle_all().
@@ -98,7 +98,7 @@ killed_in_send_many_disposes(_Config) ->
     Hits = length([K || K <- Kills, K]),
     ct:pal("killed inside the distribution send: ~p of ~p", [Hits, length(Kills)]),
     ?assert(Hits > 0),
-    await_idle(1),
+    await_idle(B, 1),
     ok = convoy:set_config(#{lanes => 2}),
     await_idle_all().
 
@@ -231,21 +231,17 @@ lone_blocked_sender_waits_once(_Config) ->
 %%--------------------------------------------------------------------
 %% Helpers
 
-lane(I) ->
-    element(I, (persistent_term:get(?RUNTIME_KEY))#runtime.lanes).
-
-%% Every admission to lane I disposed of (a lane's slots are read by the test).
-await_idle(I) ->
-    Slots = element(I, (persistent_term:get(?RUNTIME_KEY))#runtime.slots),
+%% Every admission to Node's lane I disposed of (a lane's slots are read by the test).
+await_idle(Node, I) ->
+    Slots = element(I, convoy_ct_peers:slots(Node)),
     convoy_ct_peers:await(fun() -> convoy_slots:admitted(Slots) - convoy_slots:disposed(Slots) end,
                           fun(D) -> D =:= 0 end, 10000).
 
 await_idle_all() ->
     convoy_ct_peers:await(
       fun() ->
-              RT = persistent_term:get(?RUNTIME_KEY),
               [convoy_slots:admitted(S) - convoy_slots:disposed(S)
-               || S <- tuple_to_list(RT#runtime.slots)]
+               || S <- convoy_ct_peers:all_slots()]
       end,
       fun(Ds) -> lists:all(fun(D) -> D =:= 0 end, Ds) end, 15000).
 

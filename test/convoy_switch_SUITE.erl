@@ -107,7 +107,7 @@ pieces_then_lane(Switch, AfterResume) ->
     {convoy, _, Inboxes} = convoy_peers:route(B),
     Inbox = convoy_wire:lane_inbox(2, Inboxes),
     Sender = sender_on_lane(2, Sink),
-    Lane = lane(2),
+    Lane = convoy_ct_peers:lane(B, 2),
     ok = peer:call(PeerB, sys, suspend, [Inbox]),
     try
         Sender ! {send, large, binary:copy(<<"L">>, 10000)},
@@ -135,9 +135,6 @@ stopping() ->
         #runtime{stopping = Stopping} -> Stopping;
         undefined -> true
     end.
-
-lane(I) ->
-    element(I, (persistent_term:get(?RUNTIME_KEY))#runtime.lanes).
 
 %% A process whose lane (of 2) is Lane, sending to Sink as told.
 sender_on_lane(Lane, Sink) ->
