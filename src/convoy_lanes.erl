@@ -109,22 +109,15 @@ flush(Which, Timeout) ->
         _ when Which =:= node() ->
             ok;
         _RT ->
-            Deadline = deadline(Timeout),
-            flush_lanes(callers_lanes(Which), Which, Deadline)
-    end.
-
-flush_lanes([], _Which, _Deadline) ->
-    ok;
-flush_lanes([{_Node, #runtime{stopping = true}, Lane} | Rest], Which, Deadline) ->
-    %% The lane ships everything and goes (terminate/2 bounds the wait).
-    ok = convoy_wait:await_gone(Lane),
-    flush_lanes(Rest, Which, Deadline);
-flush_lanes([{Node, _Row, Lane} | Rest], Which, Deadline) ->
-    case convoy_wait:flush(Lane, Node, left(Deadline)) of
-        ok -> flush_lanes(Rest, Which, Deadline);
-        %% The lane was replaced (lanes changed) or convoy restarted.
-        down -> flush(Which, left(Deadline));
-        timeout -> {error, timeout}
+            {Stopping, Running} = lists:partition(fun({_, #runtime{stopping = S}, _}) -> S end,
+                                                  callers_lanes(Which)),
+            %% A stopping lane ships everything and goes (the stop bounds the wait).
+            lists:foreach(fun({_, _, Lane}) -> ok = convoy_wait:await_gone(Lane) end, Stopping),
+            case convoy_wait:flush([{Node, Lane} || {Node, _, Lane} <- Running], Timeout) of
+                ok -> ok;
+                down -> flush(Which, Timeout); % a lane was replaced, or convoy restarted
+                timeout -> {error, timeout}
+            end
     end.
 
 %% The caller's lane for each node `Which' names: its runtime and its pid.
@@ -135,9 +128,3 @@ callers_lanes(Node) ->
         undefined -> []; % no lane of its has taken anything
         Row -> [{Node, Row, lane(Row)}]
     end.
-
-deadline(infinity) -> infinity;
-deadline(Timeout) -> erlang:monotonic_time(millisecond) + Timeout.
-
-left(infinity) -> infinity;
-left(Deadline) -> max(0, Deadline - erlang:monotonic_time(millisecond)).

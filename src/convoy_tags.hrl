@@ -22,7 +22,7 @@
 %% A sender to its lane (convoy_route to convoy_lane): a message to queue, by
 %% kind `{Kind, Node, To, Msg, Bytes}'; several small ones in one hand-over
 %% (`{?TAG_SENDS, Sends, N}', `convoy:send_many/1'); a blocked sender's wait for
-%% room; a probe of a node that did not answer; a flush (`convoy_wait:flush/3').
+%% room; a probe of a node that did not answer; a flush (`convoy_wait:flush/2').
 -define(TAG_SEND, '$convoy_send').
 -define(TAG_SENDS, '$convoy_sends').
 -define(TAG_LARGE, '$convoy_large').

@@ -12,7 +12,7 @@
 %% sender that dies".
 -module(convoy_wait).
 
--export([barrier/7, confirm/5, flush/3, drain/4, room/7, end_wait/2, await_gone/1,
+-export([barrier/7, confirm/5, flush/2, drain/4, room/7, end_wait/2, await_gone/1,
          unanswered/5, ran_out/6]).
 
 -include("convoy_runtime.hrl").
@@ -108,21 +108,42 @@ confirm_sent(RT, L, Node, Inbox, C) ->
 barrier_timeout(#runtime{barrier_timeout = T}) -> T;
 barrier_timeout(undefined) -> maps:get(barrier_timeout, convoy_config:defaults()).
 
-%% @doc Wait until `Lane' has shipped (handed to distribution) or counted as
-%% dropped everything it held for `Which' (a node, or `all') when asked; `down'
-%% if the lane went first (replaced or stopped), `timeout' after `Timeout' ms.
--spec flush(pid(), node() | all, timeout()) -> ok | down | timeout.
-flush(Lane, Which, Timeout) ->
-    Mon = erlang:monitor(process, Lane, [{alias, demonitor}]),
-    Lane ! {?TAG_FLUSH, Which, Mon, Mon},
+%% @doc Wait until each of `Lanes' (a node's lane, by node) has shipped (handed
+%% to distribution) or counted as dropped everything it held for its node when
+%% asked; all are asked at once. `down' if a lane went first (replaced or
+%% stopped), `timeout' after `Timeout' ms.
+-spec flush([{node(), pid()}], timeout()) -> ok | down | timeout.
+flush(Lanes, Timeout) ->
+    Mons = [begin
+                Mon = erlang:monitor(process, Lane, [{alias, demonitor}]),
+                Lane ! {?TAG_FLUSH, Node, Mon, Mon},
+                Mon
+            end || {Node, Lane} <- Lanes],
+    flush_answers(Mons, case Timeout of
+                            infinity -> infinity;
+                            _ -> erlang:monotonic_time(millisecond) + Timeout
+                        end).
+
+flush_answers([], _Deadline) ->
+    ok;
+flush_answers([Mon | Rest], Deadline) ->
     Result = receive
                  {Mon, ok} -> ok;
                  {'DOWN', Mon, process, _, _} -> down
-             after Timeout ->
+             after left_ms(Deadline) ->
                  timeout
              end,
     ok = end_wait(Mon, Result =/= ok),
-    Result.
+    case Result of
+        ok ->
+            flush_answers(Rest, Deadline);
+        _ ->
+            lists:foreach(fun(M) -> ok = end_wait(M, true) end, Rest),
+            Result
+    end.
+
+left_ms(infinity) -> infinity;
+left_ms(Deadline) -> max(0, Deadline - erlang:monotonic_time(millisecond)).
 
 %% @doc Wait (at most barrier_timeout ms) until lane `L' has shipped what it
 %% holds for `Node', as `convoy:flush/1' does: ok or timeout, counted as a wait
@@ -130,7 +151,7 @@ flush(Lane, Which, Timeout) ->
 -spec drain(#runtime{}, pos_integer(), node(), counters:counters_ref()) -> ok | timeout.
 drain(RT = #runtime{lanes = Lanes, barrier_timeout = T}, L, Node, C) ->
     T0 = erlang:monotonic_time(),
-    Drained = case flush(element(L, Lanes), Node, T) of
+    Drained = case flush([{Node, element(L, Lanes)}], T) of
                   ok -> ok;
                   _DownOrTimeout -> timeout
               end,
