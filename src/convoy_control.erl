@@ -407,8 +407,8 @@ gone_done(Pid, S = #s{gone = Gone0}) ->
 
 lane_died(Pid, Reason, S = #s{gone = Gone}) when is_map_key(Pid, Gone) ->
     %% what a forgotten node's lane still held is lost
-    {_Node, Slots} = maps:get(Pid, Gone),
-    count_lost(Slots, 0, 0, Reason),
+    {Node, Slots} = maps:get(Pid, Gone),
+    count_lost(Slots, 0, {Node, retiring}, Reason),
     gone_done(Pid, S);
 lane_died(Pid, Reason, S = #s{rows = Rows, switch = Sw}) ->
     case find_lane(Pid, Rows) of
@@ -417,9 +417,13 @@ lane_died(Pid, Reason, S = #s{rows = Rows, switch = Sw}) ->
         none when Sw =/= none ->
             %% An old lane of a lane change: what it held is lost; the change goes on
             %% without it.
-            {OldNode, OldI} = find_lane(Pid, Sw#switch.old),
-            count_lost(element(OldI, (maps:get(OldNode, Sw#switch.old))#runtime.slots), 0,
-                       OldI, Reason),
+            _ = case find_lane(Pid, Sw#switch.old) of
+                    {OldNode, OldI} ->
+                        count_lost(element(OldI, (maps:get(OldNode, Sw#switch.old))#runtime.slots),
+                                   0, {OldNode, retiring}, Reason);
+                    none ->
+                        ok
+                end,
             S1 = lists:foldl(fun(Node, Acc) -> node_done(Pid, Node, Acc) end,
                              S#s{switch = Sw#switch{reported = [Pid | lists:delete(Pid, Sw#switch.reported)]}},
                              maps:keys(Sw#switch.pending)),
@@ -443,7 +447,7 @@ replace_lane(Node, I, Reason, S = #s{rows = Rows, switch = Sw}) ->
                                   H -> {H, 1} % its forgotten lanes still retire
                               end
                      end,
-    count_lost(element(I, Slots), Behind, I, Reason),
+    count_lost(element(I, Slots), Behind, {Node, I}, Reason),
     Row1 = Row#runtime{slots = setelement(I, Slots, convoy_slots:new(Behind, Row#runtime.clock))},
     {Pid, S1} = start_lane(I, Held, Row1, S),
     Row2 = Row1#runtime{lanes = setelement(I, Lanes, Pid)},
@@ -454,12 +458,17 @@ replace_lane(Node, I, Reason, S = #s{rows = Rows, switch = Sw}) ->
     publish(S1#s{rows = Rows#{Node := Row2}, switch = Sw1}).
 
 %% Behind: 1 if the lane was still held (its counters started one behind).
-count_lost(Slots, Behind, I, Reason) ->
+%% Which: `{Node, I}', a lane replaced, or `{Node, retiring}', one that was going.
+count_lost(Slots, Behind, {Node, Which}, Reason) ->
     Granted = convoy_slots:close(Slots),
     Lost = max(0, Granted - convoy_slots:disposed(Slots) - Behind),
     convoy_metrics:lost(Lost),
-    ?LOG_ERROR(#{what => convoy_lane_died, lane => I, reason => Reason, lost => Lost,
-                 note => "the lane is replaced; nothing else restarts"}).
+    ?LOG_ERROR(#{what => convoy_lane_died, node => Node, lane => Which, reason => Reason,
+                 lost => Lost,
+                 note => case Which of
+                             retiring -> "the lane was retiring; nothing restarts";
+                             _ -> "the lane is replaced; nothing else restarts"
+                         end}).
 
 find_lane(Pid, Rows) ->
     case [{Node, I} || {Node, #runtime{lanes = Lanes}} <- maps:to_list(Rows),
