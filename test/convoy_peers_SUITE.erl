@@ -18,7 +18,8 @@
          forged_runtime_messages/1, remote_calls_refused/1, peer_restart_relearnt/1,
          refs_when_not_running/1, table_is_protected/1,
          dead_names_forgotten/1, rows_kept_while_needed/1, gone_peer_forgotten/1,
-         direct_count_after_forget/1, kept_refs_after_forget_and_restart/1]).
+         direct_count_after_forget/1, kept_refs_after_forget_and_restart/1,
+         sent_again_while_old_lanes_retire/1]).
 %% Run on peer nodes.
 -export([send_then_barrier/2, replay/3]).
 %% logger handler
@@ -39,7 +40,8 @@ groups() ->
                              peer_restart_relearnt]},
      {api, [], [refs_when_not_running, table_is_protected]},
      {sweep, [], [dead_names_forgotten, rows_kept_while_needed, gone_peer_forgotten,
-                  direct_count_after_forget, kept_refs_after_forget_and_restart]}].
+                  direct_count_after_forget, kept_refs_after_forget_and_restart,
+                  sent_again_while_old_lanes_retire]}].
 
 init_per_suite(Config) ->
     Config.
@@ -69,7 +71,8 @@ end_per_group(_Group, _Config) ->
 init_per_testcase(TC, Config) when TC =:= refs_when_not_running; TC =:= table_is_protected;
                                    TC =:= dead_names_forgotten; TC =:= rows_kept_while_needed;
                                    TC =:= gone_peer_forgotten; TC =:= direct_count_after_forget;
-                                   TC =:= kept_refs_after_forget_and_restart ->
+                                   TC =:= kept_refs_after_forget_and_restart;
+                                   TC =:= sent_again_while_old_lanes_retire ->
     stop_convoy(),
     Config;
 init_per_testcase(_TC, Config) ->
@@ -78,7 +81,8 @@ init_per_testcase(_TC, Config) ->
 end_per_testcase(TC, _Config) when TC =:= refs_when_not_running; TC =:= table_is_protected;
                                    TC =:= dead_names_forgotten; TC =:= rows_kept_while_needed;
                                    TC =:= gone_peer_forgotten; TC =:= direct_count_after_forget;
-                                   TC =:= kept_refs_after_forget_and_restart ->
+                                   TC =:= kept_refs_after_forget_and_restart;
+                                   TC =:= sent_again_while_old_lanes_retire ->
     _ = logger:remove_handler(?MODULE),
     stop_convoy();
 end_per_testcase(_TC, _Config) ->
@@ -438,6 +442,34 @@ kept_refs_after_forget_and_restart(_Config) ->
 
 host() ->
     tl(lists:dropwhile(fun(C) -> C =/= $@ end, atom_to_list(node()))).
+
+%% A node forgotten while its lane is kept from retiring (suspended), then sent
+%% to again: its new lane holds the message until the old one is gone, then
+%% ships it (here: counts it dropped, the node does not exist).
+sent_again_while_old_lanes_retire(_Config) ->
+    start_convoy(#{}),
+    X = list_to_atom("convoy_dead_again@" ++ host()),
+    LanesOf = fun() -> [P || #{node := N, pid := P} <- maps:get(lanes, convoy:info()), N =:= X] end,
+    ok = convoy:send({nobody, X}, one),
+    ok = convoy:flush(X), % counted dropped: nothing is held for X
+    [Old] = LanesOf(),
+    ok = sys:suspend(Old),
+    ok = convoy_peers:set_sweep(#{interval => 100, grace => 100}),
+    convoy_ct_peers:await(LanesOf, fun(Ls) -> Ls =:= [] end, 20000),
+    ok = convoy:send({nobody, X}, two),
+    [New] = LanesOf(),
+    ?assertNotEqual(Old, New),
+    ?assertMatch(#{held := #{X := true}, buffered := 1}, sys:get_state(New)),
+    ok = sys:resume(Old),
+    convoy_ct_peers:await(fun() -> is_process_alive(Old) end, fun(Alive) -> not Alive end,
+                          10000),
+    convoy_ct_peers:await(fun() -> sys:get_state(New) end,
+                          fun(#{held := H, buffered := B}) ->
+                                  B =:= 0 andalso not (is_map(H) andalso is_map_key(X, H))
+                          end, 10000),
+    ok = convoy:flush(X),
+    ?assertMatch(#{accepted := 1, dropped := 1},
+                 maps:get(X, maps:get(nodes, convoy:info()))).
 
 rejected() -> maps:get(rejected, convoy:info()).
 
