@@ -40,8 +40,13 @@ runtime(RT = #runtime{overload = O, block_timeout = T, refuse = R}, Node) ->
             ok = convoy_control:lanes_for(Node),
             case {row(Node), persistent_term:get(?RUNTIME_KEY, undefined)} of
                 {undefined, #runtime{stopping = false}} ->
-                    erlang:yield(), % convoy_control restarting
-                    runtime(RT, Node);
+                    %% convoy_control is not there to start them: restarting
+                    %% (its start publishes a new runtime), or gone with
+                    %% convoy's tree (what is left published is not served)
+                    case whereis(convoy_control) of
+                        undefined -> undefined;
+                        _ -> erlang:yield(), runtime(RT, Node)
+                    end;
                 {undefined, StoppingOrStopped} ->
                     StoppingOrStopped;
                 {_Row, _RT} ->
