@@ -14,7 +14,7 @@
 -export([compressed_in_order/1, old_peer_gets_plain/1, switched_while_streaming/1,
          auto_behind_busy_connection/1, corrupt_zbatch_rejected/1]).
 %% Run on peer nodes.
--export([zbatch_tracer/1, stream_from/2]).
+-export([zbatch_tracer/1, stream_from/2, stream_behind_blocker/3]).
 
 -define(SENDERS, 4).
 -define(RECEIVERS, 4).
@@ -141,19 +141,8 @@ auto_behind_busy_connection(_Config) ->
                                    end, fun(K) -> K =:= convoy end, 10000),
     Receivers = [convoy_ct_seq:start(B) || _ <- lists:seq(1, ?RECEIVERS)],
     Sink = convoy_ct_peers:sink_on(B),
-    %% the blocker is queued on A's connection before the stream starts (a send
-    %% checks the buffer before it queues, so the first one goes in whole)
-    ok = peer:call(PeerA, erlang, apply,
-                   [fun() ->
-                            Self = self(),
-                            _ = spawn(fun() ->
-                                              Sink ! {blocker, binary:copy(<<1>>, 1 bsl 27)},
-                                              Self ! blocker_queued
-                                      end),
-                            receive blocker_queued -> ok end
-                    end, []], 30000),
     Total = 5 * ?MESSAGES,
-    ok = peer:call(PeerA, ?MODULE, stream_from, [Receivers, Total], 120000),
+    ok = peer:call(PeerA, ?MODULE, stream_behind_blocker, [Sink, Receivers, Total], 120000),
     PerReceiver = Total div ?RECEIVERS,
     [?assertEqual({PerReceiver, []}, convoy_ct_seq:await(R, PerReceiver)) || R <- Receivers],
     Counts = convoy_ct_peers:await(
@@ -168,6 +157,18 @@ auto_behind_busy_connection(_Config) ->
     ct:pal("~b meters answered, ~b batches compressed",
            [Answers, maps:get(compressed_batches, Counts)]),
     ?assert(Answers > 0).
+
+%% On a peer: the blocker is queued on the connection to Sink's node (a send
+%% checks the buffer before it queues, so the first one goes in whole), and the
+%% stream starts at once, from here, while the connection is still busy with it.
+stream_behind_blocker(Sink, Receivers, Total) ->
+    Self = self(),
+    _ = spawn(fun() ->
+                      Sink ! {blocker, binary:copy(<<1>>, 1 bsl 27)},
+                      Self ! blocker_queued
+              end),
+    receive blocker_queued -> ok end,
+    stream_from(Receivers, Total).
 
 %% On a peer: 4 senders each send their share of Total event-shaped messages to
 %% the receivers in turn, flush, and the call returns once all have.
