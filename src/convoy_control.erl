@@ -159,6 +159,17 @@ publish(S = #s{runtime = RT, rows = Rows}) ->
     _ = [persistent_term:erase({?RUNTIME_KEY, Node}) || Node <- maps:keys(Connected)],
     S.
 
+%% `publish/1' for one node's runtime that changed (started, a lane replaced):
+%% the other nodes' keys stay as they are.
+publish_node(Node, S = #s{runtime = RT, rows = Rows}) ->
+    case lists:member(Node, erlang:nodes()) of
+        true ->
+            persistent_term:put(?RUNTIME_KEY, RT#runtime{rows = maps:with(erlang:nodes(), Rows)});
+        false ->
+            persistent_term:put({?RUNTIME_KEY, Node}, maps:get(Node, Rows))
+    end,
+    S.
+
 %% Every node's published runtime that `Which' selects goes.
 erase_rows(Which) ->
     _ = [persistent_term:erase(K) || {K = {?RUNTIME_KEY, _}, Row} <- persistent_term:get(),
@@ -173,7 +184,7 @@ erase_rows(Which) ->
 add_node(Node, S = #s{rows = Rows}) when is_map_key(Node, Rows) ->
     S;
 add_node(Node, S) ->
-    publish(start_node(Node, S)).
+    publish_node(Node, start_node(Node, S)).
 
 start_node(Node, S = #s{rows = Rows}) when is_map_key(Node, Rows) ->
     S;
@@ -376,7 +387,11 @@ forget_node(Node, S = #s{rows = Rows}) ->
             case convoy_peers:lookup(Node) =:= none
                 andalso not lists:member(Node, nodes(connected)) of
                 true ->
-                    S1 = publish(S#s{rows = maps:remove(Node, Rows)}),
+                    S1 = S#s{rows = maps:remove(Node, Rows)},
+                    _ = case persistent_term:get(?RUNTIME_KEY) of
+                            #runtime{rows = #{Node := _}} -> publish(S1); % its nodedown not seen yet
+                            _ -> S1
+                        end,
                     _ = persistent_term:erase({?RUNTIME_KEY, Node}),
                     _ = retire_row(Row, S1),
                     Gone = maps:from_list([{element(I, Lanes), {Node, element(I, Slots)}}
@@ -455,7 +470,7 @@ replace_lane(Node, I, Reason, S = #s{rows = Rows, switch = Sw}) ->
               #switch{new = N1} when New -> Sw#switch{new = [Pid | lists:delete(Dead, N1)]};
               _ -> Sw
           end,
-    publish(S1#s{rows = Rows#{Node := Row2}, switch = Sw1}).
+    publish_node(Node, S1#s{rows = Rows#{Node := Row2}, switch = Sw1}).
 
 %% Behind: 1 if the lane was still held (its counters started one behind).
 %% Which: `{Node, I}', a lane replaced, or `{Node, retiring}', one that was going.

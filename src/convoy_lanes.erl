@@ -12,7 +12,7 @@
 %% exhausted it); connected nodes are few and change seldom.
 -module(convoy_lanes).
 
--export([row/1, runtime/2, prober/2, rows/0, lane_of/1, lane/1, lanes_of/1, slots_of/1, flush/2]).
+-export([row/1, runtime/2, prober/2, rows/0, lane_of/1, lane/1, flush/2]).
 
 -include("convoy_runtime.hrl").
 
@@ -92,14 +92,6 @@ lane_of(#runtime{n = N}) -> erlang:phash2(self(), N) + 1.
 -spec lane(#runtime{}) -> pid().
 lane(Row = #runtime{lanes = Lanes}) ->
     element(lane_of(Row), Lanes).
-
-%% @doc A node's runtime's lanes (their pids, lane I's at I).
--spec lanes_of(#runtime{}) -> tuple().
-lanes_of(#runtime{lanes = Lanes}) -> Lanes.
-
-%% @doc A node's runtime's lanes' admission counters (lane I's at I).
--spec slots_of(#runtime{}) -> tuple().
-slots_of(#runtime{slots = Slots}) -> Slots.
 
 %% @doc `convoy:flush/2', in the caller: wait until the caller's lane for `Which'
 %% (a node, or every node with lanes: `all') has shipped or counted as dropped

@@ -13,25 +13,25 @@
 %% Run on the peers.
 -export([sink/0]).
 
+-include_lib("convoy/src/convoy_runtime.hrl").
+
 %% Every lane of every node, node by node.
 lanes() ->
-    [L || {_Node, Row} <- convoy_lanes:rows(), L <- tuple_to_list(element(2, lanes_slots(Row)))].
+    [L || {_Node, #runtime{lanes = Lanes}} <- convoy_lanes:rows(), L <- tuple_to_list(Lanes)].
 
 %% Lane I of Node's (its pid).
 lane(Node, I) ->
-    element(I, element(2, lanes_slots(convoy_lanes:row(Node)))).
+    #runtime{lanes = Lanes} = convoy_lanes:row(Node),
+    element(I, Lanes).
 
 %% Node's lanes' admission counters, as a tuple (lane I's at I).
 slots(Node) ->
-    element(3, lanes_slots(convoy_lanes:row(Node))).
+    #runtime{slots = Slots} = convoy_lanes:row(Node),
+    Slots.
 
 %% Every lane's admission counters, node by node.
 all_slots() ->
-    [S || {_Node, Row} <- convoy_lanes:rows(), S <- tuple_to_list(element(3, lanes_slots(Row)))].
-
-%% A node's runtime's lanes and slots (convoy_runtime.hrl is convoy's own).
-lanes_slots(Row) ->
-    {Row, convoy_lanes:lanes_of(Row), convoy_lanes:slots_of(Row)}.
+    [S || {_Node, #runtime{slots = Slots}} <- convoy_lanes:rows(), S <- tuple_to_list(Slots)].
 
 %% A peer named Name for Suite; Extra: peer:start_options(), `args' appended.
 start(Suite, Name, Extra) ->
