@@ -16,12 +16,12 @@
 %%   everything before it has left the node (`convoy:flush/0,1', see
 %%   `convoy_lane_core').</li>
 %% </ul>
-%% A node's queue is `ready' (can ship), `busy' (a courier is waiting out a busy
-%% distribution buffer with its last chunk) or `connecting'. Only ready queues ship,
+%% A node's queue is `ready' (can ship), `busy' (a stopping lane found its
+%% connection busy and does not wait) or `connecting'. Only ready queues ship,
 %% and a chunk always comes from the head, so entries leave in the order they came.
 -module(convoy_batch).
 
--export([new/0, push/4, push_many/5, push_many/6, take/3, take_full/3, requeue/3, drop/2, forget/2, status/2, set_status/3,
+-export([new/0, push/4, push_many/5, push_many/6, take/3, requeue/3, drop/2, forget/2, status/2, set_status/3,
          due/4, next_timeout/3, buffered/1, buffered/2, nodes/1, is_message/1,
          count_messages/1, run_groups/1, run_groups/2]).
 
@@ -30,9 +30,9 @@
 -include("convoy_tags.hrl").
 
 %% Large messages in one chunk at most: enough to spread a chunk's cost (the
-%% lane's round, a courier when the connection is busy) over messages that each
-%% take tens of microseconds on the wire, few enough that a courier holding a
-%% run gives room back to blocked senders often.
+%% lane's round) over messages that each take tens of microseconds on the wire,
+%% few enough that a lane waiting out a busy connection with a run gives room
+%% back to blocked senders often.
 -define(LARGE_RUN, 16).
 %% Large messages of a run of at most SHARE_BYTES each share one distribution
 %% message while their encoded sizes add up to at most RUN_BYTES: a stream of
@@ -107,19 +107,6 @@ take(Node, Max, Core) ->
             erlang:error(badarg, [Node, Max, Core]);
         _ ->
             {[], Core}
-    end.
-
-%% @doc The next chunk of `Node''s queue when it holds at least `Max' messages and
-%% no large one, whatever its status: exactly `Max' messages from the head, with
-%% the marks among them. Otherwise `none'.
--spec take_full(node(), pos_integer(), core()) -> {[term(), ...], core()} | none.
-take_full(Node, Max, Core) ->
-    case Core of
-        #{Node := #nq{msgs = Msgs, large = 0} = NQ} when Msgs >= Max ->
-            {Chunk, NQ1} = take_chunk(Max, NQ),
-            {Chunk, Core#{Node := NQ1}};
-        _ ->
-            none
     end.
 
 take_chunk(Max, NQ = #nq{q = Q, msgs = Msgs, large = 0}) when Msgs =< Max ->

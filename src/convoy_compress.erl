@@ -8,7 +8,7 @@
 %% (`envelope/5'):
 %% <ul>
 %% <li>the lane asks for a zlib level (1..9), not `never': the `compress'
-%%   setting's, or under `auto' the one a courier chunk's meter gives
+%%   setting's, or under `auto' the one a busy batch's meter gives
 %%   (`convoy_compress_auto');</li>
 %% <li>the peer's negotiated version reads it (`convoy_wire:supports(Vsn,
 %%   zbatch)'): a peer below version 4 always gets plain batches;</li>

@@ -3,21 +3,22 @@
 %% busy connection delivers more messages a second than not, found by measuring
 %% both.
 %%
-%% Under `auto' a lane compresses only the chunks it gives a node's courier
-%% (`convoy_courier'), i.e. only while that node's connection is busy: a connection
+%% Under `auto' a lane compresses only the batches of a node's busy run (from a
+%% send that had to wait until a batch leaves the node's queue empty, see
+%% `convoy_lane'), i.e. only while that node's connection is busy: a connection
 %% that takes everything at once is not the limit, and compressing for it would
 %% cost both nodes CPU for nothing. A busy connection is not enough, though: it is
 %% busy as well when the receiving node's CPU is the limit, and there compressing
 %% adds decoding to that CPU and slows everything. So the meter measures.
 %%
-%% Each chunk a courier sends carries a meter (a barrier answered with the peer's
+%% Each batch of a busy run carries a meter (a barrier answered with the peer's
 %% time, `convoy_wire:meter/2') whose answer comes back to the lane once the
 %% peer's inbox has delivered everything before it (`answered/4');
-%% the courier compresses it or not at the level of the node's mode when it sends
-%% it (`level/2'). Answers in a row from one courier time its chunks' passage
-%% through the slowest stage, whichever it is: the link, the courier compressing,
-%% the peer decoding and delivering, or the lane and its senders (a courier lives
-%% only while chunks keep coming; if they come slower than the way takes them,
+%% the lane compresses it or not at the level of the node's mode when it builds
+%% it (`level/2'). Answers in a row from one run time its batches' passage
+%% through the slowest stage, whichever it is: the link, the lane compressing,
+%% the peer decoding and delivering, or the lane and its senders (a run lasts
+%% only while full chunks keep coming; if they come slower than the way takes them,
 %% both modes measure that pace, and either does). Messages over that time is the
 %% rate the mode in use gets, the peer's decoding included. Times are the
 %% peer's (a node's measures are compared only with each other), taken as its
@@ -26,7 +27,7 @@
 %% long against the scheduling of two busy nodes, short against what a try
 %% costs on a slow link.
 %%
-%% The meter uses one mode for the node's courier chunks, `plain' at first, and
+%% The meter uses one mode for the node's busy batches, `plain' at first, and
 %% measures it over `SAMPLES' chunks; then it measures the other mode as long,
 %% the first time at once, afterwards when `patience' times what its last try
 %% took has passed (from taking it up to its measurement: what was on its way
@@ -60,8 +61,8 @@
                 %% the mode that delivered more when last measured against the other
                 choice = plain :: mode(),
                 %% per mode, the messages and microseconds of its last measure (of
-                %% the chosen mode, all of them since it was taken up with the same
-                %% courier), and that courier
+                %% the chosen mode, all of them since it was taken up in the same
+                %% run), and that run
                 rates = #{} :: #{mode() => {pos_integer(), pos_integer(), reference()}},
                 %% the mode in use was just taken up: its first measure is the way
                 %% changing over (`warm', thrown away), then it starts anew (`fresh')
@@ -71,7 +72,7 @@
                 trial = none :: none | {mode(), non_neg_integer()},
                 %% chunks, messages and microseconds measured so far in `mode'
                 acc = {0, 0, 0} :: {non_neg_integer(), non_neg_integer(), non_neg_integer()},
-                %% the last answer: its courier, lot and when it came
+                %% the last answer: its run, batch and when it came
                 last = none :: none | {reference(), non_neg_integer(), integer()},
                 %% when the mode not chosen is measured again: set once both were,
                 %% `pending' until the lots of its last try are all answered
@@ -81,15 +82,15 @@
                 answers = 0 :: non_neg_integer()}).
 
 -opaque meters() :: #{node() => #meter{}}.
-%% What a chunk's meter carries back: its courier, its lot (couriers number
-%% their lots), its mode and its messages.
+%% What a batch's meter carries back: its run (a reference per busy run), its
+%% number in the run, its mode and its messages.
 -type tag() :: {reference(), pos_integer(), mode(), pos_integer()}.
 
 %% @doc No node measured yet.
 -spec new() -> meters().
 new() -> #{}.
 
-%% @doc The level `Node''s courier chunks are compressed at now (`never': plain);
+%% @doc The level `Node''s busy batches are compressed at now (`never': plain);
 %% the node is measured from now on.
 -spec level(node(), meters()) -> {never | 1..9, meters()}.
 level(Node, Meters) ->
@@ -103,30 +104,30 @@ mode_level(plain) -> never.
 
 %% @doc `Node''s inbox answered the meter tagged `Tag' at `Now' (its time, in
 %% microseconds). Returns the meters and, when the mode in use for the node
-%% changed, its level (for the node's courier) and, when the mode chosen changed,
+%% changed, its level (for the node's next busy batches) and, when the mode chosen changed,
 %% the new one with both modes' last rates (messages a second).
 -spec answered(node(), tag(), integer(), meters()) ->
           {meters(), none | {level, never | 1..9}
                    | {chosen, mode(), never | 1..9, #{mode() => float()}}}.
-answered(Node, {Courier, Seq, Mode, Msgs}, Now, Meters)
-  when is_reference(Courier), is_integer(Seq), is_integer(Msgs), Msgs > 0,
+answered(Node, {Run, Seq, Mode, Msgs}, Now, Meters)
+  when is_reference(Run), is_integer(Seq), is_integer(Msgs), Msgs > 0,
        is_map_key(Node, Meters) ->
     M = #meter{last = Last, answers = K} = maps:get(Node, Meters),
-    M1 = tried(Mode, Msgs, Now, M#meter{last = {Courier, Seq, Now}, answers = K + 1}),
+    M1 = tried(Mode, Msgs, Now, M#meter{last = {Run, Seq, Now}, answers = K + 1}),
     case Last of
         {_, _, At} when Now < At ->
             %% the peer's clock went back: another incarnation, measured anew
-            {Meters#{Node => #meter{last = {Courier, Seq, Now}, answers = K + 1}},
+            {Meters#{Node => #meter{last = {Run, Seq, Now}, answers = K + 1}},
              case M#meter.mode of
                  zip -> {level, never};
                  plain -> none
              end};
-        {Courier, Prev, At} when Prev =:= Seq - 1, Mode =:= M#meter.mode ->
-            measured(Node, Courier, {Msgs, Now - At}, Now, Meters#{Node => M1});
-        {Courier, _, _} ->
+        {Run, Prev, At} when Prev =:= Seq - 1, Mode =:= M#meter.mode ->
+            measured(Node, Run, {Msgs, Now - At}, Now, Meters#{Node => M1});
+        {Run, _, _} ->
             {Meters#{Node => M1}, none};
         _ ->
-            %% another courier: what the last one measured was another stretch
+            %% another run: what the last one measured was another busy time
             {Meters#{Node => M1#meter{acc = {0, 0, 0}}}, none}
     end;
 answered(_Node, _Tag, _Now, Meters) ->
@@ -166,9 +167,9 @@ summary(Meters) ->
 %% measure after it was taken up is thrown away (the lots of the other mode
 %% still on their way, and the link's and the peer's buffers, make it say more of
 %% the change than of the mode); the chosen mode's measures add up while it
-%% stays in use with the same courier, and the other mode's one measure (its
+%% stays in use in the same run, and the other mode's one measure (its
 %% second) is set against them.
-measured(Node, Courier, {Msgs, Us}, Now, Meters) ->
+measured(Node, Run, {Msgs, Us}, Now, Meters) ->
     M = #meter{acc = {N, Ms, U}, mode = Mode, rates = Rates, stretch = Stretch} =
         maps:get(Node, Meters),
     case N + 1 < ?SAMPLES orelse U + Us < ?MIN_SPAN_US of
@@ -178,17 +179,17 @@ measured(Node, Courier, {Msgs, Us}, Now, Meters) ->
             {Meters#{Node => M#meter{acc = {0, 0, 0}, stretch = fresh}}, none};
         false ->
             Measure = case Rates of
-                          #{Mode := {Ms0, U0, Courier}} when Stretch =:= on ->
-                              {Ms0 + Ms + Msgs, U0 + U + Us, Courier};
+                          #{Mode := {Ms0, U0, Run}} when Stretch =:= on ->
+                              {Ms0 + Ms + Msgs, U0 + U + Us, Run};
                           _ ->
-                              {Ms + Msgs, U + Us, Courier}
+                              {Ms + Msgs, U + Us, Run}
                       end,
             M1 = M#meter{acc = {0, 0, 0}, rates = Rates#{Mode => Measure}, stretch = on},
             M2 = decide(Mode, Now, M1),
             {Meters#{Node => M2}, change(M, M2)}
     end.
 
-%% What the lane is told: the courier's level when the mode in use changed, and
+%% What the lane is told: the busy batches' level when the mode in use changed, and
 %% the rates when the mode chosen did.
 change(#meter{mode = Mode, choice = Choice}, #meter{mode = Mode, choice = Choice}) ->
     none;
@@ -206,7 +207,7 @@ decide(Mode, Now, M = #meter{choice = Mode, retry_at = At}) ->
         _ -> M#meter{mode = other(Mode), trial = {other(Mode), 0}, stretch = warm}
     end;
 %% The other mode measured: the one that delivered more is used until the other's
-%% next turn. Measures with different couriers are not set against each other
+%% next turn. Measures in different runs are not set against each other
 %% (the load may have changed between them): the chosen mode is measured again,
 %% and the other right after.
 decide(Mode, _Now, M = #meter{choice = Choice, rates = Rates, patience = P}) ->
@@ -228,7 +229,7 @@ other(zip) -> plain.
 -ifdef(TEST).
 -include_lib("eunit/include/eunit.hrl").
 
-%% Answers to node n@h from courier `Ref' for lots From..To in `Mode', each of
+%% Answers to node n@h from run `Ref' for batches From..To in `Mode', each of
 %% 1,000 messages taking `Us' microseconds. Returns the meters, the time and the
 %% changes.
 answers(Ref, Lots, Mode, Us, {Ms0, T0}) ->
@@ -287,8 +288,8 @@ keeps_plain_when_zip_is_slower_test() ->
     {Ms4, _, [{level, 1}]} = answers(Ref, lots(1 + 8 * ?SAMPLES, 1), plain, 5000, {Ms3, Later}),
     ?assertEqual(zip, mode(Ms4)).
 
-%% Answers that time nothing: a lot not next to the last answered, another
-%% courier's, a lot sent in the mode left; and tags that are not the meter's.
+%% Answers that time nothing: a batch not next to the last answered, another
+%% run's, a lot sent in the mode left; and tags that are not the meter's.
 ignores_what_measures_nothing_test() ->
     Ref = make_ref(),
     {_, Ms0} = level(n@h, new()),

@@ -36,8 +36,8 @@
 %% `stopping'; the lanes retire as in a lane change, with no successors. Senders
 %% with messages in a lane wait for it to finish before sending plainly (see
 %% convoy_send), so order holds across the switch to plain sends. Bounded by
-%% `?STOP_MS'; a lane still busy then is shut down by its supervisor, and counts
-%% and logs what it could not ship.
+%% `?STOP_MS'; a lane still there then (waiting on a stalled peer's connection)
+%% is killed, and what it held is counted as dropped for its node and logged.
 %%
 %% Messages between this process and the lanes carry a secret reference, so a
 %% stray copy cannot act on either side; a `DOWN' is acted on only for a monitor
@@ -139,7 +139,7 @@ init(Config = #{lanes := N}) ->
 %% A node's runtime, `RT' with the node's own `n' lanes (started with it, `Held'
 %% as a lane change's are, `none' otherwise) and their admission counters.
 start_row(RT = #runtime{n = N, clock = Clock}, Held, S) ->
-    Behind = case Held of none -> 0; _ -> 1 end,
+    Behind = behind(Held),
     Row = RT#runtime{slots = list_to_tuple([convoy_slots:new(Behind, Clock)
                                             || _ <- lists:seq(1, N)])},
     {Pids, S1} = lists:mapfoldl(fun(I, Acc) -> start_lane(I, Held, Row, Acc) end, S,
@@ -453,15 +453,8 @@ replace_lane(Node, I, Reason, S = #s{rows = Rows, switch = Sw}) ->
     Row = #runtime{lanes = Lanes, slots = Slots} = maps:get(Node, Rows),
     Dead = element(I, Lanes),
     New = case Sw of #switch{new = N} -> lists:member(Dead, N); none -> false end,
-    {Held, Behind} = case Sw of
-                         #switch{hold_sent = false} when New -> {all, 1};
-                         #switch{pending = P} when New, map_size(P) > 0 -> {maps:keys(P), 1};
-                         _ when New -> {none, 0}; % every node released
-                         _ -> case node_held(Node, S) of
-                                  none -> {none, 0};
-                                  H -> {H, 1} % its forgotten lanes still retire
-                              end
-                     end,
+    Held = lane_held(Node, New, S),
+    Behind = behind(Held),
     count_lost(element(I, Slots), Behind, {Node, I}, Reason),
     Row1 = Row#runtime{slots = setelement(I, Slots, convoy_slots:new(Behind, Row#runtime.clock))},
     {Pid, S1} = start_lane(I, Held, Row1, S),
@@ -471,6 +464,17 @@ replace_lane(Node, I, Reason, S = #s{rows = Rows, switch = Sw}) ->
               _ -> Sw
           end,
     publish_node(Node, S1#s{rows = Rows#{Node := Row2}, switch = Sw1}).
+
+%% What a lane of Node's holds back now: a new lane of a lane change what the
+%% change still holds, another what its node's forgotten lanes still do.
+lane_held(_Node, true, #s{switch = #switch{hold_sent = false}}) -> all;
+lane_held(_Node, true, #s{switch = #switch{pending = P}}) when map_size(P) > 0 -> maps:keys(P);
+lane_held(_Node, true, _S) -> none; % every node released
+lane_held(Node, false, S) -> node_held(Node, S).
+
+%% A held lane's counters start one behind (it opens with a disposal of one).
+behind(none) -> 0;
+behind(_Held) -> 1.
 
 %% Behind: 1 if the lane was still held (its counters started one behind).
 %% Which: `{Node, I}', a lane replaced, or `{Node, retiring}', one that was going.
@@ -504,7 +508,7 @@ terminate(Reason, S0) ->
     _ = publish(S#s{runtime = RT#runtime{stopping = true},
                     rows = maps:map(fun(_, Row) -> Row#runtime{stopping = true} end, S#s.rows)}),
     Lanes = retire_all(S#s.rows, S) ++ maps:keys(S#s.gone),
-    await_lanes(Lanes, S, Deadline),
+    stop_lanes(await_lanes(Lanes, S, Deadline), S),
     log_stop(Reason),
     Gen = RT#runtime.generation,
     erase_rows(fun(#runtime{generation = G}) -> G =:= Gen; (_) -> false end),
@@ -527,8 +531,9 @@ await_switch(S, Deadline) ->
         S
     end.
 
+%% Returns the lanes still there at the deadline.
 await_lanes([], _S, _Deadline) ->
-    ok;
+    [];
 await_lanes(Lanes, S = #s{secret = Secret, monitors = M}, Deadline) ->
     receive
         {?TAG_RETIRED, Secret, Pid} ->
@@ -541,7 +546,62 @@ await_lanes(Lanes, S = #s{secret = Secret, monitors = M}, Deadline) ->
             await_lanes(Lanes, S, Deadline)
     after max(0, Deadline - erlang:monotonic_time(millisecond)) ->
         ?LOG_WARNING(#{what => convoy_stop_timeout, lanes_still_draining => length(Lanes),
-                       note => "their supervisor shuts them down; they count what is left"})
+                       note => "they are killed; what they held is counted as dropped"}),
+        Lanes
+    end.
+
+%% Lanes still there at the stop's limit wait on their node's connection (a
+%% stalled peer), where they cannot read their mailboxes: killed, what each was
+%% admitted for and did not dispose of is counted as dropped for its node, and
+%% logged.
+stop_lanes(Lanes, S = #s{monitors = M}) ->
+    Dropped = lists:foldl(
+                fun(Pid, Acc) ->
+                        true = exit(Pid, kill),
+                        _ = [receive {'DOWN', Ref, process, Pid, _} -> ok end
+                             || {Ref, P} <- maps:to_list(M), P =:= Pid],
+                        case stopped_slots(Pid, S) of
+                            {Node, Slots, Behind} ->
+                                K = convoy_slots:close(Slots) - convoy_slots:disposed(Slots) - Behind,
+                                maps:update_with(Node, fun(N) -> N + max(0, K) end, max(0, K), Acc);
+                            none ->
+                                Acc
+                        end
+                end, #{}, Lanes),
+    maps:foreach(fun count_dropped/2, maps:filter(fun(_, N) -> N > 0 end, Dropped)).
+
+%% What the node's killed lanes never read from their mailboxes was not counted
+%% accepted: it is now, beside what they had accepted and not disposed of, so
+%% that accepted = messages + dropped holds.
+count_dropped(Node, Dropped) ->
+    _ = case convoy_peers:refs(Node) of
+            {C, _Held} ->
+                #{accepted := A, messages := Sent, dropped := D} = convoy_metrics:node_info(C),
+                convoy_metrics:add(C, accepted, max(0, Dropped - (A - Sent - D))),
+                convoy_metrics:add(C, dropped, Dropped);
+            undefined ->
+                ok
+        end,
+    ?LOG_WARNING(#{what => convoy_lane_stopped, node => Node, reason => killed_waiting,
+                   dropped => #{Node => Dropped}}).
+
+
+%% A stopped lane's node, admission counters and how far behind they started.
+stopped_slots(Pid, S = #s{rows = Rows, gone = Gone, switch = Sw}) ->
+    case {Gone, find_lane(Pid, Rows)} of
+        {#{Pid := {Node, Slots}}, _} ->
+            {Node, Slots, 0};
+        {_, {Node, I}} ->
+            New = case Sw of #switch{new = N} -> lists:member(Pid, N); none -> false end,
+            {Node, element(I, (maps:get(Node, Rows))#runtime.slots),
+             behind(lane_held(Node, New, S))};
+        {_, none} when Sw =/= none ->
+            case find_lane(Pid, Sw#switch.old) of
+                {Node, I} -> {Node, element(I, (maps:get(Node, Sw#switch.old))#runtime.slots), 0};
+                none -> none
+            end;
+        _ ->
+            none
     end.
 
 %% The counters go with convoy: say what they held.

@@ -12,12 +12,16 @@
 %% actions: sends, counters (`convoy_metrics', `convoy_held', `convoy_slots'),
 %% telemetry and helper processes.
 %%
-%% The lane never waits on the network. It sends with `[nosuspend, noconnect]':
+%% It sends with `[nosuspend, noconnect]':
 %% <ul>
-%% <li>`nosuspend' (the node's distribution buffer is full): the chunk goes to a
-%%   courier, a process that makes the blocking send and takes each full chunk of
-%%   the node's queue after it, until it has sent all it was given (the rest of
-%%   the queue waits until it is done); the lane carries on;</li>
+%% <li>`nosuspend' (the node's distribution buffer is full): the lane makes the
+%%   blocking send itself and waits, as a sender's `!' would. Its node's lanes
+%%   are the node's alone, so only that node's traffic waits with it; what its
+%%   senders hand over meanwhile waits in its mailbox, off its heap, within the
+%%   node's bounds. From the first send that waits until a chunk leaves nothing
+%%   behind it, the node is `busy' (telemetry), and under `compress => auto'
+%%   its batches are metered (`convoy_compress_auto'). A stopping lane does not
+%%   wait: what cannot leave at once is counted as dropped;</li>
 %% <li>`noconnect': the chunk goes back to its queue and a connector process asks
 %%   `net_kernel' for a connection, as `!' would; if that fails, the node's queue is
 %%   dropped and counted.</li>
@@ -39,9 +43,8 @@
 %% the lane's secret, behind a batch or alone, until the node answers and the
 %% mark is cleared (`convoy_lane_probe').
 %%
-%% Helpers (couriers, connectors, barrier senders) are linked: they report their
-%% result as their exit reason, and a lane that is killed takes its couriers with
-%% it, so no chunk of a dead lane can arrive after what its replacement ships.
+%% Helpers (connectors, barrier senders) are linked: they report their result as
+%% their exit reason, and a lane that is killed takes them with it.
 -module(convoy_lane).
 
 -export([start_link/4]).
@@ -65,7 +68,7 @@
 %% At shutdown, how long to wait for peers' inboxes to confirm delivery.
 -define(SHUTDOWN_BARRIER_MS, 2000).
 
-%% Couriers and connectors report their result as their exit reason, and
+%% Connectors report their result as their exit reason, and
 %% terminate/2 and a retired lane end the process: all end by exit on purpose.
 -dialyzer({nowarn_function, [connect/2, connector/1, terminate/2, cycle/1]}).
 -define(SEND_OPTS, [nosuspend, noconnect]).
@@ -87,12 +90,13 @@
             %% counters and held counts of the nodes the lane holds messages for
             refs = #{} :: #{node() => {counters:counters_ref(), convoy_held:held()}},
             %% linked helpers, by pid
-            workers = #{} :: #{pid() => {courier, node(), integer()}
-                                          | {connector, node()}
-                                          | {barrier, node()}},
-            %% each busy node's courier, and the levels they compress at
-            couriers = #{} :: #{node() => convoy_courier:courier()},
-            levels = convoy_courier:new_levels() :: convoy_courier:levels(),
+            workers = #{} :: #{pid() => {connector, node()} | {barrier, node()}},
+            %% per node in a busy run (from a send that waited until a chunk
+            %% leaves nothing behind it, `resumed/3'): since when (native time), and its batches
+            %% metered under `compress => auto' (the run's tag, the last one's number)
+            busy = #{} :: #{node() => {integer(), reference(), non_neg_integer()}},
+            %% stopping: a busy connection is not waited for
+            stopping = false :: boolean(),
             %% a large message left: collect its copy once the lane is idle (GC_IDLE_MS)
             gc = false :: boolean(),
             %% the route each node had when this lane last shipped to it
@@ -103,7 +107,7 @@
             %% the secret) was last sent to each, see `convoy_lane_probe'
             probes = #{} :: convoy_lane_probe:probes(),
             probe_secret = make_ref() :: reference(),
-            %% under `compress => auto', whether each busy node's chunks pay compressed
+            %% under `compress => auto', whether each busy node's batches pay compressed
             meters = convoy_compress_auto:new() :: convoy_compress_auto:meters(),
             %% senders waiting for a barrier's answer whose admission this lane
             %% disposes of when the wait ends or the sender dies: their monitors
@@ -266,14 +270,6 @@ handle({'EXIT', Parent, Reason}, _Now, S = #s{parent = Parent}) ->
     terminate(Reason, S);
 handle({'EXIT', Pid, Reason}, Now, S = #s{workers = W}) when is_map_key(Pid, W) ->
     worker_done(maps:get(Pid, W), Reason, Now, S#s{workers = maps:remove(Pid, W)});
-handle({?TAG_COURIER_SENT, Pid, Lot, {{_, _, _} = Counts, Zipped}}, Now, S = #s{workers = W})
-  when is_map_key(Pid, W), is_integer(Lot), is_list(Zipped) ->
-    case maps:get(Pid, W) of
-        {courier, Node, _} ->
-            S1 = lists:foldl(fun(Z, Acc) -> compressed(Node, Z, Acc) end, S, Zipped),
-            core({courier_sent, Node, Lot, Counts}, Now, S1);
-        _ -> stray(S)
-    end;
 handle({?TAG_HOLD, Secret, Nodes}, Now, S = #s{control = {_, Secret}}) when is_list(Nodes) ->
     core({hold, [N || N <- Nodes, is_atom(N)]}, Now, S);
 handle({?TAG_RELEASE, Secret, Node}, Now, S = #s{control = {_, Secret}}) when is_atom(Node) ->
@@ -322,22 +318,13 @@ act({accepted, Node, K}, _Now, S = #s{refs = Refs}) ->
     {C, _} = R = accepting_refs(Node, S),
     convoy_metrics:add(C, accepted, K),
     S#s{refs = Refs#{Node => R}};
-act({ship, Node, Wire, Size, _Reason}, Now, S) ->
+act({ship, Node, Wire, {Msgs, _} = Size, _Reason}, Now, S) ->
     {Route, S1} = route(Node, S),
     {Outcome, S2} = ship(Node, Route, {Wire, Size}, S1),
-    core({shipped, Node, Outcome}, Now, S2);
-act({courier_more, Node, Wire, Size}, _Now, S) ->
-    {Route, S1} = route(Node, S),
-    {Ops, S2} = courier_ops(Node, Route, Wire, Size, S1),
-    ok = convoy_courier:give(maps:get(Node, S2#s.couriers), Ops),
-    S2;
-act({courier_stop, Node}, _Now, S) ->
-    ok = convoy_courier:stop(maps:get(Node, S#s.couriers)),
-    S;
+    core({shipped, Node, Outcome}, Now, resumed(Node, Msgs, S2));
 act({sent, Node, Msgs, Sends, Reason, Route}, _Now, S = #s{index = I, rt = RT, slots = Slots}) ->
     %% What batching achieves, for senders to decide whether the lane pays.
-    _ = Route =:= courier orelse
-        convoy_slots:record_batch(Slots, Msgs, Sends, convoy_slots:now_us(RT#runtime.clock)),
+    ok = convoy_slots:record_batch(Slots, Msgs, Sends, convoy_slots:now_us(RT#runtime.clock)),
     C = counters(Node, S),
     convoy_metrics:add(C, messages, Msgs),
     convoy_metrics:add(C, batches, Sends),
@@ -366,7 +353,7 @@ act({forget, Node}, _Now, S = #s{routes = Routes}) ->
     %% is never written to; a convoy route stays for shutdown barriers until a
     %% lookup finds the node plain.
     S#s{refs = maps:remove(Node, S#s.refs),
-        meters = forget_meter(Node, S#s.meters),
+        meters = forget_meter(Node, S#s.meters), busy = maps:remove(Node, S#s.busy),
         routes = case Routes of
                      #{Node := plain} -> maps:remove(Node, Routes);
                      _ -> Routes
@@ -447,41 +434,41 @@ ship_route(Node, {convoy, Vsn, Inboxes}, {[{?TAG_LARGE, _, _} | _] = Wire, _Size
     ship_run(Node, Target, Vsn, Probe, convoy_batch:run_groups(Wire), 0, 0, S);
 ship_route(Node, {convoy, Vsn, Inboxes}, {Wire, {Msgs, _Bytes} = Size}, S0 = #s{index = I}) ->
     Target = {convoy_wire:lane_inbox(I, Inboxes), Node},
-    {Probe, S} = probe(Node, S0),
-    {Batch, Zipped} = convoy_compress:shipped(node(), convoy_lane_wire:entries(Wire, Vsn, Node)
-                                              ++ Probe, Size, now_level(S), Vsn),
-    case erlang:send(Target, Batch, ?SEND_OPTS) of
-        ok ->
-            {{sent, 1, convoy}, compressed(Node, Zipped, S)};
-        nosuspend ->
-            {{courier, 0, 0, convoy},
-             courier(Node, [{Target, Batch, Msgs}], compressed(Node, Zipped, S))};
-        noconnect ->
-            {{unconnected, 0, 0, Wire, convoy}, S}
+    {Probe, S1} = probe(Node, S0),
+    {Batch, Zipped, S2} = batch(Node, Vsn, convoy_lane_wire:entries(Wire, Vsn, Node) ++ Probe,
+                                Size, S1),
+    case send(Node, Target, Batch, Msgs, S2) of
+        {ok, S} -> {{sent, 1, convoy}, compressed(Node, Zipped, S)};
+        {Failed, S} -> {{Failed, 0, 0, Wire, convoy}, S}
     end;
 ship_route(Node, plain, {Wire, _Size}, S) ->
     plain(Node, Wire, 0, 0, S).
 
-%% A full chunk of a node whose courier waits out its busy connection, as the
-%% courier's sends: the batch (compressed as any batch), or plain sends for a
-%% peer without convoy; an unknown route's messages counted lost.
-courier_ops(Node, {convoy, Vsn, Inboxes}, Wire, {Msgs, _} = Size, S = #s{index = I}) ->
-    Target = {convoy_wire:lane_inbox(I, Inboxes), Node},
-    Entries = convoy_lane_wire:entries(Wire, Vsn, Node),
+%% A chunk's batch, compressed or not (`convoy_compress'): under `compress =>
+%% auto', in the node's busy run when the peer meters, at the level its meter
+%% gives, with a meter behind its entries; otherwise at the setting's level.
+batch(Node, Vsn, Entries, Size = {Msgs, _}, S = #s{busy = Busy, meters = Ms})
+  when is_map_key(Node, Busy) ->
     case is_metered(Vsn, S) of
         true ->
-            {[{metered, Target, Vsn, Entries, Size, {S#s.probe_secret, Node}}], S};
+            {Since, Run, Seq} = maps:get(Node, Busy),
+            {Level, Ms1} = convoy_compress_auto:level(Node, Ms),
+            Tag = {Run, Seq + 1, case Level of never -> plain; _ -> zip end, Msgs},
+            Meter = convoy_wire:meter(self(), {S#s.probe_secret, Node, Tag}),
+            {Batch, Zipped} = convoy_compress:shipped(node(), Entries ++ [Meter], Size, Level, Vsn),
+            {Batch, Zipped, S#s{busy = Busy#{Node := {Since, Run, Seq + 1}}, meters = Ms1}};
         false ->
-            {Batch, Zipped} = convoy_compress:shipped(node(), Entries, Size, now_level(S), Vsn),
-            {[{Target, Batch, Msgs}], compressed(Node, Zipped, S)}
+            unmetered(Vsn, Entries, Size, S)
     end;
-courier_ops(Node, plain, Wire, _Size, S) ->
-    {lists:append([convoy_lane_wire:plain_ops(Node, E) || E <- Wire]), S};
-courier_ops(_Node, unknown, _Wire, {Msgs, _}, S) ->
-    {[{lost, none, Msgs}], S}.
+batch(_Node, Vsn, Entries, Size, S) ->
+    unmetered(Vsn, Entries, Size, S).
 
-%% The level a batch shipped at once is compressed at: under `auto', none (the
-%% connection takes it: not the limit now).
+unmetered(Vsn, Entries, Size, S) ->
+    {Batch, Zipped} = convoy_compress:shipped(node(), Entries, Size, now_level(S), Vsn),
+    {Batch, Zipped, S}.
+
+%% The level a batch is compressed at outside a busy run: under `auto',
+%% none (the connection took the last one at once: not the limit now).
 now_level(#s{rt = #runtime{compress = auto}}) -> never;
 now_level(#s{rt = #runtime{compress = Compress}}) -> Compress.
 
@@ -495,29 +482,26 @@ forget_meter(Node, Meters) ->
     end.
 
 %% Under `auto', a convoy peer that reads compressed batches and meters gets its
-%% courier chunks metered (`convoy_courier', `convoy_compress_auto').
+%% batches metered while its connection is busy (`convoy_compress_auto').
 is_metered(Vsn, #s{rt = #runtime{compress = auto}}) -> convoy_wire:supports(Vsn, meter);
 is_metered(_Vsn, _S) -> false.
 
-%% A metered chunk's meter answered, at the peer's time: the node's courier may
-%% have to change its level, and an event says when the mode chosen changed.
-metered(Node, Tag, Now, S = #s{meters = Ms, rt = RT, index = I, couriers = Cs}) ->
+%% A metered batch's meter answered, at the peer's time: the node's next
+%% metered batches take the level it gives, and an event says when the mode
+%% chosen changed.
+metered(Node, Tag, Now, S = #s{meters = Ms, rt = RT, index = I}) ->
     {Ms1, Change} = convoy_compress_auto:answered(Node, Tag, Now, Ms),
-    Level = case Change of
-                none -> none;
-                {level, L} -> L;
-                {chosen, Mode, L, Rates} ->
-                    event(RT, [convoy, node, compress], Rates,
-                          #{node => Node, lane => I, mode => Mode}),
-                    L
-            end,
-    _ = Level =:= none orelse not is_map_key(Node, Cs)
-        orelse convoy_courier:set_level(maps:get(Node, Cs), Level),
+    _ = case Change of
+            {chosen, Mode, _Level, Rates} ->
+                event(RT, [convoy, node, compress], Rates, #{node => Node, lane => I, mode => Mode});
+            _ ->
+                ok
+        end,
     S#s{meters = Ms1}.
 
-%% A compressed batch that left, or went to a courier, or that a courier
-%% compressed, counted and reported once: one that could not leave (not
-%% connected) goes back to the queue and is compressed again when it ships.
+%% A compressed batch that left counted and reported once: one that could not
+%% leave (not connected) goes back to the queue and is compressed again when it
+%% ships.
 compressed(_Node, plain, S) ->
     S;
 compressed(Node, {Msgs, In, Out}, S = #s{rt = RT}) ->
@@ -531,25 +515,14 @@ compressed(Node, {Msgs, In, Out}, S = #s{rt = RT}) ->
 
 %% A run of large messages, in groups of one distribution message each
 %% (convoy_batch:run_groups/1), one after the other, the probe (`probe/2') behind
-%% the last; a busy connection hands the rest of the run to one courier.
+%% the last.
 ship_run(_Node, _Target, _Vsn, _Probe, [], _Msgs, Sends, S) ->
     {{sent, Sends, convoy}, S};
-ship_run(Node, Target, Vsn, Probe, [G | Rest] = Groups, Msgs, Sends, S) ->
-    case erlang:send(Target, run_batch(G, Rest, Vsn, Node, Probe), ?SEND_OPTS) of
-        ok ->
-            ship_run(Node, Target, Vsn, Probe, Rest, Msgs + length(G), Sends + 1, S);
-        nosuspend ->
-            {{courier, Msgs, Sends, convoy},
-             courier(Node, courier_run(Target, Vsn, Node, Probe, Groups), S)};
-        noconnect ->
-            {{unconnected, Msgs, Sends, lists:append(Groups), convoy}, S}
+ship_run(Node, Target, Vsn, Probe, [G | Rest] = Groups, Msgs, Sends, S0) ->
+    case send(Node, Target, run_batch(G, Rest, Vsn, Node, Probe), length(G), S0) of
+        {ok, S} -> ship_run(Node, Target, Vsn, Probe, Rest, Msgs + length(G), Sends + 1, S);
+        {Failed, S} -> {{Failed, Msgs, Sends, lists:append(Groups), convoy}, S}
     end.
-
-courier_run(_Target, _Vsn, _Node, _Probe, []) ->
-    [];
-courier_run(Target, Vsn, Node, Probe, [G | Rest]) ->
-    [{Target, run_batch(G, Rest, Vsn, Node, Probe), length(G)}
-     | courier_run(Target, Vsn, Node, Probe, Rest)].
 
 run_batch(Group, [], Vsn, Node, Probe) ->
     convoy_wire:batch(node(), convoy_lane_wire:entries(Group, Vsn, Node) ++ Probe);
@@ -564,55 +537,72 @@ probe(Node, S = #s{probes = Probes, probe_secret = Secret, rt = #runtime{barrier
 %% Plain sends, entry by entry, for peers without a compatible convoy.
 plain(_Node, [], _Msgs, Sends, S) ->
     {{sent, Sends, plain}, S};
-plain(Node, [E | Rest], Msgs, Sends, S) ->
+plain(Node, [E | Rest], Msgs, Sends, S0) ->
     case convoy_lane_wire:plain_entry(E, Node) of
         {Tos, Msg} when is_list(Tos) ->
-            case plain_multi(Node, Tos, Msg, 0) of
-                {ok, K} ->
+            case plain_multi(Node, Tos, Msg, 0, S0) of
+                {ok, K, S} ->
                     plain(Node, Rest, Msgs + 1, Sends + K, S);
-                {nosuspend, K, Left} ->
-                    {{courier, Msgs, Sends + K, plain},
-                     plain_courier(Node, [{Left, Msg} | Rest], S)};
-                {noconnect, K, Left} ->
-                    {{unconnected, Msgs, Sends + K, [{Left, Msg} | Rest], plain}, S}
+                {Failed, K, Left, S} ->
+                    {{Failed, Msgs, Sends + K, [{Left, Msg} | Rest], plain}, S}
             end;
         {To, Msg} ->
-            case erlang:send(convoy_wire:address(To, Node), Msg, ?SEND_OPTS) of
-                ok -> plain(Node, Rest, Msgs + 1, Sends + 1, S);
-                nosuspend -> {{courier, Msgs, Sends, plain}, plain_courier(Node, [E | Rest], S)};
-                noconnect -> {{unconnected, Msgs, Sends, [E | Rest], plain}, S}
+            case send(Node, convoy_wire:address(To, Node), Msg, 1, S0) of
+                {ok, S} -> plain(Node, Rest, Msgs + 1, Sends + 1, S);
+                {Failed, S} -> {{Failed, Msgs, Sends, [E | Rest], plain}, S}
             end
     end.
 
-plain_multi(_Node, [], _Msg, K) ->
-    {ok, K};
-plain_multi(Node, [To | Rest] = Tos, Msg, K) ->
-    case erlang:send(convoy_wire:address(To, Node), Msg, ?SEND_OPTS) of
-        ok -> plain_multi(Node, Rest, Msg, K + 1);
-        Other -> {Other, K, Tos}
+plain_multi(_Node, [], _Msg, K, S) ->
+    {ok, K, S};
+plain_multi(Node, [To | Rest] = Tos, Msg, K, S0) ->
+    case send(Node, convoy_wire:address(To, Node), Msg, 1, S0) of
+        {ok, S} -> plain_multi(Node, Rest, Msg, K + 1, S);
+        {Failed, S} -> {Failed, K, Tos, S}
     end.
 
-%% The rest of a plain chunk, as blocking sends for a courier.
-plain_courier(Node, Wire, S) ->
-    courier(Node, lists:append([convoy_lane_wire:plain_ops(Node, E) || E <- Wire]), S).
+%% One send of a chunk, of `Msgs' messages: at once, or after the lane waited out
+%% the node's busy connection (`busy' when a stopping lane does not wait).
+send(Node, Dest, Term, Msgs, S) ->
+    case erlang:send(Dest, Term, ?SEND_OPTS) of
+        ok -> {ok, S};
+        noconnect -> {unconnected, S};
+        nosuspend when S#s.stopping -> {busy, S};
+        nosuspend -> wait_send(Node, Dest, Term, Msgs, S)
+    end.
 
+wait_send(Node, Dest, Term, Msgs, S0 = #s{busy = Busy, index = I, rt = RT}) ->
+    S = case Busy of
+            #{Node := _} ->
+                S0;
+            _ ->
+                event(RT, [convoy, node, busy], #{count => Msgs}, #{node => Node, lane => I}),
+                S0#s{busy = Busy#{Node => {erlang:monotonic_time(), make_ref(), 0}}}
+        end,
+    case erlang:send(Dest, Term, [noconnect]) of
+        ok -> {ok, S};
+        noconnect -> {unconnected, S}
+    end.
+
+%% A node's busy run ends with a chunk that left nothing behind it: its queue
+%% empty (the chunk shorter than `max_batch') and nothing more handed over
+%% meanwhile (the lane's mailbox empty).
+resumed(Node, Msgs, S = #s{busy = Busy, index = I, rt = RT = #runtime{max_batch = MB}})
+  when Msgs < MB, is_map_key(Node, Busy) ->
+    case process_info(self(), message_queue_len) of
+        {message_queue_len, 0} ->
+            {Since, _, _} = maps:get(Node, Busy),
+            event(RT, [convoy, node, resumed], #{duration => erlang:monotonic_time() - Since},
+                  #{node => Node, lane => I}),
+            S#s{busy = maps:remove(Node, Busy)};
+        _ ->
+            S
+    end;
+resumed(_Node, _Msgs, S) ->
+    S.
 
 %%--------------------------------------------------------------------
-%% Couriers, connectors, barrier senders
-
-courier(Node, Ops, S = #s{index = I, rt = RT, meters = Ms}) ->
-    {Level, Ms1} = case maps:get(Node, S#s.routes, unknown) of
-                       {convoy, Vsn, _} -> case is_metered(Vsn, S) of
-                                               true -> convoy_compress_auto:level(Node, Ms);
-                                               false -> {never, Ms}
-                                           end;
-                       _ -> {never, Ms}
-                   end,
-    {Pid, Courier} = convoy_courier:start(Ops, Level, S#s.levels, self()),
-    Msgs = lists:sum([W || {_, _, W} <- Ops]),
-    event(RT, [convoy, node, busy], #{count => Msgs}, #{node => Node, lane => I}),
-    S#s{workers = (S#s.workers)#{Pid => {courier, Node, erlang:monotonic_time()}},
-        couriers = (S#s.couriers)#{Node => Courier}, meters = Ms1}.
+%% Connectors, barrier senders
 
 connect(Node, S) ->
     Pid = spawn_link(fun() -> connector(Node) end),
@@ -621,16 +611,6 @@ connect(Node, S) ->
 connector(Node) ->
     exit({connected, net_kernel:connect_node(Node)}).
 
-worker_done({courier, Node, Started}, Reason, Now, S0 = #s{index = I, rt = RT}) ->
-    ok = convoy_courier:done(maps:get(Node, S0#s.couriers)),
-    S = S0#s{couriers = maps:remove(Node, S0#s.couriers)},
-    Result = case Reason of
-                 {courier, done} -> done;
-                 _ -> failed % killed from outside: what it carried counts as dropped
-             end,
-    event(RT, [convoy, node, resumed], #{duration => erlang:monotonic_time() - Started},
-          #{node => Node, lane => I}),
-    core({courier_done, Node, Result}, Now, S);
 worker_done({connector, Node}, Reason, Now, S) ->
     core({connected, Node, Reason =:= {connected, true}}, Now, S);
 worker_done({barrier, Node}, _Reason, Now, S = #s{control = {Control, Secret}}) ->
@@ -678,11 +658,11 @@ shutdown_barriers(#s{index = I, routes = Routes}) ->
 %%--------------------------------------------------------------------
 %% Shutdown (convoy stops, or its tree is torn down): everything handed over
 %% before is read from the mailbox, what can leave without waiting leaves, and the
-%% rest, with what couriers still carry, is counted as dropped and logged.
+%% rest is counted as dropped and logged.
 
 terminate(Reason, S) ->
     _ = convoy_slots:close(S#s.slots),
-    S0 = read_mailbox(S),
+    S0 = read_mailbox(S#s{stopping = true}),
     Before = dropped_counts(S0),
     S1 = core(shutdown_ship, now_us(), S0),
     _ = [begin true = unlink(Pid), true = exit(Pid, kill) end
@@ -735,6 +715,7 @@ system_terminate(Reason, _Parent, _Debug, S) -> terminate(Reason, S).
 system_get_state(S = #s{core = Core}) ->
     {ok, (convoy_lane_core:summary(Core))#{
            index => S#s.index, workers => maps:size(S#s.workers), core => Core,
+           busy => maps:keys(S#s.busy),
            %% under `compress => auto', each measured node's mode and answers
            compress => convoy_compress_auto:summary(S#s.meters),
            %% nodes this lane keeps anything for (queues, counters, routes)

@@ -14,19 +14,14 @@
 %% <li>per node, the bytes of each queued run, so a disposal gives back exactly
 %%   the bytes senders took (`convoy_held');</li>
 %% <li>senders blocked on a full node, woken one per message that leaves;</li>
-%% <li>chunks handed out to ship and not yet reported, messages in couriers and
-%%   nodes being connected;</li>
-%% <li>per node whose connection is busy, what its courier carries, lot by lot:
-%%   the courier takes each full chunk of the node's queue as it fills (`feed/2'),
-%%   so what waits behind a busy connection sits in the courier's mailbox, not on
-%%   the lane's heap, where a backlog of up to `max_buffered_bytes' was copied
-%%   again by every collection of the lane; each lot is disposed of as soon as the
-%%   courier reports it sent (`courier_sent'), so senders waiting for room get it
-%%   at the pace of the connection, not once the courier has nothing left.</li>
+%% <li>chunks handed out to ship and not yet reported, and nodes being
+%%   connected. A chunk's outcome comes once it left: a lane waits out its node's
+%%   busy connection itself (its lanes are the node's alone), so what waits
+%%   behind it stays in the lane's mailbox, off its heap.</li>
 %% <li>the hold/retire machine of a lane change or a stop (see `convoy_control').</li>
 %% </ul>
 %% Accounting: every message accepted here is, at any time, pending, queued, being
-%% shipped, in a courier, or disposed of (sent or dropped) exactly once; a disposal
+%% shipped, or disposed of (sent or dropped) exactly once; a disposal
 %% is reported with its bytes (`{disposed, Node, K, Bytes}'), which the lane gives
 %% back to the node's held counts and to its admission counters. A chunk to ship
 %% carries its size too, messages and bytes (`{ship, Node, Wire, {Msgs, Bytes},
@@ -52,12 +47,6 @@
                flushes = #{} :: #{non_neg_integer() => {pid() | reference(), term(), pos_integer()}},
                %% chunks handed out (a `ship' action) whose outcome is not in yet
                shipping = #{} :: #{node() => {non_neg_integer(), [mark()], convoy_batch:reason()}},
-               %% per node whose connection is busy: the messages its courier
-               %% carries, its lots not reported sent (messages and marks, oldest
-               %% first), how many lots it was given and whether it is told to end
-               couriers = #{} :: #{node() => {non_neg_integer(),
-                                              queue:queue({non_neg_integer(), [mark()]}),
-                                              pos_integer(), open | closing}},
                connecting = #{} :: #{node() => true},
                %% nodes sent to since the last cycle: a node that was not, and
                %% holds nothing, is forgotten at the cycle's end
@@ -76,13 +65,13 @@
                  term(), non_neg_integer()}.
 -type mark() :: {?TAG_MARK, non_neg_integer(), node()}.
 -type route() :: convoy | plain.
-%% What a `ship' action did: everything left (`sent'); the first messages left and
-%% the rest went to a courier waiting out a busy buffer (`courier'); the first left
-%% and the rest could not (not connected), given back in order (`unconnected');
-%% no route to keep order with (`unroutable').
+%% What a `ship' action did: everything left (`sent'), at once or after the lane
+%% waited out a busy connection; the first messages left and the rest could not
+%% (not connected: `unconnected'; a busy connection a stopping lane does not wait
+%% for: `busy'), given back in order; no route to keep order with
+%% (`unroutable').
 -type outcome() :: {sent, Sends :: non_neg_integer(), route()}
-                 | {courier, Msgs :: non_neg_integer(), Sends :: non_neg_integer(), route()}
-                 | {unconnected, Msgs :: non_neg_integer(), Sends :: non_neg_integer(),
+                 | {unconnected | busy, Msgs :: non_neg_integer(), Sends :: non_neg_integer(),
                     Rest :: [term()], route()}
                  | unroutable.
 -type event() :: {send, send()}
@@ -92,9 +81,6 @@
                | {shipped, node(), outcome()}
                | {wait, node(), Alias :: reference(), HasRoom :: boolean()}
                | {flush, all | node(), ReplyTo :: pid() | reference(), Tag :: term()}
-               | {courier_sent, node(), Lot :: pos_integer(),
-                  {Sent :: non_neg_integer(), Sends :: non_neg_integer(), Lost :: non_neg_integer()}}
-               | {courier_done, node(), done | failed}
                | {connected, node(), boolean()}
                | {hold, [node()]} | {release, node()} | {retire, Admitted :: non_neg_integer()}
                | {admissions_disposed, non_neg_integer()}
@@ -103,11 +89,8 @@
 -type action() :: {accepted, node(), pos_integer()}
                 | {ship, node(), [term()], {Msgs :: pos_integer(), Bytes :: non_neg_integer()},
                    convoy_batch:reason()}
-                | {courier_more, node(), [term()],
-                   {Msgs :: pos_integer(), Bytes :: non_neg_integer()}}
-                | {courier_stop, node()}
                 | {sent, node(), Msgs :: non_neg_integer(), Sends :: non_neg_integer(),
-                   convoy_batch:reason() | resumed, route() | courier}
+                   convoy_batch:reason(), route()}
                 | {dropped, node(), pos_integer(), Why :: atom()}
                 | {disposed, node(), pos_integer(), Bytes :: non_neg_integer()}
                 | {wake, reference()}
@@ -158,11 +141,7 @@ done({C, A}) -> {C, lists:reverse(A)}.
 
 event(cycle, Now, {C = #core{max_batch = MB, max_delay = MD}, A}) ->
     Due = [D || {Node, _} = D <- convoy_batch:due(Now, MB, MD, C#core.queues), not held(Node, C)],
-    CA = lists:foldl(fun({Node, Reason}, Acc) -> ship(Node, Reason, Acc) end, {C, A}, Due),
-    %% what filled behind a busy connection goes to its courier
-    CA1 = lists:foldl(fun feed/2, CA,
-                      [Node || Node <- maps:keys(C#core.couriers), not held(Node, C)]),
-    forget_idle(CA1);
+    forget_idle(lists:foldl(fun({Node, Reason}, Acc) -> ship(Node, Reason, Acc) end, {C, A}, Due));
 event({wait, _Node, Alias, true}, _Now, {C, A}) ->
     {C, [{wake, Alias} | A]};
 event({wait, Node, Alias, false}, _Now, {C = #core{waiters = W}, A}) ->
@@ -170,32 +149,6 @@ event({wait, Node, Alias, false}, _Now, {C = #core{waiters = W}, A}) ->
     {C#core{waiters = W#{Node => queue:in(Alias, Q)}}, A};
 event({flush, Which, ReplyTo, Tag}, Now, CA) ->
     flush(Which, ReplyTo, Tag, Now, CA);
-event({courier_done, Node, _DoneOrFailed}, _Now, {C = #core{couriers = Cs}, A})
-  when is_map_key(Node, Cs) ->
-    #{Node := {_, Lots, _, _}} = Cs,
-    C1 = C#core{couriers = maps:remove(Node, Cs),
-                queues = convoy_batch:set_status(Node, ready, C#core.queues)},
-    %% Lots it did not report sent (it was killed) are lost all the same.
-    prune(Node, drop_lots(Node, Lots, noconnect, {C1, A}));
-event({courier_sent, Node, Lot, {Sent, Sends, _Lost}} = E, _Now, {C = #core{couriers = Cs}, A})
-  when is_integer(Sent), Sent >= 0, is_integer(Sends) ->
-    case Cs of
-        #{Node := {Carried, Lots, Given, Open}} ->
-            Head = Given - queue:len(Lots) + 1, % the number of its oldest lot not reported
-            case queue:out(Lots) of
-                {{value, {Msgs, Marks}}, Lots1} when Lot =:= Head, Sent =< Msgs ->
-                    Cs1 = Cs#{Node := {Carried - Msgs, Lots1, Given, Open}},
-                    %% what it neither sent nor lost is lost all the same
-                    CA = answer_marks(Marks, dropped_count(Node, Msgs - Sent, noconnect,
-                                                           sent(Node, Sent, Sends, resumed, courier,
-                                                                {C#core{couriers = Cs1}, A}))),
-                    courier_sent_all(Node, Lot, CA);
-                _ ->
-                    {C, [{stray, E} | A]}
-            end;
-        _ ->
-            {C, [{stray, E} | A]}
-    end;
 event({connected, Node, true}, _Now, {C, A}) ->
     {ready(Node, C), A};
 event({connected, Node, false}, _Now, {C, A}) ->
@@ -221,40 +174,18 @@ event(shutdown_ship, _Now, {C, A}) ->
     lists:foldl(fun(Node, Acc) -> ship(Node, drained, Acc) end, {C, A},
                 convoy_batch:nodes(C#core.queues));
 event(shutdown_drop, _Now, {C, A}) ->
-    %% Couriers and connectors are gone with the lane: what they carried and what
-    %% is still queued cannot leave.
-    CA1 = maps:fold(fun(Node, {_, Lots, _, _}, Acc) -> drop_lots(Node, Lots, shutdown, Acc) end,
-                    {C#core{couriers = #{}, connecting = #{}}, A}, C#core.couriers),
+    %% Connectors are gone with the lane: what is still queued cannot leave.
+    C1 = C#core{connecting = #{}},
     lists:foldl(fun(Node, {C2, A2}) ->
                         {Entries, Q} = convoy_batch:drop(Node, C2#core.queues),
                         Q1 = convoy_batch:set_status(Node, ready, Q),
                         dropped(Node, Entries, shutdown, {C2#core{queues = Q1}, A2})
-                end, CA1, queued_nodes(element(1, CA1)));
+                end, {C1, A}, queued_nodes(C1));
 event(Event, _Now, {C, A}) ->
     %% Out of place (a duplicate, or for a state the lane is not in).
     {C, [{stray, Event} | A]}.
 
 queued_nodes(#core{queues = Q}) -> convoy_batch:nodes(Q).
-
-%% A courier's lots that will not be reported sent: dropped, their marks answered.
-drop_lots(Node, Lots, Reason, CA) ->
-    lists:foldl(fun({Msgs, Marks}, Acc) ->
-                        answer_marks(Marks, dropped_count(Node, Msgs, Reason, Acc))
-                end, CA, queue:to_list(Lots)).
-
-%% A courier that sent all it was given ends, and its outcome frees the node;
-%% given more since, it goes on.
-courier_sent_all(Node, Lot, {C = #core{couriers = Cs}, A}) ->
-    case Cs of
-        #{Node := {Carried, Lots, Lot, open}} ->
-            case queue:is_empty(Lots) of
-                true -> {C#core{couriers = Cs#{Node := {Carried, Lots, Lot, closing}}},
-                         [{courier_stop, Node} | A]};
-                false -> {C, A}
-            end;
-        _ ->
-            {C, A}
-    end.
 
 node_set(Nodes) -> maps:from_list([{N, true} || N <- Nodes]).
 
@@ -265,8 +196,8 @@ held(_Node, #core{held = none}) -> false;
 held(_Node, #core{held = all}) -> true;
 held(Node, #core{held = Held}) -> is_map_key(Node, Held).
 
-idle_workers(#core{couriers = Cs, connecting = Cn, shipping = Sh}) ->
-    map_size(Cs) =:= 0 andalso map_size(Cn) =:= 0 andalso map_size(Sh) =:= 0.
+idle_workers(#core{connecting = Cn, shipping = Sh}) ->
+    map_size(Cn) =:= 0 andalso map_size(Sh) =:= 0.
 
 barriers_left({C = #core{retiring = {barriers, Left}}, A}) when map_size(Left) =:= 0 ->
     {C, [retired | A]};
@@ -329,8 +260,7 @@ ship(Node, _Reason, {C = #core{shipping = Sh}, A}) when is_map_key(Node, Sh) ->
 ship(Node, Reason, CA = {C, _}) ->
     case convoy_batch:status(Node, C#core.queues) of
         ready -> ship_ready(Node, Reason, CA);
-        busy -> feed(Node, CA);
-        connecting -> CA
+        _BusyOrConnecting -> CA
     end.
 
 ship_ready(Node, Reason, {C = #core{queues = Q, max_batch = MB}, A}) ->
@@ -351,46 +281,12 @@ ship_ready(Node, Reason, {C = #core{queues = Q, max_batch = MB}, A}) ->
             end
     end.
 
-%% While a courier waits out the node's busy connection it takes each full chunk
-%% of the node's queue (`max_batch' messages and no large one: a run of large
-%% messages waits for the queue to be ready), after what it carries: a lot of its
-%% own, whose marks are answered once the courier reports it sent, with
-%% everything before them.
-feed(Node, CA = {C = #core{couriers = Cs, max_batch = MB}, A}) ->
-    case Cs of
-        #{Node := {Carried, Lots, Given, open}} ->
-            case convoy_batch:take_full(Node, MB, C#core.queues) of
-                {Chunk, Q1} ->
-                    {Marks, Wire} = marks(Chunk),
-                    Msgs = length(Wire),
-                    Size = {Msgs, chunk_bytes(Node, Msgs, C)},
-                    Lots1 = queue:in({Msgs, Marks}, Lots),
-                    feed(Node, {C#core{queues = Q1,
-                                       couriers = Cs#{Node := {Carried + Msgs, Lots1, Given + 1,
-                                                               open}}},
-                                [{courier_more, Node, Wire, Size} | A]});
-                none ->
-                    CA
-            end;
-        _ ->
-            CA % no courier, or one told to end
-    end.
-
 %% The bytes senders took for a chunk of Msgs messages taken from the head of the
-%% node's queue: a run's bytes are given back only once it left, in the order the
-%% node's chunks leave, so the chunk's are the Msgs messages of its runs after
-%% those its courier still carries (a part of a run counted in proportion, as
+%% node's queue: its runs' bytes, a part of a run counted in proportion (as
 %% `release/3' gives it back).
-chunk_bytes(Node, Msgs, C = #core{segments = Segs}) ->
-    {_, Behind} = release(ahead(Node, C), maps:get(Node, Segs, queue:new()), 0),
-    {Bytes, _Rest} = release(Msgs, Behind, 0),
+chunk_bytes(Node, Msgs, #core{segments = Segs}) ->
+    {Bytes, _Rest} = release(Msgs, maps:get(Node, Segs, queue:new()), 0),
     Bytes.
-
-ahead(Node, #core{couriers = Cs}) ->
-    case Cs of
-        #{Node := {M, _, _, _}} -> M;
-        _ -> 0
-    end.
 
 %% A mark is told from a message by its whole shape, never by its first element
 %% alone: a message's entry is `{To, Msg}' (To a name, which may be any atom,
@@ -416,12 +312,11 @@ shipped(Node, Outcome, _Now, C, A) ->
 
 shipped(Node, {sent, Sends, Route}, Msgs, Marks, Reason, CA) ->
     ship(Node, Reason, answer_marks(Marks, sent(Node, Msgs, Sends, Reason, Route, CA)));
-shipped(Node, {courier, Sent, Sends, Route}, Msgs, Marks, Reason, CA) ->
+shipped(Node, {busy, Sent, Sends, Rest, Route}, _Msgs, Marks, Reason, CA) ->
+    %% The lane is stopping: the rest waits, in order, for `shutdown_drop'.
     {C, A} = sent(Node, Sent, Sends, Reason, Route, CA),
-    feed(Node, {C#core{queues = convoy_batch:set_status(Node, busy, C#core.queues),
-                       couriers = (C#core.couriers)#{Node => {Msgs - Sent,
-                                                              queue:from_list([{Msgs - Sent, Marks}]),
-                                                              1, open}}}, A});
+    Q = convoy_batch:requeue(Node, Rest ++ Marks, C#core.queues),
+    {C#core{queues = convoy_batch:set_status(Node, busy, Q)}, A};
 shipped(Node, {unconnected, Sent, Sends, Rest, Route}, _Msgs, Marks, Reason, CA) ->
     {C, A} = sent(Node, Sent, Sends, Reason, Route, CA),
     case C#core.auto_connect of
@@ -558,21 +453,17 @@ draining(#core{retiring = {draining, _}}) -> true;
 draining(_) -> false.
 
 %% @doc Messages this lane holds that its admission counters have not seen leave:
-%% pending, queued, being shipped, in couriers, plus the one a held lane starts
+%% pending, queued, being shipped, plus the one a held lane starts
 %% behind. A lane that is going compares this with its admissions to know whether
 %% a sender is still on its way.
 -spec holding(core()) -> non_neg_integer().
 holding(C = #core{npending = P, queues = Q, held = Held}) ->
     P + convoy_batch:buffered(Q) + in_flight(C) + case Held of none -> 0; _ -> 1 end.
 
-in_flight(#core{couriers = Cs, shipping = Sh}) ->
-    carried(Cs) + maps:fold(fun(_, {M, _, _}, Acc) -> Acc + M end, 0, Sh).
+in_flight(#core{shipping = Sh}) ->
+    maps:fold(fun(_, {M, _, _}, Acc) -> Acc + M end, 0, Sh).
 
-%% Messages all couriers carry.
-carried(Couriers) ->
-    maps:fold(fun(_, {M, _, _, _}, Acc) -> Acc + M end, 0, Couriers).
-
-%% @doc Messages queued (not counting pending sends, couriers or chunks out).
+%% @doc Messages queued (not counting pending sends or chunks out).
 -spec buffered(core()) -> non_neg_integer().
 buffered(#core{queues = Q}) -> convoy_batch:buffered(Q).
 
@@ -585,7 +476,6 @@ nodes(#core{queues = Q, segments = Segs, waiters = W}) ->
 -spec summary(core()) -> map().
 summary(C = #core{}) ->
     #{buffered => buffered(C), pending => C#core.npending, held => C#core.held,
-      retiring => C#core.retiring, couriers => maps:keys(C#core.couriers),
+      retiring => C#core.retiring,
       connecting => maps:keys(C#core.connecting), flushes => map_size(C#core.flushes),
-      in_couriers => carried(C#core.couriers),
       waiters => maps:fold(fun(_, Q, Acc) -> Acc + queue:len(Q) end, 0, C#core.waiters)}.

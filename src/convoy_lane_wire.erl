@@ -6,10 +6,10 @@
 %% (`{'$convoy_large', To, Msg}') and a publish (`{{'$convoy_publish', Scope,
 %% Group}, Msg}'). A peer at protocol version 2 or later gets them as wire
 %% entries (`convoy_wire'); a version-1 peer gets a publish as multicast entries
-%% to its members; a peer without convoy gets plain sends (`plain_ops/2').
+%% to its members; a peer without convoy gets plain sends (`plain_entry/2').
 -module(convoy_lane_wire).
 
--export([entries/3, plain_entry/2, plain_ops/2]).
+-export([entries/3, plain_entry/2]).
 
 -include("convoy_tags.hrl").
 
@@ -51,20 +51,3 @@ plain_entry(E, Node) ->
 wire_entry({?TAG_LARGE, To, Msg}) -> wire_entry({To, Msg});
 wire_entry({{?TAG_PUBLISH, Scope, Group}, Msg}) -> convoy_wire:publish(Scope, Group, Msg);
 wire_entry(E) -> E.
-
-%% @doc An entry as the blocking sends a courier makes for a peer without convoy:
-%% `{Address, Msg, Messages}', the last send of a multicast counting its one
-%% message (`{skip, none, 1}' for a publish to nobody on `Node').
--spec plain_ops(node(), term()) -> [{term(), term(), 0 | 1} | {skip, none, 1}].
-plain_ops(Node, {?TAG_LARGE, To, Msg}) ->
-    plain_ops(Node, {To, Msg});
-plain_ops(Node, {{?TAG_PUBLISH, _, _}, _} = E) ->
-    plain_ops(Node, plain_entry(E, Node));
-plain_ops(_Node, {[], _Msg}) ->
-    [{skip, none, 1}]; % a publish to nobody on Node: one message, no send
-plain_ops(Node, {Tos, Msg}) when is_list(Tos) ->
-    {Init, [Last]} = lists:split(length(Tos) - 1, Tos),
-    [{convoy_wire:address(T, Node), Msg, 0} || T <- Init] ++ [{convoy_wire:address(Last, Node), Msg, 1}];
-plain_ops(Node, {To, Msg}) ->
-    [{convoy_wire:address(To, Node), Msg, 1}].
-

@@ -15,7 +15,7 @@
 -module(convoy_metrics).
 
 -export([init/0, lost/1, lost/0, new_refs/0, add/3, add_direct/1, close/1,
-         unanswered/2, escalate/1, is_unanswered/1, may_wait_for_room/1, answered/1,
+         unanswered/2, escalate/1, is_unanswered/1, may_wait_for_room/2, answered/1,
          node_info/1, node_counts/1, node_report/3, held/1, rejected/1, rejected/2, rejected/0,
          no_rejections/0, emit/4,
          event/3, new_waits/0, add_wait/2, waits/1]).
@@ -43,6 +43,8 @@
 %% unanswered mark (`unanswered/2'), not counted among them.
 -define(CLOSED_IX, (length(?COUNTERS) + 1)).
 -define(UNANSWERED_IX, (length(?COUNTERS) + 2)).
+%% When (monotonic ms) the node was marked after a wait for room ran out.
+-define(MARKED_AT_IX, (length(?COUNTERS) + 3)).
 -define(DIRECT_IX, 6).
 -define(REJECTIONS, [bad_version, malformed_batch, bad_entry, bad_hello,
                      unknown_message, unknown_node, undeliverable, too_costly,
@@ -77,7 +79,7 @@ lost() ->
 %% the node's held atomics on every message they hand to a lane.
 -spec new_refs() -> {counters:counters_ref(), convoy_held:held()}.
 new_refs() ->
-    {counters:new(?UNANSWERED_IX, []), convoy_held:new()}.
+    {counters:new(?MARKED_AT_IX, []), convoy_held:new()}.
 
 %% @doc Mark a forgotten row's counters (`convoy_peers', once its held array is
 %% closed): a sender's cached copy stops counting there (`add_direct/1').
@@ -107,6 +109,8 @@ unanswered(Ref, Why) ->
                 {room, 0} -> 2;
                 {room, _} -> 3 % and it had not answered since an earlier wait ran out
             end,
+    _ = Level =:= 2 andalso Before < 2
+        andalso counters:put(Ref, ?MARKED_AT_IX, erlang:monotonic_time(millisecond)),
     _ = Before >= Level orelse counters:put(Ref, ?UNANSWERED_IX, Level),
     ok.
 
@@ -125,10 +129,21 @@ is_unanswered(Ref) ->
     counters:get(Ref, ?UNANSWERED_IX) =/= 0.
 
 %% @doc Whether a sender over the node's bound may wait for room: not once a
-%% wait for room ran out and the node did not answer since (`escalate/1').
--spec may_wait_for_room(counters:counters_ref()) -> boolean().
-may_wait_for_room(Ref) ->
-    counters:get(Ref, ?UNANSWERED_IX) < 3.
+%% wait for room ran out and the node did not answer a probe within `T' ms
+%% (`barrier_timeout') since. The lane escalates when its probe goes unanswered
+%% (`escalate/1'); a lane waiting on the node's busy connection cannot probe, so
+%% a sender that looks `T' ms after the mark escalates too.
+-spec may_wait_for_room(counters:counters_ref(), non_neg_integer()) -> boolean().
+may_wait_for_room(Ref, T) ->
+    case counters:get(Ref, ?UNANSWERED_IX) of
+        2 ->
+            case erlang:monotonic_time(millisecond) - counters:get(Ref, ?MARKED_AT_IX) < T of
+                true -> true;
+                false -> ok = escalate(Ref), false
+            end;
+        Level ->
+            Level < 3
+    end.
 
 %% @doc The node answered: clear its mark (`unanswered/2').
 -spec answered(counters:counters_ref()) -> ok.

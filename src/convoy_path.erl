@@ -237,7 +237,7 @@ decide(Size, Calm, Route, _Pieces) -> bypass(Size, Calm, Route).
 
 %% @doc A message the node's bound has no room for, under the `overload' policy
 %% `Policy', `MayWait' unless the node is known not to answer
-%% (`convoy_metrics:may_wait_for_room/1'): the caller waits for room, or the
+%% (`convoy_metrics:may_wait_for_room/2'): the caller waits for room, or the
 %% message is refused (`send/3' reports it) or dropped (`send/2' counts it).
 -spec overload(block | drop | error, MayWait :: boolean()) -> wait | refuse.
 overload(block, true) -> wait;

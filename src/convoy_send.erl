@@ -523,7 +523,8 @@ hold(RT, H, Bytes) ->
 %% refused now.
 overloaded(#send{rt = RT = #runtime{overload = Policy}, size = Size}, C, H) ->
     case convoy_path:overload(Policy, Policy =:= block andalso
-                                          convoy_metrics:may_wait_for_room(C)) of
+                                          convoy_metrics:may_wait_for_room(
+                                            C, RT#runtime.barrier_timeout)) of
         wait ->
             {_Tag, Bytes} = kind(Size),
             {0, {room, C, H, Bytes}};

@@ -35,10 +35,6 @@
 %% after it; or the sender's `DOWN' if it dies meanwhile).
 -define(TAG_OWED, '$convoy_owed').
 -define(TAG_OWED_DONE, '$convoy_owed_done').
-%% A courier tells its lane each lot it sent (`{?TAG_COURIER_SENT, Pid, Lot,
-%% {Sent, Sends, Lost}}'); it ends only when the lane has given it nothing more
-%% since.
--define(TAG_COURIER_SENT, '$convoy_courier_sent').
 %% In a lane's queues (convoy_lane_core, convoy_batch): `{?TAG_LARGE, To, Msg}'
 %% (a large message) and `{?TAG_MARK, Id, Node}' (a flush waiting for what is
 %% before it to leave), the only 3-tuples among entries `{To, Msg}': a message to

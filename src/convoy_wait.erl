@@ -163,7 +163,7 @@ drain(RT = #runtime{lanes = Lanes, barrier_timeout = T}, L, Node, C) ->
 %% node's row was forgotten meanwhile), `timeout' (the node is marked, see
 %% `convoy_metrics:unanswered/2': until it answers, the next sender over the
 %% bound is refused at once), or `unanswered' (the node was marked as not
-%% answering the lane's probe meanwhile, `convoy_metrics:may_wait_for_room/1':
+%% answering the lane's probe meanwhile, `convoy_metrics:may_wait_for_room/2':
 %% waiting on is pointless); with the wait's deadline (native monotonic time),
 %% which bounds what follows it. The time is counted in `blocked_us' and
 %% reported by `[convoy, overload, blocked]'.
@@ -219,7 +219,7 @@ room_loop(RT, Lane, Mon, Node, C, H, Bytes, Deadline) ->
             full when Left =< 0 ->
                 timeout;
             full ->
-                case convoy_metrics:may_wait_for_room(C) of
+                case convoy_metrics:may_wait_for_room(C, RT#runtime.barrier_timeout) of
                     true -> room_loop(RT, Lane, Mon, Node, C, H, Bytes, Deadline);
                     false -> unanswered
                 end;

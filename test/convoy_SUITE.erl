@@ -215,8 +215,8 @@ large_messages_in_order(_Config) ->
     ?assert(Direct > 0).
 
 %% Large messages queued in a row leave the lane as a run, those of up to 128 KiB
-%% sharing distribution messages of up to 480 KiB; a busy connection hands the
-%% rest of a run to a courier. Senders of large messages only (so that a send
+%% sharing distribution messages of up to 480 KiB; on a busy connection the
+%% lane waits to send the rest of a run. Senders of large messages only (so that a send
 %% carrying several messages is a run's group, not a batch of small ones) while
 %% the peer is stopped (its connection fills up, the lane queues), then resumed:
 %% every message arrives once, in order, all counted, and some send carried
@@ -772,7 +772,8 @@ overload_policies(Config) ->
         %% node and it did not answer the lane's probe since, so until it answers
         %% a sender over the bound does not wait again (dropped at once, counted)
         {_, C, _} = convoy_peers:lookup(Node),
-        await(fun() -> convoy_metrics:may_wait_for_room(C) end, fun(W) -> not W end, 5000),
+        await(fun() -> convoy_metrics:may_wait_for_room(C, 100) end, % barrier_timeout
+              fun(W) -> not W end, 5000),
         T2 = erlang:monotonic_time(millisecond),
         ?assertEqual(ok, convoy:send(Sink, x)),
         ?assert(erlang:monotonic_time(millisecond) - T2 < 100),
@@ -799,7 +800,11 @@ memory_bounded_when_stalled(Config) ->
         Producers = [spawn_link(fun() -> [convoy:send(Sink, Payload) || _ <- lists:seq(1, 50000)],
                                          Self ! {done, self()} end) || _ <- lists:seq(1, 4)],
         [receive {done, P} -> ok after 60000 -> ct:fail(producer_stuck) end || P <- Producers],
-        _ = sys:get_state(Lane),
+        %% the lane waits on the connection with the rest in its mailbox (or, if
+        %% the connection took everything, has read it all)
+        _ = await(fun() -> process_info(Lane, [status, message_queue_len]) end,
+                  fun([{status, St}, {message_queue_len, Q}]) -> St =:= suspended orelse Q =:= 0 end,
+                  10000),
         Memory = convoy_memory(Lane),
         #{queued_bytes := QB, dropped := D} = node_stats(Node),
         ct:pal("convoy memory ~p bytes; queued ~p bytes; dropped ~p", [Memory, QB, D]),

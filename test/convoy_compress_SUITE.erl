@@ -123,8 +123,8 @@ phases(I, Receivers, Per, P, Last, Driver) ->
     phases(I, Receivers, Per, P + 1, Last, Driver).
 
 %% `compress => auto' on peer A streaming to peer B while A's connection to B is
-%% busy: A first sends B 128 MiB with `!', so the lane's batches wait in a courier
-%% behind it, lot after lot, each with a meter. B's inbox answers the meters and
+%% busy: A first sends B 128 MiB with `!', so A's lane for B waits behind it,
+%% and its batches after that first one carry a meter each. B's inbox answers the meters and
 %% A's lane takes the answers (its state counts them for B); every message
 %% arrives in order per sender, counted exactly: accepted = messages, nothing
 %% dropped, nothing left. Whether the lots then go compressed depends on how fast

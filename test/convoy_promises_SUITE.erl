@@ -173,9 +173,9 @@ stop_mid_flood_keeps_order(_Config) ->
     ?assertEqual({Sent, 0}, await_count(Col, Sent)).
 
 %% application:stop/1 while a peer is stalled (SIGSTOP) and convoy holds messages
-%% for it: a courier blocked on the full distribution buffer and the lane's queue
-%% behind it. The lane cannot drain, so the stop ends at its own bound (the
-%% control's drain time, then the lane's shutdown); it returns, and before the
+%% for it: its lane waits on the full distribution buffer, the rest in its
+%% mailbox behind. The lane cannot drain, so the stop ends at its own bound (the
+%% control's drain time, then the lane is killed); it returns, and before the
 %% counters go what could not leave is counted and logged (`convoy_lane_stopped',
 %% dropped per node) and the counts are reported (`convoy_stopped'). After SIGCONT
 %% every message sent is received or among those counted, and none is reordered.
@@ -210,8 +210,8 @@ stop_with_stalled_peer_counts_drops(_Config) ->
     ?assertMatch(#{nodes := #{Node := #{accepted := 20000}}}, Stopped),
     #{dropped := #{Node := Dropped}} = LaneStopped,
     ?assert(Dropped > 0),
-    %% Everything that was not counted arrives (what a killed courier carried is
-    %% counted even if part of it had reached the distribution buffer).
+    %% Everything that was not counted arrives (what the killed lane was sending
+    %% is counted even if part of it had reached the distribution buffer).
     {Received, Errors} = convoy_ct_seq:await(Col, Sent - Dropped),
     ct:pal("sent ~p, received ~p, counted dropped ~p; first gaps ~p",
            [Sent, Received, Dropped, Errors]),

@@ -1,5 +1,5 @@
 %% PropEr property of `compress => auto''s meter (`convoy_compress_auto'), run
-%% from EUnit: a node's courier streams lots of 1,000 messages through a pipe
+%% from EUnit: a lane streams a node's busy run of lots of 1,000 messages through a pipe
 %% that holds `Depth' lots, takes `Latency' microseconds to cross and delivers a
 %% lot in `Cost(Mode)' microseconds at its slowest stage, plain or compressed
 %% (the link, or the receiver's CPU: the meter cannot tell which, nor need to),
@@ -87,7 +87,8 @@ send(Lot, St0) ->
     send(Lot + 1, St#{done := Delivered, pipe := queue:in({Lot, Mode, Now, Delivered}, Pipe),
                       slow := Slow + SlowCost, late := Late1}).
 
-%% The courier sends once the pipe has room; the lane reads every answer in by then.
+%% The lane sends once the pipe has room (its blocking send returns), and reads
+%% every answer in by then.
 room(St = #{pipe := Pipe, depth := Depth, now := Now}) ->
     case queue:peek(Pipe) of
         {value, {_, _, _, At}} when At =< Now -> room(answer(St));
@@ -105,7 +106,7 @@ answer_all(St = #{pipe := Pipe}) ->
     end.
 
 %% The oldest lot delivered: its answer to the meter (the first lot, which
-%% started the courier, carries none), and the level it says.
+%% started the busy run, carries none), and the level it says.
 answer(St = #{pipe := Pipe, ms := Ms, ref := Ref, now := Now}) ->
     {{value, {Lot, Mode, _Sent, At}}, Pipe1} = queue:out(Pipe),
     St1 = St#{pipe := Pipe1, now := max(Now, At)},

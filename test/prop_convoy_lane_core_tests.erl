@@ -1,8 +1,8 @@
 %% Properties of the lane's pure core (convoy_lane_core), without processes or
-%% peers: random interleavings of sends, drains, busy, unconnected and plain
-%% peers, couriers that take full chunks while they wait and report each lot
-%% sent (all of it, or part lost), or are killed, connections that come or not,
-%% flushes, blocked senders, holds, releases, retirement and shutdown. A small
+%% peers: random interleavings of sends, drains, busy (the lane waits them out;
+%% a stopping lane does not), unconnected and plain peers, connections that
+%% come or not, flushes, blocked senders, holds, releases, retirement and
+%% shutdown. A small
 %% driver plays the lane process: it carries out the actions and simulates the
 %% network.
 %%
@@ -39,8 +39,6 @@ cmd() ->
                {6, {sends, non_empty(list({oneof(?SENDERS), node_gen(), kind(), bytes_gen()}))}},
                {12, {cycle, frequency([{3, 0}, {1, choose(1, 3000)}])}},
                {6, {mode, node_gen(), mode()}},
-               {4, {courier_done, node_gen(), frequency([{3, all}, {1, failed}])}},
-               {6, {courier_sent, node_gen(), frequency([{3, all}, {1, lose}])}},
                {4, {connect_done, node_gen(), frequency([{3, true}, {1, false}])}},
                {3, {flush, oneof([all | ?NODES])}},
                {6, {wait, node_gen(), frequency([{1, true}, {3, false}])}},
@@ -76,14 +74,14 @@ init(MB, MD, Held, AutoConnect) ->
     Behind = case Held of none -> 0; _ -> 1 end,
     #{core => convoy_lane_core:new(Held, {MB, MD}, AutoConnect),
       max_batch => MB, now => -576460752303423488, % the clock can be negative
-      modes => #{}, couriers => #{}, connecting => #{},
+      modes => #{}, connecting => #{},
       seq => 0, handed => 0, handed_by => #{}, bytes_by => #{},
       sent => 0, dropped => 0, disposed_by => #{}, disposed_bytes => #{},
       accepted => 0, slots_disposed => -Behind, delivered => #{}, delivered_ids => #{},
       flushes => #{}, answered => #{}, next_tag => 0, waiters => [], woken => #{},
       %% per node, blocked senders not yet woken, oldest first; wakes owed now
       blocked => #{}, owed => [],
-      retire => none, shutdown => false, fed => 0}.
+      retire => none, shutdown => false}.
 
 run([], St, Shutdown) ->
     St1 = settle(St, 0),
@@ -115,16 +113,6 @@ cmd({cycle, Dt}, St = #{now := Now}) ->
     cycle(St#{now := Now + Dt});
 cmd({mode, Node, Mode}, St = #{modes := M}) ->
     St#{modes := M#{Node => Mode}};
-cmd({courier_done, Node, How}, St = #{couriers := Cs}) ->
-    case Cs of
-        #{Node := _} -> courier_done(Node, How, St);
-        _ -> St
-    end;
-cmd({courier_sent, Node, How}, St = #{couriers := Cs}) ->
-    case Cs of
-        #{Node := {[_ | _], _, _}} -> courier_sent(Node, How, St);
-        _ -> St
-    end;
 cmd({connect_done, Node, Ok}, St = #{connecting := Cn}) ->
     case Cn of
         #{Node := _} -> event({connected, Node, Ok}, St#{connecting := maps:remove(Node, Cn)});
@@ -196,29 +184,6 @@ act({ship, Node, Wire, {Counted, Bytes}, _Reason},
     Down orelse not is_held(Node, C) orelse throw({shipped_held_node, Node}),
     {Outcome, St1} = network(Node, Wire, St),
     event({shipped, Node, Outcome}, St1);
-act({courier_more, Node, Wire, {Counted, Bytes}}, St = #{couriers := Cs, max_batch := MB,
-                                                      fed := F}) ->
-    %% A full chunk for the node's courier, behind what it carries: exactly
-    %% max_batch messages, no mark, no large one, only while it takes more.
-    Msgs = convoy_batch:count_messages(Wire),
-    (Counted =:= Msgs andalso Msgs =:= MB) orelse throw({fed_chunk, Node, Counted, Msgs, MB}),
-    [] =:= [E || {'$convoy_mark', _, _} = E <- Wire] orelse throw({mark_fed, Wire}),
-    [] =:= [E || {'$convoy_large', _, _} = E <- Wire] orelse throw({large_fed, Wire}),
-    chunk_bytes_behind(Node, Msgs, Bytes, St),
-    maps:get(shutdown, St) orelse not is_held(Node, maps:get(core, St))
-        orelse throw({fed_held_node, Node}),
-    case Cs of
-        #{Node := {Lots, Given, open}} ->
-            St#{couriers := Cs#{Node := {Lots ++ [Wire], Given + 1, open}}, fed := F + 1};
-        _ ->
-            throw({fed_without_courier, Node})
-    end;
-act({courier_stop, Node}, St = #{couriers := Cs}) ->
-    %% only once it reported every lot it was given
-    case Cs of
-        #{Node := {[], Given, open}} -> St#{couriers := Cs#{Node := {[], Given, closing}}};
-        _ -> throw({stop_without_courier_done, Node, maps:get(Node, Cs, none)})
-    end;
 act({sent, Node, Msgs, _Sends, _Reason, _Route}, St = #{sent := S}) ->
     Msgs >= 0 orelse throw({negative_sent, Node}),
     St#{sent := S + Msgs};
@@ -285,83 +250,33 @@ is_held(Node, C) ->
         Held -> is_map_key(Node, Held)
     end.
 
-%% A chunk fed to a courier carries bytes within what the node holds beyond what
-%% the courier already carries.
-chunk_bytes_behind(Node, Msgs, Bytes, #{handed_by := HB, bytes_by := BB, disposed_by := DB,
-                                        disposed_bytes := DBy, couriers := Cs}) ->
-    {Lots, _, _} = maps:get(Node, Cs),
-    Held = maps:get(Node, HB, 0) - maps:get(Node, DB, 0) - length(lists:append(Lots)),
-    HeldBytes = maps:get(Node, BB, 0) - maps:get(Node, DBy, 0),
-    (Bytes >= 0 andalso Bytes =< HeldBytes) orelse throw({fed_bytes, Node, Bytes, HeldBytes}),
-    Msgs =< Held orelse throw({fed_more_than_held, Node, Msgs, Held}).
-
-%% What the network does with a chunk, by the node's mode.
-network(Node, Wire, St = #{modes := Modes}) ->
+%% What the network does with a chunk, by the node's mode. A busy connection is
+%% waited out (everything leaves) unless the lane is stopping.
+network(Node, Wire, St = #{modes := Modes, shutdown := Down}) ->
     case maps:get(Node, Modes, ok) of
-        ok ->
+        Ok when Ok =:= ok; Ok =:= busy, not Down ->
             {{sent, 1, convoy}, deliver(Node, Wire, St)};
+        plain_busy when not Down ->
+            {{sent, length(Wire), plain}, deliver(Node, Wire, St)};
         busy when element(1, hd(Wire)) =:= '$convoy_large' ->
             %% A run of large messages: the first leave, in groups of up to two
             %% a send here (convoy_batch:run_groups/1), until the connection is
             %% busy.
             {Out, Rest} = lists:split(length(Wire) div 2, Wire),
-            {{courier, length(Out), (length(Out) + 1) div 2, convoy},
-             to_courier(Node, Rest, deliver(Node, Out, St))};
+            {{busy, length(Out), (length(Out) + 1) div 2, Rest, convoy}, deliver(Node, Out, St)};
         busy ->
-            {{courier, 0, 0, convoy}, to_courier(Node, Wire, St)};
+            {{busy, 0, 0, Wire, convoy}, St};
         unconnected ->
             {{unconnected, 0, 0, Wire, convoy}, St};
         plain_busy ->
             {Out, Rest} = lists:split(length(Wire) div 2, Wire),
-            {{courier, length(Out), length(Out), plain}, to_courier(Node, Rest, deliver(Node, Out, St))};
+            {{busy, length(Out), length(Out), Rest, plain}, deliver(Node, Out, St)};
         plain_unconnected ->
             {Out, Rest} = lists:split(length(Wire) div 2, Wire),
             {{unconnected, length(Out), length(Out), Rest, plain}, deliver(Node, Out, St)};
         unroutable ->
             {unroutable, St}
     end.
-
-to_courier(Node, Wire, St = #{couriers := Cs}) ->
-    is_map_key(Node, Cs) andalso throw({two_couriers, Node}),
-    St#{couriers := Cs#{Node => {[Wire], 1, open}}}.
-
-%% The courier reports its oldest lot sent: all of it, or half (the connection
-%% went down). Each reported lot is disposed of at once (senders blocked on the
-%% node are woken now, not when the courier ends); it is told to end only when
-%% it reported every lot it was given.
-courier_sent(Node, How, St = #{couriers := Cs, disposed_by := D0}) ->
-    #{Node := {[Wire | Lots], Given, Open}} = Cs,
-    Lot = Given - length(Lots),
-    {Out, Lost} = case How of
-                      all -> {Wire, []};
-                      lose -> lists:split(length(Wire) div 2, Wire)
-                  end,
-    St1 = event({courier_sent, Node, Lot, {length(Out), length(Out), length(Lost)}},
-                deliver(Node, Out, St#{couriers := Cs#{Node := {Lots, Given, Open}}})),
-    maps:get(Node, maps:get(disposed_by, St1), 0) - maps:get(Node, D0, 0) =:= length(Wire)
-        orelse throw({lot_not_disposed, Node, Lot}),
-    case {Lots, maps:get(Node, maps:get(couriers, St1))} of
-        {[], {[], _, closing}} -> St1;
-        {[], _} -> throw({not_stopped, Node});
-        {_, {_, _, closing}} -> throw({stopped_with_more, Node});
-        _ -> St1
-    end.
-
-%% The courier ends: after it reported every lot and was told to (`all'), or
-%% killed from outside after sending half of its oldest lot (`failed'): what it
-%% did not report is counted as dropped, and was delivered at most once.
-courier_done(Node, all, St) ->
-    St1 = lists:foldl(fun(_, Acc) -> courier_sent(Node, all, Acc) end, St,
-                      element(1, maps:get(Node, maps:get(couriers, St)))),
-    {[], _, closing} = maps:get(Node, maps:get(couriers, St1)),
-    event({courier_done, Node, done}, St1#{couriers := maps:remove(Node, maps:get(couriers, St1))});
-courier_done(Node, failed, St = #{couriers := Cs}) ->
-    #{Node := {Lots, _, _}} = Cs,
-    Out = case Lots of
-              [Wire | _] -> element(1, lists:split(length(Wire) div 2, Wire));
-              [] -> []
-          end,
-    event({courier_done, Node, failed}, deliver(Node, Out, St#{couriers := maps:remove(Node, Cs)})).
 
 deliver(Node, Wire, St) ->
     lists:foldl(fun(E, Acc) -> deliver_one(Node, id(E), Acc) end, St, Wire).
@@ -399,11 +314,9 @@ settle(St, 20) ->
     throw({does_not_settle, convoy_lane_core:summary(maps:get(core, St))});
 settle(St0 = #{modes := Modes}, Round) ->
     St1 = St0#{modes := maps:map(fun(_, _) -> ok end, Modes)},
-    St2 = maps:fold(fun(Node, _, Acc) -> courier_done(Node, all, Acc) end,
-                    St1, maps:get(couriers, St1)),
     St3 = maps:fold(fun(Node, _, Acc = #{connecting := Cn}) ->
                             event({connected, Node, true}, Acc#{connecting := maps:remove(Node, Cn)})
-                    end, St2, maps:get(connecting, St2)),
+                    end, St1, maps:get(connecting, St1)),
     St4 = case maps:get(held, convoy_lane_core:summary(maps:get(core, St3))) of
               none -> St3;
               all -> event({hold, []}, St3);
@@ -416,12 +329,12 @@ settle(St0 = #{modes := Modes}, Round) ->
         false -> settle(St5, Round + 1)
     end.
 
-quiet(#{core := C, couriers := Cs, connecting := Cn}) ->
-    convoy_lane_core:holding(C) =:= 0 andalso map_size(Cs) =:= 0 andalso map_size(Cn) =:= 0.
+quiet(#{core := C, connecting := Cn}) ->
+    convoy_lane_core:holding(C) =:= 0 andalso map_size(Cn) =:= 0.
 
 shutdown(St) ->
     St1 = event(shutdown_ship, St#{shutdown := true}),
-    event(shutdown_drop, St1#{couriers := #{}, connecting := #{}}).
+    event(shutdown_drop, St1#{connecting := #{}}).
 
 final(St = #{core := C, handed := H, sent := S, dropped := D, accepted := A,
              handed_by := HB, bytes_by := BB, disposed_by := DB, disposed_bytes := DBy,
@@ -504,35 +417,21 @@ tag_named_destinations_test() ->
     ?assertMatch([{sent, b@h, 4, 1, drained, convoy}, {disposed, b@h, 4, 4},
                   {reply, _, t} | _], A3).
 
-%% A busy peer: while its courier is out, it takes each full chunk (the driver
-%% checks each as any chunk); each lot it reports sent is disposed of at once, so
-%% a sender blocked on the node is woken while the courier still carries more;
-%% it ends only once it reported all it was given.
-couriers_take_full_chunks_test() ->
-    Sends = [{send, 1, b@h, small, 3} || _ <- lists:seq(1, 11)],
-    Busy = [{mode, b@h, busy}, {send, 1, b@h, small, 3}, {cycle, 0}, {mode, b@h, ok}] ++ Sends,
-    Steps = fun(Cmds, St0) ->
-                    lists:foldl(fun(Cmd, Acc) -> St1 = cmd(Cmd, Acc), ok = check(St1, Cmd), St1 end,
-                                St0, Cmds)
-            end,
-    St = Steps(Busy ++ [{wait, b@h, false}, {cycle, 0}], init(3, 0, none, true)),
-    %% 11 sends behind the courier: 3 full chunks of 3 fed to it, 2 left queued
-    ?assertEqual(3, maps:get(fed, St)),
-    ?assertEqual(2, convoy_lane_core:buffered(maps:get(core, St))),
-    ?assertMatch(#{in_couriers := 10}, convoy_lane_core:summary(maps:get(core, St))),
-    ?assertEqual(#{}, maps:get(woken, St)),
-    %% a report of a lot that is not its oldest changes nothing
-    {_, [{stray, _}]} = convoy_lane_core:handle({courier_sent, b@h, 3, {3, 1, 0}}, 0,
-                                                maps:get(core, St)),
-    %% its first lot sent: disposed of, the blocked sender woken, the courier goes on
-    St1 = cmd({courier_sent, b@h, all}, St),
-    ?assertEqual(1, maps:get(b@h, maps:get(disposed_by, St1))),
-    ?assertEqual(1, map_size(maps:get(woken, St1))),
-    ?assertMatch(#{in_couriers := 9}, convoy_lane_core:summary(maps:get(core, St1))),
-    ?assertMatch(#{b@h := {_, 4, open}}, maps:get(couriers, St1)),
-    %% the rest reported: told to end, it takes nothing more
-    St2 = Steps([{courier_sent, b@h, all} || _ <- lists:seq(1, 3)], St1),
-    ?assertMatch(#{b@h := {[], 4, closing}}, maps:get(couriers, St2)),
-    St3 = Steps(Sends ++ [{cycle, 0}], St2),
-    ?assertEqual(3, maps:get(fed, St3)),
-    ?assertEqual(ok, catch run([{courier_done, b@h, all}, {cycle, 0}], St3, false)).
+%% A stopping lane does not wait out a busy connection: the part of a run that
+%% could not leave at once goes back to its queue, in order, with the flush mark
+%% behind it; nothing more is shipped for the node, and the drop at the end
+%% counts the rest and answers the flush.
+busy_at_shutdown_test() ->
+    Cmds = [{hold, [b@h]}, {send, 1, b@h, large, 5}, {send, 1, b@h, large, 5},
+            {send, 1, b@h, large, 5}, {send, 1, b@h, large, 5}, {cycle, 0}, {flush, b@h},
+            {mode, b@h, busy}, {release, b@h}],
+    St = lists:foldl(fun(Cmd, Acc) -> St1 = cmd(Cmd, Acc), ok = check(St1, Cmd), St1 end,
+                     init(5, 0, [b@h], true), Cmds),
+    ?assertEqual(0, map_size(maps:get(delivered_ids, St))), % held until now
+    St1 = event(shutdown_ship, St#{shutdown := true}),
+    ?assertEqual(2, map_size(maps:get(delivered_ids, St1))),
+    ?assertEqual(2, convoy_lane_core:buffered(maps:get(core, St1))),
+    St2 = event(shutdown_drop, St1),
+    ?assertEqual(2, maps:get(dropped, St2)),
+    ?assertEqual(#{0 => true}, maps:get(answered, St2)),
+    ?assertEqual(ok, final(St2)).
