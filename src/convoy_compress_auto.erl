@@ -42,7 +42,7 @@
 %% alike cost alike whichever is used (doc/decisions.md).
 -module(convoy_compress_auto).
 
--export([new/0, level/2, answered/4, knows/2, forget/2, summary/1]).
+-export([new/0, level/2, answered/4, summary/1]).
 
 -export_type([meters/0, tag/0, mode/0]).
 
@@ -148,14 +148,6 @@ tried(Mode, Msgs, _Now, M = #meter{trial = {Mode, T}}) ->
     M#meter{trial = {Mode, T + Msgs}};
 tried(_Mode, _Msgs, _Now, M) ->
     M.
-
-%% @doc `Node' no longer measured (it left).
--spec forget(node(), meters()) -> meters().
-forget(Node, Meters) -> maps:remove(Node, Meters).
-
-%% @doc Whether `Node' is measured.
--spec knows(node(), meters()) -> boolean().
-knows(Node, Meters) -> is_map_key(Node, Meters).
 
 %% @doc Per measured node, its mode now and how many answers it took.
 -spec summary(meters()) -> #{node() => #{mode := mode(), answers := non_neg_integer()}}.
@@ -306,8 +298,7 @@ ignores_what_measures_nothing_test() ->
     ?assertEqual({Ms1, none}, answered(n@h, {Ref, 2, plain, 0}, T1 + 100, Ms1)),
     ?assertEqual({Ms1, none}, answered(n@h, not_a_tag, T1 + 100, Ms1)),
     ?assertEqual({Ms1, none}, answered(other@h, {Ref, 2, plain, 1000}, T1 + 100, Ms1)),
-    ?assertEqual(#{n@h => #{mode => plain, answers => 1}}, summary(Ms1)),
-    ?assertEqual(#{}, summary(forget(n@h, Ms1))).
+    ?assertEqual(#{n@h => #{mode => plain, answers => 1}}, summary(Ms1)).
 
 %% The peer's clock going back (it restarted) starts its meter anew, plain.
 clock_back_test() ->

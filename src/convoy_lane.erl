@@ -20,7 +20,7 @@
 %%   senders hand over meanwhile waits in its mailbox, off its heap, within the
 %%   node's bounds. From the first send that waits until a chunk leaves nothing
 %%   behind it, the node is `busy' (telemetry), and under `compress => auto'
-%%   its batches are metered (`convoy_compress_auto'). A stopping lane does not
+%%   its batches are metered (`convoy_meter'). A stopping lane does not
 %%   wait: what cannot leave at once is counted as dropped;</li>
 %% <li>`noconnect': the chunk goes back to its queue and a connector process asks
 %%   `net_kernel' for a connection, as `!' would; if that fails, the node's queue is
@@ -90,7 +90,7 @@
             %% counters and held counts of the nodes the lane holds messages for
             refs = #{} :: #{node() => {counters:counters_ref(), convoy_held:held()}},
             %% linked helpers, by pid
-            workers = #{} :: #{pid() => {connector, node()} | {barrier, node()}},
+            workers = #{} :: #{pid() => {connector, node()} | {barrier, node()} | meter},
             %% per node in a busy run (from a send that waited until a chunk
             %% leaves nothing behind it, `resumed/3'): since when (native time), and its batches
             %% metered under `compress => auto' (the run's tag, the last one's number)
@@ -107,8 +107,8 @@
             %% the secret) was last sent to each, see `convoy_lane_probe'
             probes = #{} :: convoy_lane_probe:probes(),
             probe_secret = make_ref() :: reference(),
-            %% under `compress => auto', whether each busy node's batches pay compressed
-            meters = convoy_compress_auto:new() :: convoy_compress_auto:meters(),
+            %% under `compress => auto', what says whether busy batches pay compressed
+            meter = none :: none | convoy_meter:meter(),
             %% senders waiting for a barrier's answer whose admission this lane
             %% disposes of when the wait ends or the sender dies: their monitors
             owed = #{} :: #{pid() => reference()}}).
@@ -279,9 +279,6 @@ handle({?TAG_RETIRE, Secret, K}, Now, S = #s{control = {_, Secret}})
     core({retire, K}, Now, S);
 handle({{Secret, Node}, convoy_barrier}, _Now, S = #s{probe_secret = Secret}) when is_atom(Node) ->
     S#s{probes = convoy_lane_probe:answered(Node, S#s.probes)};
-handle({{Secret, Node, Tag}, convoy_meter, Time}, _Now, S = #s{probe_secret = Secret})
-  when is_atom(Node), is_integer(Time) ->
-    metered(Node, Tag, Time, S);
 handle({?TAG_PROBE, Node}, _Now, S = #s{probes = Probes, probe_secret = Secret, index = I})
   when is_atom(Node) ->
     S#s{probes = convoy_lane_probe:first(Node, I, Secret, Probes)};
@@ -352,12 +349,12 @@ act({forget, Node}, _Now, S = #s{routes = Routes}) ->
     %% Counters are fetched again when needed, so a row convoy_peers has forgotten
     %% is never written to; a convoy route stays for shutdown barriers until a
     %% lookup finds the node plain.
-    S#s{refs = maps:remove(Node, S#s.refs),
-        meters = forget_meter(Node, S#s.meters), busy = maps:remove(Node, S#s.busy),
-        routes = case Routes of
-                     #{Node := plain} -> maps:remove(Node, Routes);
-                     _ -> Routes
-                 end};
+    forget_meter(Node, S#s{refs = maps:remove(Node, S#s.refs),
+                           busy = maps:remove(Node, S#s.busy),
+                           routes = case Routes of
+                                        #{Node := plain} -> maps:remove(Node, Routes);
+                                        _ -> Routes
+                                    end});
 act({dispose, K}, _Now, S = #s{slots = Slots}) ->
     ok = convoy_slots:dispose(Slots, K),
     S;
@@ -447,18 +444,19 @@ ship_route(Node, plain, {Wire, _Size}, S) ->
 %% A chunk's batch, compressed or not (`convoy_compress'): under `compress =>
 %% auto', in the node's busy run when the peer meters, at the level its meter
 %% gives, with a meter behind its entries; otherwise at the setting's level.
-batch(Node, Vsn, Entries, Size = {Msgs, _}, S = #s{busy = Busy, meters = Ms})
+batch(Node, Vsn, Entries, Size = {Msgs, _}, S0 = #s{busy = Busy})
   when is_map_key(Node, Busy) ->
-    case is_metered(Vsn, S) of
+    case is_metered(Vsn, S0) of
         true ->
+            S = #s{meter = M} = meter(Node, S0),
             {Since, Run, Seq} = maps:get(Node, Busy),
-            {Level, Ms1} = convoy_compress_auto:level(Node, Ms),
+            {ReplyTo, Level} = convoy_meter:level(M),
             Tag = {Run, Seq + 1, case Level of never -> plain; _ -> zip end, Msgs},
-            Meter = convoy_wire:meter(self(), {S#s.probe_secret, Node, Tag}),
+            Meter = convoy_wire:meter(ReplyTo, {S#s.probe_secret, Node, Tag}),
             {Batch, Zipped} = convoy_compress:shipped(node(), Entries ++ [Meter], Size, Level, Vsn),
-            {Batch, Zipped, S#s{busy = Busy#{Node := {Since, Run, Seq + 1}}, meters = Ms1}};
+            {Batch, Zipped, S#s{busy = Busy#{Node := {Since, Run, Seq + 1}}}};
         false ->
-            unmetered(Vsn, Entries, Size, S)
+            unmetered(Vsn, Entries, Size, S0)
     end;
 batch(_Node, Vsn, Entries, Size, S) ->
     unmetered(Vsn, Entries, Size, S).
@@ -472,32 +470,28 @@ unmetered(Vsn, Entries, Size, S) ->
 now_level(#s{rt = #runtime{compress = auto}}) -> never;
 now_level(#s{rt = #runtime{compress = Compress}}) -> Compress.
 
-%% What a node's meter measured holds while it is connected (looked up only for a
-%% node measured: forgetting an idle node is a lane's routine).
-forget_meter(Node, Meters) ->
-    case convoy_compress_auto:knows(Node, Meters)
-        andalso not lists:member(Node, nodes(connected)) of
-        true -> convoy_compress_auto:forget(Node, Meters);
-        false -> Meters
-    end.
+%% The node's meter (`convoy_meter'), started with its first metered batch.
+meter(_Node, S = #s{meter = M}) when M =/= none ->
+    S;
+meter(Node, S = #s{index = I, probe_secret = Secret, rt = RT}) ->
+    M = convoy_meter:start_link(Node, I, Secret, RT#runtime.telemetry),
+    S#s{meter = M, workers = (S#s.workers)#{convoy_meter:pid(M) => meter}}.
+
+%% What a node's meter measured holds while it is connected (forgetting an idle
+%% node is a lane's routine).
+forget_meter(Node, S = #s{meter = M}) when M =/= none ->
+    case lists:member(Node, nodes(connected)) of
+        true -> S;
+        false -> ok = convoy_meter:stop(M),
+                 S#s{meter = none, workers = maps:remove(convoy_meter:pid(M), S#s.workers)}
+    end;
+forget_meter(_Node, S) ->
+    S.
 
 %% Under `auto', a convoy peer that reads compressed batches and meters gets its
 %% batches metered while its connection is busy (`convoy_compress_auto').
 is_metered(Vsn, #s{rt = #runtime{compress = auto}}) -> convoy_wire:supports(Vsn, meter);
 is_metered(_Vsn, _S) -> false.
-
-%% A metered batch's meter answered, at the peer's time: the node's next
-%% metered batches take the level it gives, and an event says when the mode
-%% chosen changed.
-metered(Node, Tag, Now, S = #s{meters = Ms, rt = RT, index = I}) ->
-    {Ms1, Change} = convoy_compress_auto:answered(Node, Tag, Now, Ms),
-    _ = case Change of
-            {chosen, Mode, _Level, Rates} ->
-                event(RT, [convoy, node, compress], Rates, #{node => Node, lane => I, mode => Mode});
-            _ ->
-                ok
-        end,
-    S#s{meters = Ms1}.
 
 %% A compressed batch that left counted and reported once: one that could not
 %% leave (not connected) goes back to the queue and is compressed again when it
@@ -611,6 +605,9 @@ connect(Node, S) ->
 connector(Node) ->
     exit({connected, net_kernel:connect_node(Node)}).
 
+worker_done(meter, _Reason, _Now, S = #s{meter = M}) ->
+    ok = convoy_meter:stop(M), % killed from outside: the next busy batch starts another
+    S#s{meter = none};
 worker_done({connector, Node}, Reason, Now, S) ->
     core({connected, Node, Reason =:= {connected, true}}, Now, S);
 worker_done({barrier, Node}, _Reason, Now, S = #s{control = {Control, Secret}}) ->
@@ -717,7 +714,7 @@ system_get_state(S = #s{core = Core}) ->
            index => S#s.index, workers => maps:size(S#s.workers), core => Core,
            busy => maps:keys(S#s.busy),
            %% under `compress => auto', each measured node's mode and answers
-           compress => convoy_compress_auto:summary(S#s.meters),
+           compress => convoy_meter:summary(S#s.meter),
            %% nodes this lane keeps anything for (queues, counters, routes)
            known_nodes => length(lists:usort(convoy_lane_core:nodes(Core)
                                              ++ maps:keys(S#s.refs)
