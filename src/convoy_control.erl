@@ -452,7 +452,7 @@ lane_died(Pid, Reason, S = #s{rows = Rows, switch = Sw}) ->
 replace_lane(Node, I, Reason, S = #s{rows = Rows, switch = Sw}) ->
     Row = #runtime{lanes = Lanes, slots = Slots} = maps:get(Node, Rows),
     Dead = element(I, Lanes),
-    New = case Sw of #switch{new = N} -> lists:member(Dead, N); none -> false end,
+    New = is_new(Dead, S),
     Held = lane_held(Node, New, S),
     Behind = behind(Held),
     count_lost(element(I, Slots), Behind, {Node, I}, Reason),
@@ -464,6 +464,10 @@ replace_lane(Node, I, Reason, S = #s{rows = Rows, switch = Sw}) ->
               _ -> Sw
           end,
     publish_node(Node, S1#s{rows = Rows#{Node := Row2}, switch = Sw1}).
+
+%% Whether a lane is one of a lane change's new ones.
+is_new(Pid, #s{switch = #switch{new = New}}) -> lists:member(Pid, New);
+is_new(_Pid, #s{switch = none}) -> false.
 
 %% What a lane of Node's holds back now: a new lane of a lane change what the
 %% change still holds, another what its node's forgotten lanes still do.
@@ -585,16 +589,14 @@ count_dropped(Node, Dropped) ->
     ?LOG_WARNING(#{what => convoy_lane_stopped, node => Node, reason => killed_waiting,
                    dropped => #{Node => Dropped}}).
 
-
 %% A stopped lane's node, admission counters and how far behind they started.
 stopped_slots(Pid, S = #s{rows = Rows, gone = Gone, switch = Sw}) ->
     case {Gone, find_lane(Pid, Rows)} of
         {#{Pid := {Node, Slots}}, _} ->
             {Node, Slots, 0};
         {_, {Node, I}} ->
-            New = case Sw of #switch{new = N} -> lists:member(Pid, N); none -> false end,
             {Node, element(I, (maps:get(Node, Rows))#runtime.slots),
-             behind(lane_held(Node, New, S))};
+             behind(lane_held(Node, is_new(Pid, S), S))};
         {_, none} when Sw =/= none ->
             case find_lane(Pid, Sw#switch.old) of
                 {Node, I} -> {Node, element(I, (maps:get(Node, Sw#switch.old))#runtime.slots), 0};
