@@ -147,7 +147,7 @@ fresh_rows(Shape, Sink, #{n := N, repeat := R}) ->
 %% Run(Send) where Send makes the mode's send; the lane (or the guarded batcher,
 %% or the hand-over's receiver) suspended meanwhile, so every send is batched.
 fresh_env(convoy, Sink, Msg, Run) ->
-    Lanes = [L || {_Node, #runtime{lanes = Ls}} <- convoy_lanes:rows(), L <- tuple_to_list(Ls)],
+    Lanes = [L || {_Node, #runtime{lanes = Ls}} <- convoy_runtimes:rows(), L <- tuple_to_list(Ls)],
     [true = erlang:suspend_process(L) || L <- Lanes],
     Result = Run(fun() -> convoy:send(Sink, Msg) end),
     [true = erlang:resume_process(L) || L <- Lanes],
@@ -318,7 +318,7 @@ shape_rows(Shape, Sink, P0) ->
     RT = #runtime{} = persistent_term:get(?RUNTIME_KEY),
     P = within_bound(P0, Msg, RT),
     Node = node(Sink),
-    Row = convoy_lanes:row(Node),
+    Row = convoy_runtimes:row(Node),
     L = convoy_lanes:lane_of(Row),
     Slots = element(L, Row#runtime.slots),
     Lane = element(L, Row#runtime.lanes),
@@ -329,7 +329,7 @@ shape_rows(Shape, Sink, P0) ->
         [{<<"runtime from persistent_term">>,
           fun() -> persistent_term:get(?RUNTIME_KEY) end},
          {<<"the sender's lane of the node (persistent_term, phash2)">>,
-          fun() -> convoy_lanes:lane_of(convoy_lanes:row(Node)) end},
+          fun() -> convoy_lanes:lane_of(convoy_runtimes:row(Node)) end},
          {<<"size estimate (convoy_size:measure/2)">>,
           fun() -> convoy_size:measure(Msg, 65536) end},
          {<<"calm: clock + lane's last send + own last send (pdict)">>,

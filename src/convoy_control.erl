@@ -131,7 +131,7 @@ init(Config = #{lanes := N}) ->
     process_flag(trap_exit, true),
     ok = net_kernel:monitor_nodes(true),
     RT = runtime(Config, N, erlang:unique_integer([positive])),
-    erase_rows(fun(_) -> true end), % a previous start's, if it ended without its stop
+    ok = convoy_runtimes:erase_nodes(all), % a previous start's, if it ended without its stop
     S = lists:foldl(fun start_node/2, #s{config = Config, secret = make_ref(), runtime = RT},
                     lists:sort(nodes())),
     {ok, publish(S)}.
@@ -146,35 +146,14 @@ start_row(RT = #runtime{n = N, clock = Clock}, Held, S) ->
                                 lists:seq(1, N)),
     {Row#runtime{lanes = list_to_tuple(Pids)}, S1}.
 
-%% What senders read: the settings' runtime with each connected node's (one read
-%% of an atom key on a send's path), and every other node's under a key of its
-%% own (a node sent to before it connects, a hidden one, one that went down). A
-%% node's runtime is put under its own key before it leaves the settings' (and
-%% taken off only after it is there), so a sender always finds it.
+%% What senders read (`convoy_runtimes').
 publish(S = #s{runtime = RT, rows = Rows}) ->
-    Connected = maps:with(erlang:nodes(), Rows),
-    Own = maps:without(maps:keys(Connected), Rows),
-    maps:foreach(fun(Node, Row) -> persistent_term:put({?RUNTIME_KEY, Node}, Row) end, Own),
-    persistent_term:put(?RUNTIME_KEY, RT#runtime{rows = Connected}),
-    _ = [persistent_term:erase({?RUNTIME_KEY, Node}) || Node <- maps:keys(Connected)],
+    ok = convoy_runtimes:publish(RT, Rows),
     S.
 
-%% `publish/1' for one node's runtime that changed (started, a lane replaced):
-%% the other nodes' keys stay as they are.
 publish_node(Node, S = #s{runtime = RT, rows = Rows}) ->
-    case lists:member(Node, erlang:nodes()) of
-        true ->
-            persistent_term:put(?RUNTIME_KEY, RT#runtime{rows = maps:with(erlang:nodes(), Rows)});
-        false ->
-            persistent_term:put({?RUNTIME_KEY, Node}, maps:get(Node, Rows))
-    end,
+    ok = convoy_runtimes:publish_node(Node, RT, Rows),
     S.
-
-%% Every node's published runtime that `Which' selects goes.
-erase_rows(Which) ->
-    _ = [persistent_term:erase(K) || {K = {?RUNTIME_KEY, _}, Row} <- persistent_term:get(),
-                                     Which(Row)],
-    ok.
 
 %% A node gets its lanes when it connects, or when a message goes to it first
 %% (a hidden node, or one not connected yet). While the lanes it had before it
@@ -388,11 +367,7 @@ forget_node(Node, S = #s{rows = Rows}) ->
                 andalso not lists:member(Node, nodes(connected)) of
                 true ->
                     S1 = S#s{rows = maps:remove(Node, Rows)},
-                    _ = case persistent_term:get(?RUNTIME_KEY) of
-                            #runtime{rows = #{Node := _}} -> publish(S1); % its nodedown not seen yet
-                            _ -> S1
-                        end,
-                    _ = persistent_term:erase({?RUNTIME_KEY, Node}),
+                    ok = convoy_runtimes:unpublish_node(Node, S1#s.runtime, S1#s.rows),
                     _ = retire_row(Row, S1),
                     Gone = maps:from_list([{element(I, Lanes), {Node, element(I, Slots)}}
                                            || I <- lists:seq(1, tuple_size(Lanes))]),
@@ -514,15 +489,7 @@ terminate(Reason, S0) ->
     Lanes = retire_all(S#s.rows, S) ++ maps:keys(S#s.gone),
     stop_lanes(await_lanes(Lanes, S, Deadline), S),
     log_stop(Reason),
-    Gen = RT#runtime.generation,
-    erase_rows(fun(#runtime{generation = G}) -> G =:= Gen; (_) -> false end),
-    case persistent_term:get(?RUNTIME_KEY, undefined) of
-        #runtime{generation = Gen} ->
-            _ = persistent_term:erase(?RUNTIME_KEY),
-            ok;
-        _ ->
-            ok % a later start of convoy published its own
-    end.
+    convoy_runtimes:erase(RT#runtime.generation).
 
 %% A lane change in progress finishes first, so that the new lanes are released
 %% and every message ships in order before they retire.

@@ -1,44 +1,29 @@
 %% @private
-%% Each node's lanes, as senders find them and wait for them: the runtime
-%% `convoy_control' publishes for each node it has started lanes for, its
-%% settings and the node's own lanes (`lanes' of them) with their admission
-%% counters. A connected node's is in the settings' runtime (`rows'), which a send
-%% reads anyway (one read of an atom key); any other's under a key of its own
-%% (reading a tuple key hashes it: about 12 ns more). A process always uses the
-%% same lane of a node: the one at `phash2(self(), lanes)' among them.
-%%
-%% Not one table of every node's: publishing it each time a node got lanes
-%% copied it whole into the literal area each time (3,000 node names sent to
-%% exhausted it); connected nodes are few and change seldom.
+%% Each node's lanes, as senders find them and wait for them, from the runtime
+%% `convoy_control' publishes for each node it has started lanes for
+%% (`convoy_runtimes'). A process always uses the same lane of a node: the one
+%% at `phash2(self(), lanes)' among them.
 -module(convoy_lanes).
 
--export([row/1, runtime/2, prober/2, rows/0, lane_of/1, lane/1, flush/2]).
+-export([runtime/2, prober/2, lane_of/1, lane/1, flush/2]).
 
 -include("convoy_runtime.hrl").
 
 -compile({inline, [lane_of/1]}).
-
-%% @doc `Node''s runtime, or `undefined' while it has no lanes.
--spec row(node()) -> #runtime{} | undefined.
-row(Node) ->
-    case persistent_term:get(?RUNTIME_KEY, undefined) of
-        #runtime{rows = #{Node := Row}} -> Row;
-        _ -> persistent_term:get({?RUNTIME_KEY, Node}, undefined)
-    end.
 
 %% @doc `Node''s runtime with the options of `RT' (a call's), its lanes started
 %% if it had none; if convoy stopped or is stopping meanwhile, the runtime
 %% published then.
 -spec runtime(#runtime{}, node()) -> #runtime{} | undefined.
 runtime(RT = #runtime{overload = O, block_timeout = T, refuse = R}, Node) ->
-    case row(Node) of
+    case convoy_runtimes:row(Node) of
         Row = #runtime{overload = O, block_timeout = T, refuse = R} ->
             Row;
         Row = #runtime{} ->
             Row#runtime{overload = O, block_timeout = T, refuse = R};
         undefined ->
             ok = convoy_control:lanes_for(Node),
-            case {row(Node), persistent_term:get(?RUNTIME_KEY, undefined)} of
+            case {convoy_runtimes:row(Node), persistent_term:get(?RUNTIME_KEY, undefined)} of
                 {undefined, #runtime{stopping = false}} ->
                     %% convoy_control is not there to start them: restarting
                     %% (its start publishes a new runtime), or gone with
@@ -61,7 +46,7 @@ runtime(RT = #runtime{overload = O, block_timeout = T, refuse = R}, Node) ->
 prober(undefined, _Node) ->
     {undefined, none};
 prober(RT = #runtime{stopping = true}, Node) ->
-    case row(Node) of
+    case convoy_runtimes:row(Node) of
         undefined -> {RT, none};
         Row -> {Row, lane_of(Row)}
     end;
@@ -70,17 +55,6 @@ prober(RT, Node) ->
         Row = #runtime{stopping = false} -> {Row, lane_of(Row)};
         StoppingOrStopped -> prober(StoppingOrStopped, Node)
     end.
-
-%% @doc Every node's runtime, by node (reads all of persistent_term: for
-%% operators and tests, not for a send).
--spec rows() -> [{node(), #runtime{}}].
-rows() ->
-    Connected = case persistent_term:get(?RUNTIME_KEY, undefined) of
-                    #runtime{rows = Rows} -> maps:to_list(Rows);
-                    undefined -> []
-                end,
-    lists:sort(Connected ++ [{Node, Row} || {{?RUNTIME_KEY, Node}, Row = #runtime{}}
-                                                <- persistent_term:get()]).
 
 %% @doc The calling process's lane among a node's (an index into its runtime's
 %% `lanes').
@@ -121,7 +95,7 @@ flush(Which, Timeout) ->
 callers_lanes(all) ->
     lists:append([callers_lanes(Node) || Node <- convoy_control:lane_nodes()]);
 callers_lanes(Node) ->
-    case row(Node) of
+    case convoy_runtimes:row(Node) of
         undefined -> []; % no lane of its has taken anything
         Row -> [{Node, Row, lane(Row)}]
     end.

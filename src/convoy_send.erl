@@ -761,7 +761,7 @@ stopping(Node, Tos, Msg) ->
         false ->
             ok;
         true ->
-            case convoy_lanes:row(Node) of
+            case convoy_runtimes:row(Node) of
                 undefined -> ok; % no lane of its took anything for it
                 Row -> convoy_wait:await_gone(convoy_lanes:lane(Row))
             end,

@@ -226,7 +226,7 @@ resume_lanes() ->
     ok.
 
 lanes() ->
-    [L || {_Node, #runtime{lanes = Lanes}} <- convoy_lanes:rows(), L <- tuple_to_list(Lanes)].
+    [L || {_Node, #runtime{lanes = Lanes}} <- convoy_runtimes:rows(), L <- tuple_to_list(Lanes)].
 
 %%--------------------------------------------------------------------
 %% The invariants
@@ -271,7 +271,7 @@ check(Before, After0, Receivers, ReceiverNodes, Sent, Refused) ->
 %% admission was disposed of and nothing is held (or after Tries polls).
 settled(Nodes, Tries) ->
     Lanes = [{convoy_slots:admitted(S), convoy_slots:disposed(S)}
-             || {_Node, #runtime{slots = Slots}} <- convoy_lanes:rows(),
+             || {_Node, #runtime{slots = Slots}} <- convoy_runtimes:rows(),
                 S <- tuple_to_list(Slots)],
     Counters = counters(lists:usort(Nodes)),
     Held = [N || {N, #{buffered := B, queued := Q}} <- maps:to_list(Counters), B + Q =/= 0],

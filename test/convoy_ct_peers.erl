@@ -17,21 +17,21 @@
 
 %% Every lane of every node, node by node.
 lanes() ->
-    [L || {_Node, #runtime{lanes = Lanes}} <- convoy_lanes:rows(), L <- tuple_to_list(Lanes)].
+    [L || {_Node, #runtime{lanes = Lanes}} <- convoy_runtimes:rows(), L <- tuple_to_list(Lanes)].
 
 %% Lane I of Node's (its pid).
 lane(Node, I) ->
-    #runtime{lanes = Lanes} = convoy_lanes:row(Node),
+    #runtime{lanes = Lanes} = convoy_runtimes:row(Node),
     element(I, Lanes).
 
 %% Node's lanes' admission counters, as a tuple (lane I's at I).
 slots(Node) ->
-    #runtime{slots = Slots} = convoy_lanes:row(Node),
+    #runtime{slots = Slots} = convoy_runtimes:row(Node),
     Slots.
 
 %% Every lane's admission counters, node by node.
 all_slots() ->
-    [S || {_Node, #runtime{slots = Slots}} <- convoy_lanes:rows(), S <- tuple_to_list(Slots)].
+    [S || {_Node, #runtime{slots = Slots}} <- convoy_runtimes:rows(), S <- tuple_to_list(Slots)].
 
 %% A peer named Name for Suite; Extra: peer:start_options(), `args' appended.
 start(Suite, Name, Extra) ->

@@ -153,7 +153,7 @@ idle_lane_over_max_batch(_Config) ->
     ?assertEqual({30, 30}, {AC1 - AC0, DC1 - DC0}),  % one batch to the inbox
     %% every lane (each node's own) disposed of all it admitted
     [?assertEqual(convoy_slots:admitted(S), convoy_slots:disposed(S))
-     || {_Node, #runtime{slots = Slots}} <- convoy_lanes:rows(), S <- tuple_to_list(Slots)].
+     || {_Node, #runtime{slots = Slots}} <- convoy_runtimes:rows(), S <- tuple_to_list(Slots)].
 
 %% Over the node's bound, send_many drops exactly what sends one by one would
 %% drop (the first messages that fit go, the rest are counted as dropped), and
