@@ -533,8 +533,9 @@ stop_lanes(Lanes, S = #s{monitors = M}) ->
                              || {Ref, P} <- maps:to_list(M), P =:= Pid],
                         case stopped_slots(Pid, S) of
                             {Node, Slots, Behind} ->
-                                K = convoy_slots:close(Slots) - convoy_slots:disposed(Slots) - Behind,
-                                maps:update_with(Node, fun(N) -> N + max(0, K) end, max(0, K), Acc);
+                                K = max(0, convoy_slots:close(Slots) - convoy_slots:disposed(Slots)
+                                           - Behind),
+                                maps:update_with(Node, fun(N) -> N + K end, K, Acc);
                             none ->
                                 Acc
                         end

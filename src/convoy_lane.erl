@@ -92,8 +92,9 @@
             %% linked helpers, by pid
             workers = #{} :: #{pid() => {connector, node()} | {barrier, node()} | meter},
             %% per node in a busy run (from a send that waited until a chunk
-            %% leaves nothing behind it, `resumed/3'): since when (native time), and its batches
-            %% metered under `compress => auto' (the run's tag, the last one's number)
+            %% leaves nothing behind it, `resumed/3'): since when (native time),
+            %% and under `compress => auto' its run's tag and the number of the
+            %% last batch metered
             busy = #{} :: #{node() => {integer(), reference(), non_neg_integer()}},
             %% stopping: a busy connection is not waited for
             stopping = false :: boolean(),

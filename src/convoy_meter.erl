@@ -90,7 +90,9 @@ follows_its_answers_test() ->
     M = start_link(n@h, 1, Secret, false),
     {Pid, never} = level(M),
     Run = make_ref(),
-    Answer = fun(Seq, Mode, At) -> Pid ! {{Secret, n@h, {Run, Seq, Mode, 1000}}, convoy_meter, At} end,
+    Answer = fun(Seq, Mode, At) ->
+                     Pid ! {{Secret, n@h, {Run, Seq, Mode, 1000}}, convoy_meter, At}
+             end,
     %% plain, 5 ms a lot: measured (a first measure thrown away, then one kept),
     %% then zip is tried at once
     _ = [Answer(Seq, plain, Seq * 5000) || Seq <- lists:seq(1, 40)],

@@ -32,8 +32,10 @@ publish(RT, Rows) ->
 -spec publish_node(node(), #runtime{}, #{node() => #runtime{}}) -> ok.
 publish_node(Node, RT, Rows) ->
     case lists:member(Node, erlang:nodes()) of
-        true -> persistent_term:put(?RUNTIME_KEY, RT#runtime{rows = maps:with(erlang:nodes(), Rows)});
-        false -> persistent_term:put({?RUNTIME_KEY, Node}, maps:get(Node, Rows))
+        true ->
+            persistent_term:put(?RUNTIME_KEY, RT#runtime{rows = maps:with(erlang:nodes(), Rows)});
+        false ->
+            persistent_term:put({?RUNTIME_KEY, Node}, maps:get(Node, Rows))
     end.
 
 %% @doc `Node''s runtime goes (the node was forgotten; `Rows', the others):
