@@ -395,31 +395,47 @@ gone_done(Pid, S = #s{gone = Gone0}) ->
 %%--------------------------------------------------------------------
 %% A lane died
 
-lane_died(Pid, Reason, S = #s{gone = Gone}) when is_map_key(Pid, Gone) ->
-    %% what a forgotten node's lane still held is lost
-    {Node, Slots} = maps:get(Pid, Gone),
-    count_lost(Slots, 0, {Node, retiring}, Reason),
-    gone_done(Pid, S);
-lane_died(Pid, Reason, S = #s{rows = Rows, switch = Sw}) ->
-    case find_lane(Pid, Rows) of
-        {Node, I} ->
+lane_died(Pid, Reason, S) ->
+    case locate(Pid, S) of
+        {gone, Node, Slots} ->
+            %% what a forgotten node's lane still held is lost
+            count_lost(Slots, 0, {Node, retiring}, Reason),
+            gone_done(Pid, S);
+        {row, Node, I, _Slots} ->
             replace_lane(Node, I, Reason, S);
-        none when Sw =/= none ->
-            %% An old lane of a lane change: what it held is lost; the change goes on
-            %% without it.
-            _ = case find_lane(Pid, Sw#switch.old) of
-                    {OldNode, OldI} ->
-                        count_lost(element(OldI, (maps:get(OldNode, Sw#switch.old))#runtime.slots),
-                                   0, {OldNode, retiring}, Reason);
-                    none ->
-                        ok
-                end,
-            S1 = lists:foldl(fun(Node, Acc) -> node_done(Pid, Node, Acc) end,
-                             S#s{switch = Sw#switch{reported = [Pid | lists:delete(Pid, Sw#switch.reported)]}},
-                             maps:keys(Sw#switch.pending)),
-            retired(Pid, maybe_hold(S1));
+        {old, Node, Slots} ->
+            count_lost(Slots, 0, {Node, retiring}, Reason),
+            old_lane_died(Pid, S);
+        none when S#s.switch =/= none ->
+            old_lane_died(Pid, S);
         none ->
             S
+    end.
+
+%% An old lane of a lane change died (what it held is counted lost): the change
+%% goes on without it.
+old_lane_died(Pid, S = #s{switch = Sw}) ->
+    S1 = lists:foldl(fun(Node, Acc) -> node_done(Pid, Node, Acc) end,
+                     S#s{switch = Sw#switch{reported = [Pid | lists:delete(Pid, Sw#switch.reported)]}},
+                     maps:keys(Sw#switch.pending)),
+    retired(Pid, maybe_hold(S1)).
+
+%% Where a lane is, with its node and admission counters: a forgotten node's
+%% (`gone'), lane I of a node's (`row'), or an old one of a lane change (`old').
+locate(Pid, #s{gone = Gone}) when is_map_key(Pid, Gone) ->
+    {Node, Slots} = maps:get(Pid, Gone),
+    {gone, Node, Slots};
+locate(Pid, #s{rows = Rows, switch = Sw}) ->
+    case {find_lane(Pid, Rows), Sw} of
+        {{Node, I}, _} ->
+            {row, Node, I, element(I, (maps:get(Node, Rows))#runtime.slots)};
+        {none, #switch{old = Old}} ->
+            case find_lane(Pid, Old) of
+                {Node, I} -> {old, Node, element(I, (maps:get(Node, Old))#runtime.slots)};
+                none -> none
+            end;
+        {none, none} ->
+            none
     end.
 
 %% A new lane at the dead one's place among its node's, with new counters: the
@@ -458,8 +474,7 @@ behind(_Held) -> 1.
 %% Behind: 1 if the lane was still held (its counters started one behind).
 %% Which: `{Node, I}', a lane replaced, or `{Node, retiring}', one that was going.
 count_lost(Slots, Behind, {Node, Which}, Reason) ->
-    Granted = convoy_slots:close(Slots),
-    Lost = max(0, Granted - convoy_slots:disposed(Slots) - Behind),
+    Lost = unsettled(Slots, Behind),
     convoy_metrics:lost(Lost),
     ?LOG_ERROR(#{what => convoy_lane_died, node => Node, lane => Which, reason => Reason,
                  lost => Lost,
@@ -531,11 +546,12 @@ stop_lanes(Lanes, S = #s{monitors = M}) ->
                         true = exit(Pid, kill),
                         _ = [receive {'DOWN', Ref, process, Pid, _} -> ok end
                              || {Ref, P} <- maps:to_list(M), P =:= Pid],
-                        case stopped_slots(Pid, S) of
-                            {Node, Slots, Behind} ->
-                                K = max(0, convoy_slots:close(Slots) - convoy_slots:disposed(Slots)
-                                           - Behind),
-                                maps:update_with(Node, fun(N) -> N + K end, K, Acc);
+                        case locate(Pid, S) of
+                            {row, Node, _I, Slots} ->
+                                Behind = behind(lane_held(Node, is_new(Pid, S), S)),
+                                add_dropped(Node, unsettled(Slots, Behind), Acc);
+                            {_GoneOrOld, Node, Slots} ->
+                                add_dropped(Node, unsettled(Slots, 0), Acc);
                             none ->
                                 Acc
                         end
@@ -557,22 +573,13 @@ count_dropped(Node, Dropped) ->
     ?LOG_WARNING(#{what => convoy_lane_stopped, node => Node, reason => killed_waiting,
                    dropped => #{Node => Dropped}}).
 
-%% A stopped lane's node, admission counters and how far behind they started.
-stopped_slots(Pid, S = #s{rows = Rows, gone = Gone, switch = Sw}) ->
-    case {Gone, find_lane(Pid, Rows)} of
-        {#{Pid := {Node, Slots}}, _} ->
-            {Node, Slots, 0};
-        {_, {Node, I}} ->
-            {Node, element(I, (maps:get(Node, Rows))#runtime.slots),
-             behind(lane_held(Node, is_new(Pid, S), S))};
-        {_, none} when Sw =/= none ->
-            case find_lane(Pid, Sw#switch.old) of
-                {Node, I} -> {Node, element(I, (maps:get(Node, Sw#switch.old))#runtime.slots), 0};
-                none -> none
-            end;
-        _ ->
-            none
-    end.
+add_dropped(Node, K, Acc) ->
+    maps:update_with(Node, fun(N) -> N + K end, K, Acc).
+
+%% What a lane was admitted for and has not disposed of (its counters closed;
+%% `Behind': 1 if it was still held, its counters having started one behind).
+unsettled(Slots, Behind) ->
+    max(0, convoy_slots:close(Slots) - convoy_slots:disposed(Slots) - Behind).
 
 %% The counters go with convoy: say what they held.
 log_stop(Reason) ->

@@ -772,7 +772,6 @@ stopping(Node, Tos, Msg) ->
 %%--------------------------------------------------------------------
 %% Facts
 
-
 slots(#runtime{slots = Slots}, L) -> element(L, Slots).
 
 %% Whether lane `L' has disposed of every admission before admission `V'. With
