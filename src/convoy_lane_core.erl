@@ -232,6 +232,10 @@ runs([{_, Node, _, _, _} | _] = Pending, Runs) ->
 
 run(Node, [{?TAG_LARGE, Node, To, Msg, B} | Rest], Acc, K, L, Bytes) ->
     run(Node, Rest, [{?TAG_LARGE, To, Msg} | Acc], K + 1, L + 1, Bytes + B);
+run(Node, [{?TAG_MULTICAST, Node, {?TAG_PUBLISH, Scope, Group}, Msg, B} | Rest], Acc, K, L,
+    Bytes) ->
+    %% queued as the wire's publish entry: a chunk of small messages ships as it is
+    run(Node, Rest, [convoy_wire:publish(Scope, Group, Msg) | Acc], K + 1, L, Bytes + B);
 run(Node, [{_, Node, To, Msg, B} | Rest], Acc, K, L, Bytes) ->
     run(Node, Rest, [{To, Msg} | Acc], K + 1, L, Bytes + B);
 run(_Node, Rest, Acc, K, L, Bytes) -> {Acc, K, L, Bytes, Rest}.

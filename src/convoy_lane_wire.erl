@@ -2,11 +2,13 @@
 %% What a lane's entries become for the peer at hand. Pure, but for a publish
 %% entry's members, read from `pg' as this node sees them now.
 %%
-%% A lane keeps two kinds of entry in a form of its own: a large message
-%% (`{'$convoy_large', To, Msg}') and a publish (`{{'$convoy_publish', Scope,
-%% Group}, Msg}'). A peer at protocol version 2 or later gets them as wire
-%% entries (`convoy_wire'); a version-1 peer gets a publish as multicast entries
-%% to its members; a peer without convoy gets plain sends (`plain_entry/2').
+%% A lane keeps one kind of entry in a form of its own: a large message
+%% (`{'$convoy_large', To, Msg}', a publish's as `{'$convoy_large',
+%% {'$convoy_publish', Scope, Group}, Msg}'); it queues a small publish as the
+%% wire's publish entry (`convoy_wire:publish/3'). A peer at protocol version 2 or
+%% later gets them as wire entries; a version-1 peer gets a publish as multicast
+%% entries to its members; a peer without convoy gets plain sends
+%% (`plain_entry/2').
 -module(convoy_lane_wire).
 
 -export([entries/3, plain_entry/2]).
@@ -14,25 +16,21 @@
 -include("convoy_tags.hrl").
 
 %% @doc A chunk's entries as the peer at version `Vsn' on `Node' reads them: a
-%% chunk without lane forms as it is; a peer at a version without publish
-%% entries gets each as multicast entries to its members as this node sees them
-%% now (what a loop of sends would reach).
+%% chunk without large messages as it is (one scan in C tells; a message to a name
+%% '$convoy_large' only costs the conversion, which leaves it as it is); a peer
+%% at a version without publish entries gets each as multicast entries to its
+%% members as this node sees them now (what a loop of sends would reach).
 -spec entries([term()], pos_integer(), node()) -> [term()].
 entries(Wire, Vsn, Node) ->
     case convoy_wire:supports(Vsn, publish) of
         true ->
-            case has_lane_form(Wire) of
+            case lists:keymember(?TAG_LARGE, 1, Wire) of
                 true -> [wire_entry(E) || E <- Wire];
                 false -> Wire
             end;
         false ->
             lists:flatmap(fun(E) -> v1_entries(plain_entry(E, Node)) end, Wire)
     end.
-
-has_lane_form([{?TAG_LARGE, _, _} | _]) -> true;
-has_lane_form([{{?TAG_PUBLISH, _, _}, _} | _]) -> true;
-has_lane_form([_ | Rest]) -> has_lane_form(Rest);
-has_lane_form([]) -> false.
 
 v1_entries({Tos, Msg}) when is_list(Tos) -> convoy_wire:multicast_entries(Tos, Msg);
 v1_entries(E) -> [E].
@@ -46,8 +44,7 @@ plain_entry(E, Node) ->
         Plain -> Plain
     end.
 
-%% Entries the lane keeps in its own form (a large message, a publish) become
-%% wire entries; a chunk without any is shipped as it is.
+%% A large message (a publish's too) as its wire entry; any other entry is one.
 wire_entry({?TAG_LARGE, To, Msg}) -> wire_entry({To, Msg});
 wire_entry({{?TAG_PUBLISH, Scope, Group}, Msg}) -> convoy_wire:publish(Scope, Group, Msg);
 wire_entry(E) -> E.
