@@ -283,7 +283,6 @@ publish_one([_ | Ps], Msg, Local) -> publish_one(Ps, Msg, Local);
 publish_one([], _Msg, _Local) -> ok.
 
 send_run(0, _Entries) -> ok;
-send_run(K, [{To, Msg} | Entries]) when is_pid(To) -> To ! Msg, send_run(K - 1, Entries);
 send_run(K, [{To, Msg} | Entries]) -> send(To, Msg), send_run(K - 1, Entries).
 
 send_each([], _Msg) -> ok;

@@ -16,17 +16,17 @@
 -include("convoy_tags.hrl").
 
 %% @doc A chunk's entries as the peer at version `Vsn' on `Node' reads them: a
-%% chunk without large messages as it is (one scan in C tells; a message to a name
-%% '$convoy_large' only costs the conversion, which leaves it as it is); a peer
-%% at a version without publish entries gets each as multicast entries to its
-%% members as this node sees them now (what a loop of sends would reach).
+%% chunk of small messages as it is, a run of large ones (a chunk is one or the
+%% other, `convoy_batch', as the lane's `ship/4' reads it) as wire entries; a
+%% peer at a version without publish entries gets each as multicast entries to
+%% its members as this node sees them now (what a loop of sends would reach).
 -spec entries([term()], pos_integer(), node()) -> [term()].
 entries(Wire, Vsn, Node) ->
     case convoy_wire:supports(Vsn, publish) of
         true ->
-            case lists:keymember(?TAG_LARGE, 1, Wire) of
-                true -> [wire_entry(E) || E <- Wire];
-                false -> Wire
+            case Wire of
+                [{?TAG_LARGE, _, _} | _] -> [wire_entry(E) || E <- Wire];
+                _ -> Wire
             end;
         false ->
             lists:flatmap(fun(E) -> v1_entries(plain_entry(E, Node)) end, Wire)
