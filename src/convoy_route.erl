@@ -25,14 +25,18 @@
 
 %% @doc See `convoy:send/2'.
 -spec send(convoy:dest(), term()) -> ok.
-send(Pid, Msg) when is_pid(Pid), node(Pid) =:= node() ->
-    Pid ! Msg, % local: exactly `!', nothing else to decide
-    ok;
+send(Pid, Msg) when is_pid(Pid) ->
+    %% the node read once: inside `convoy:batch/1' this is most of a call's cost
+    case node(Pid) of
+        Node when Node =:= node() ->
+            Pid ! Msg, % local: exactly `!', nothing else to decide
+            ok;
+        Node ->
+            send_remote(Node, Pid, Msg)
+    end;
 send(Name, Msg) when is_atom(Name) ->
     Name ! Msg,
     ok;
-send(Pid, Msg) when is_pid(Pid) ->
-    send_remote(node(Pid), Pid, Msg);
 send(Dest, Msg) ->
     case convoy_scope:is_open() andalso resolve(Dest) of
         {remote, Node, Dest} -> collected(convoy_scope:collect_send(Node, Dest, Msg)); % alias
