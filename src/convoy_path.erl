@@ -73,7 +73,7 @@
 %% last record (`SKIP_MAX') are a count beside it in that state (`skipped()'),
 %% except while its node has messages held, a flood's every send: then the lane's
 %% admissions count them (`held_record/2', `counted/2') and the send writes
-%% nothing but, at one admission in `SKIP_MAX' + 1, its own last send.
+%% nothing.
 %% Streaming is judged per node, as a lane batches per node: a sender that sends
 %% one message to each of several nodes in a row (a broadcast) streams to none of
 %% them. A record's gap is divided by all the sends it stands for, to any node
@@ -321,23 +321,20 @@ counted(Skipped, _V) -> Skipped.
 
 %% @doc A marked sender's small send held behind its node's messages, its
 %% admission the lane's `V'th (`convoy_slots:admit_many/2', a count that only
-%% grows): a sender that streams (`Skipped' counting) records its own part only
-%% (`{own, SKIP_MAX}': its last send, standing for `SKIP_MAX' + 1 of its sends,
-%% exact for a sender alone on its lane) at the lane's every `SKIP_MAX' + 1th
-%% admission, and writes nothing otherwise (`streaming': a sender known to count,
-%% its count not read). While the node has messages held its lane is busy
-%% whatever the averages say, and the lane keeps its last small send fresh
-%% itself (`convoy_slots:record_batch/4'), so such a sender writes nothing shared.
-%% Any other sender `record's it as on an idle lane (`skip/1').
+%% grows): a sender that streams (`Skipped' counting) records only the lane's
+%% every `SKIP_MAX' + 1th admission, the record standing for `SKIP_MAX' + 1 of
+%% its sends (exact for a sender alone on its lane), and writes nothing
+%% otherwise (`streaming': a sender known to count, its count not read); any
+%% other sender records it as on an idle lane (`skip/1').
 -spec held_record(skipped() | streaming, integer()) ->
-          skip | {own, non_neg_integer()} | record.
+          skip | {record, undefined | non_neg_integer()}.
 held_record(Skipped, V) when Skipped =/= undefined ->
     case V rem (?SKIP_MAX + 1) of
-        0 -> {own, ?SKIP_MAX};
+        0 -> {record, ?SKIP_MAX};
         _ -> skip
     end;
 held_record(undefined, _V) ->
-    record.
+    {record, undefined}.
 
 %% @doc A multicast entry's small send to `Node' at `Now', recorded as one send:
 %% the sender's own gap since its last record to `Node'. An entry reuses no calm

@@ -265,14 +265,13 @@ marked_calm(RT = #runtime{bypass_after = W}, L, Node, S = #sender{own = Own0}, S
             put(?KEY, S#sender{skipped = Skipped}),
             busy;
         {record, OwnGap, Sends, Own, Next} ->
-            put(?KEY, S#sender{own = Own, skipped = streaming(Next, Streaming)}),
+            Skipped = case Next of
+                          0 -> Streaming;
+                          undefined -> undefined
+                      end,
+            put(?KEY, S#sender{own = Own, skipped = Skipped}),
             calm(RT, L, Now, OwnGap, Sends, lane)
     end.
-
-%% The skip count after a record: `Streaming' when the record found the sender
-%% streaming (`convoy_path:marked_record/5' answers 0), else not counting.
-streaming(0, Streaming) -> Streaming;
-streaming(undefined, _Streaming) -> undefined.
 
 %% The records the sender skipped since its last: after one held behind the
 %% node's messages, counted by the lane's admissions since (`convoy_path:counted/2').
@@ -317,10 +316,9 @@ skipped_record(RT, L, _Node, _V) ->
 
 %% @doc A marked sender's small send held behind the node's messages, its
 %% admission the lane's `V'th (`streaming': `marked/2' found it counting its
-%% skipped records; `unread': read its state): a sender that streams reads
-%% nothing and writes nothing shared; at one admission in `SKIP_MAX' + 1 of the
-%% lane's it notes its own last send, so that it is still seen streaming when
-%% the node's messages are all shipped (`convoy_path:held_record/2').
+%% skipped records; `unread': read its state): a sender that streams writes
+%% nothing, and reads nothing, but at one admission in `SKIP_MAX' + 1 of the
+%% lane's, where it records (`convoy_path:held_record/2').
 -spec held_record(streaming | unread, #runtime{}, pos_integer(), node(), integer()) -> ok.
 held_record(Known, RT = #runtime{bypass_after = W, max_delay = 0}, L, Node, V)
   when is_integer(W) ->
@@ -330,20 +328,10 @@ held_record(Known, RT = #runtime{bypass_after = W, max_delay = 0}, L, Node, V)
               end,
     case convoy_path:held_record(Skipped, V) of
         skip -> ok;
-        {own, Stands} -> own_record(RT, Node, Stands, V);
-        record -> _ = marked_calm(RT, L, Node, state(), undefined, {since, V}), ok
+        {record, Stands} -> _ = marked_calm(RT, L, Node, state(), Stands, {since, V}), ok
     end;
 held_record(_Known, RT, L, _Node, _V) ->
     busy = forced(RT, L),
-    ok.
-
-%% A held streaming sender's record of its own part: its last send to `Node'
-%% and whether it still streams.
-own_record(RT = #runtime{bypass_after = W}, Node, Stands, V) ->
-    S = #sender{own = Own0} = state(),
-    {record, _OwnGap, _Sends, Own, Next} =
-        convoy_path:marked_record(own(Own0), Stands, Node, now_us(RT), W),
-    put(?KEY, S#sender{own = Own, skipped = streaming(Next, {since, V})}),
     ok.
 
 %% @doc A multicast entry's small send to `Node': recorded on the lane as one
@@ -432,16 +420,14 @@ marked_test() ->
         erase(?KEY)
     end.
 
-%% Held behind its node's messages, a streaming sender writes nothing shared,
-%% and its own state only at one admission in SKIP_MAX + 1 of the lane's, where
-%% it notes its own last send; one that does not stream records as on an idle
-%% lane (the lane's last small send moves on).
+%% Held behind its node's messages, a streaming sender writes neither its state
+%% nor the lane's line but at one admission in SKIP_MAX + 1 of the lane's, where
+%% it records (the lane's last small send moves on, and its own).
 held_record_test() ->
     #{'SKIP_MAX' := Max} = convoy_path:constants(),
     Clock = convoy_slots:clock(),
     Slots = convoy_slots:new(0, Clock),
-    %% a window of 0.1 s: the sleeps below leave the sender streaming
-    RT = #runtime{bypass_after = 100000, max_delay = 0, slots = {Slots}, clock = Clock},
+    RT = #runtime{bypass_after = 20, max_delay = 0, slots = {Slots}, clock = Clock},
     try
         %% records close together: the sender streams (it counts skips)
         [_ = marked_calm(RT, 1, n@h) || _ <- lists:seq(1, 3 * Max)],
@@ -449,34 +435,26 @@ held_record_test() ->
         ?assert(is_integer(Skipped)),
         Streaming = get(?KEY),
         Last = convoy_slots:last_small_send(Slots),
-        Gaps = convoy_slots:recent_gaps(Slots),
         timer:sleep(2), % the lanes' clock moves on
         Period = Max + 1,
         [begin
              ok = held_record(unread, RT, 1, n@h, V),
              ok = held_record(streaming, RT, 1, n@h, V), % as marked/2 found it
-             ?assertEqual(Streaming, get(?KEY))
+             ?assertEqual(Streaming, get(?KEY)),
+             ?assertEqual(Last, convoy_slots:last_small_send(Slots))
          end || V <- lists:seq(Period + 1, 2 * Period - 1)],
         ok = held_record(unread, RT, 1, n@h, 2 * Period),
-        #sender{own = Own, skipped = {since, Since}} = Noted = get(?KEY),
-        ?assertEqual(2 * Period, Since),
-        ?assert(convoy_path:own_last(Own, n@h) > Last),
-        %% `streaming' notes at the same admissions, reading the state then
+        Recorded = convoy_slots:last_small_send(Slots),
+        ?assert(Recorded > Last),
+        ?assertNotEqual(Streaming, get(?KEY)),
+        %% `streaming' records at the same admissions, reading the state then
         timer:sleep(2),
+        Again = get(?KEY),
         ok = held_record(streaming, RT, 1, n@h, 3 * Period - 1),
-        ?assertEqual(Noted, get(?KEY)),
+        ?assertEqual({Again, Recorded}, {get(?KEY), convoy_slots:last_small_send(Slots)}),
         ok = held_record(streaming, RT, 1, n@h, 3 * Period),
-        #sender{own = Own2, skipped = {since, Since2}} = get(?KEY),
-        ?assertEqual(3 * Period, Since2),
-        ?assert(convoy_path:own_last(Own2, n@h) > convoy_path:own_last(Own, n@h)),
-        %% none of it touched the lane's line
-        ?assertEqual({Last, Gaps},
-                     {convoy_slots:last_small_send(Slots), convoy_slots:recent_gaps(Slots)}),
-        %% a sender that does not stream (a window of 0) records on it
-        put(?KEY, (get(?KEY))#sender{skipped = undefined}),
-        timer:sleep(2),
-        ok = held_record(unread, RT#runtime{bypass_after = 0}, 1, n@h, 3 * Period + 1),
-        ?assert(convoy_slots:last_small_send(Slots) > Last)
+        ?assert(convoy_slots:last_small_send(Slots) > Recorded),
+        ?assertNotEqual(Again, get(?KEY))
     after
         erase(?KEY)
     end.

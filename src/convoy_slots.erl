@@ -14,12 +14,11 @@
 %%   idle and everything it was given is already in the distribution layer;</li>
 %% <li>last small send: microseconds of the latest small message on this lane, by
 %%   the lanes' clock (`now_us/1'), read by every recorded small send (a
-%%   streaming sender records one in 16, convoy_sender; one held behind its
-%%   node's messages writes nothing here) and by the lane at each shipment
-%%   (`record_batch/4'), and written only when the microsecond has moved on.
-%%   It starts far in the past, never at 0: a monotonic clock can be
-%%   negative. Beside it on the same line, moving averages of the gaps between
-%%   those sends and of the gaps between each and its sender's previous one (`recent_gaps/1'), updated with it: how often small
+%%   streaming sender records one in 16, convoy_sender) and written only when
+%%   the microsecond has moved on. It starts far in the past, never at 0: a
+%%   monotonic clock can be negative. Beside it on the same line, moving averages
+%%   of the gaps between those sends and of the gaps between each and its
+%%   sender's previous one (`recent_gaps/1'), updated with it: how often small
 %%   messages come to this lane, and from about how many senders taking turns,
 %%   whichever path they then take.</li>
 %% <li>batching: the verdict senders read (`record_batch/4', the lane alone):
@@ -178,9 +177,8 @@ since_last_send(A, Now, OwnGap, Sends) ->
     end.
 
 %% @doc A small message took the lane at `Now' (microseconds, the lanes' clock),
-%% where batching is forced and no average is read, or the lane shipped small
-%% messages then: the last small send moves forward only, the averages are not
-%% touched.
+%% where batching is forced and no average is read: the last small send moves
+%% forward only, the averages are not touched.
 -spec note_small_send(slots(), integer()) -> ok.
 note_small_send(A, Now) ->
     case atomics:get(A, ?LAST_SEND) of
@@ -204,10 +202,7 @@ recent_gaps(A) ->
     {Gaps band ?LANE_GAP_MASK, Gaps bsr ?LANE_GAP_BITS}.
 
 %% @doc The lane shipped `Msgs' messages in `Sends' distribution sends at `NowUs'
-%% (microseconds, the lanes' clock): they took the lane no later than that, and
-%% its last small send moves on to it (`note_small_send/2'), which keeps it fresh
-%% while senders held behind the node's messages record nothing shared. Only the
-%% lane writes the verdict's slots. While the verdict
+%% (microseconds, the lanes' clock). Only the lane writes these slots. While the verdict
 %% is `paid' the lane counts what it ships and judges it at the end of each
 %% window (`convoy_path:unpaid_until/2'); while it says unpaid, nothing is
 %% judged (senders bypass the lane, what it ships says little); once that has
@@ -216,7 +211,6 @@ recent_gaps(A) ->
 record_batch(_A, _Msgs, 0, _NowUs) ->
     ok;
 record_batch(A, Msgs, Sends, NowUs) ->
-    ok = note_small_send(A, NowUs),
     case atomics:get(A, ?UNPAID_UNTIL) of
         ?PAID ->
             M = atomics:add_get(A, ?MSGS, Msgs),
@@ -413,21 +407,6 @@ batching_window_test() ->
     ok = record_batch(A, 1, 1, Unpaid + 1 + ?WINDOW_US),
     ?assertEqual(16, batch_average(A)),
     ?assertNotEqual(paid, unpaid_until(A)).
-
-%% A shipment moves the lane's last small send on to its time, never back, and
-%% leaves the gap averages alone: senders held behind the node's messages record
-%% nothing shared.
-shipment_is_a_small_send_test() ->
-    A = new(0, clock()),
-    Gaps = recent_gaps(A),
-    T0 = -5000000,
-    ok = record_batch(A, 0, 0, T0), % nothing shipped
-    ?assert(last_small_send(A) < T0),
-    ok = record_batch(A, 3, 1, T0),
-    ?assertEqual(T0, last_small_send(A)),
-    ok = record_batch(A, 3, 1, T0 - 10),
-    ?assertEqual(T0, last_small_send(A)),
-    ?assertEqual(Gaps, recent_gaps(A)).
 
 wait_until(T) ->
     case now_us(clock()) >= T of

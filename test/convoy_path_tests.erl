@@ -178,11 +178,10 @@ marked_skip_test() ->
     ?assertMatch({record, 100, 16, _, undefined},
                  convoy_path:marked_record(Own1, Skipped, b@h, 16 + 1600, 20)).
 
-%% Held behind its node's messages, a streaming sender records its own part at
-%% the lane's every SKIP_MAX + 1th admission only, the record standing for
-%% SKIP_MAX + 1 sends, and skips the others whatever its count; a sender that
-%% does not stream records as on an idle lane (`skip/1': its first record then
-%% counts).
+%% Held behind its node's messages, a streaming sender records only the lane's
+%% every SKIP_MAX + 1th admission, the record standing for SKIP_MAX + 1 sends,
+%% and skips the others whatever its count; a sender that does not stream
+%% records as on an idle lane (`skip/1': its first record then counts).
 held_record_test() ->
     #{'SKIP_MAX' := Max} = convoy_path:constants(),
     Period = Max + 1,
@@ -190,12 +189,13 @@ held_record_test() ->
                     convoy_path:held_record(0, V) =/= skip],
     ?assertEqual(9, length(Records)),
     [?assertEqual(0, V rem Period) || V <- Records],
-    [?assertEqual({own, Max}, convoy_path:held_record(S, 2 * Period)) || S <- [0, 3, Max]],
+    [?assertEqual({record, Max}, convoy_path:held_record(S, 2 * Period)) || S <- [0, 3, Max]],
     [?assertEqual(skip, convoy_path:held_record(S, 2 * Period + 1)) || S <- [0, 3, Max]],
-    [?assertEqual(record, convoy_path:held_record(undefined, V)) || V <- [1, Period, 7]],
+    [?assertEqual({record, undefined}, convoy_path:held_record(undefined, V))
+     || V <- [1, Period, 7]],
     %% after such a record, the sender counts from the lane's admission it took
     ?assertEqual(skip, convoy_path:held_record({since, Period}, 2 * Period + 1)),
-    ?assertEqual({own, Max}, convoy_path:held_record({since, Period}, 2 * Period)),
+    ?assertEqual({record, Max}, convoy_path:held_record({since, Period}, 2 * Period)),
     %% its skips, counted by the lane's admissions since (at most SKIP_MAX)
     ?assertEqual(4, convoy_path:counted({since, -10}, -5)), % the count may be any integer
     ?assertEqual(0, convoy_path:counted({since, 10}, 11)),
