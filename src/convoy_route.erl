@@ -81,7 +81,8 @@ send_many(Sends) ->
 
 %% Everything is checked before anything is sent (as `multicast/2'): local
 %% names are looked up once, remote messages are grouped by node in list order
-%% (`Nodes' the nodes in the order first met).
+%% (`Nodes' the nodes in the order first met), sends to pids of one node in a
+%% row gathered before the map is touched (`group/4').
 resolve_many([], _All, Local, Remote, Nodes) ->
     {lists:reverse(Local),
      [{Node, lists:reverse(maps:get(Node, Remote))} || Node <- lists:reverse(Nodes)]};
@@ -98,15 +99,23 @@ resolve_many([{Dest, Msg} | Rest], All, Local, Remote, Nodes) ->
         {remote, Node, To} ->
             case Remote of
                 #{Node := Tos} ->
-                    resolve_many(Rest, All, Local, Remote#{Node := [{To, Msg} | Tos]}, Nodes);
+                    remote_sends(Node, Rest, [{To, Msg} | Tos], All, Local, Remote, Nodes);
                 _ ->
-                    resolve_many(Rest, All, Local, Remote#{Node => [{To, Msg}]}, [Node | Nodes])
+                    remote_sends(Node, Rest, [{To, Msg}], All, Local, Remote, [Node | Nodes])
             end;
         error ->
             erlang:error(badarg, [All])
     end;
 resolve_many(_Improper, All, _Local, _Remote, _Nodes) ->
     erlang:error(badarg, [All]).
+
+%% The sends to pids of Node that follow go on Tos (newest first), then Tos in
+%% the map.
+remote_sends(Node, [{D, Msg} | Rest], Tos, All, Local, Remote, Nodes)
+  when is_pid(D), node(D) =:= Node ->
+    remote_sends(Node, Rest, [{D, Msg} | Tos], All, Local, Remote, Nodes);
+remote_sends(Node, Rest, Tos, All, Local, Remote, Nodes) ->
+    resolve_many(Rest, All, Local, Remote#{Node => Tos}, Nodes).
 
 %% @doc Remote messages of `send_many/1', by node (`Remote', in list order). While convoy runs, a node's small
 %% messages go to the sender's lane for the node together: one admission, room
