@@ -26,7 +26,7 @@
 %% @doc See `convoy:send/2'.
 -spec send(convoy:dest(), term()) -> ok.
 send(Pid, Msg) when is_pid(Pid) ->
-    %% the node read once: inside `convoy:batch/1' this is most of a call's cost
+    %% one read of the pid's node serves the local test and the remote send
     case node(Pid) of
         Node when Node =:= node() ->
             Pid ! Msg, % local: exactly `!', nothing else to decide
