@@ -199,12 +199,13 @@ acts([], S) ->
 acts([{deliver, To, Msg} | Rest], S) ->
     send(To, Msg),
     acts(Rest, S);
-acts([{deliver_run, K, Entries} | Rest], S) ->
-    send_run(K, Entries),
-    acts(Rest, S);
 acts([{deliver_each, Tos, Msg} | Rest], S) ->
     send_each(Tos, Msg),
     acts(Rest, S);
+acts([{deliver_plain, Entries, Max, Good, Local}], S) ->
+    {K, Rest, Good1, Dropped} = convoy_wire:plain_run(Entries, Max, Good, Local, send),
+    undeliverable(Dropped),
+    core({delivered_plain, K, Rest, Good1}, S);
 acts([{members, Scope, Group}], S) ->
     core({members, convoy_pg:local_members(Scope, Group)}, S);
 acts([{monitor, Pid}], S) ->
@@ -282,8 +283,8 @@ publish_one([P | Ps], Msg, Local) when is_pid(P), node(P) =:= Local ->
 publish_one([_ | Ps], Msg, Local) -> publish_one(Ps, Msg, Local);
 publish_one([], _Msg, _Local) -> ok.
 
-send_run(0, _Entries) -> ok;
-send_run(K, [{To, Msg} | Entries]) -> send(To, Msg), send_run(K - 1, Entries).
+undeliverable(0) -> ok;
+undeliverable(N) -> convoy_metrics:rejected(undeliverable), undeliverable(N - 1).
 
 send_each([], _Msg) -> ok;
 send_each([To | Tos], Msg) -> send(To, Msg), send_each(Tos, Msg).

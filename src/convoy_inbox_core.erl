@@ -21,7 +21,10 @@
 %% `convoy_chunk:assemble/2' is pure: it copies the whole message (milliseconds
 %% for megabytes), and the actions before it, among them the acknowledgement
 %% that gives the node's next message in pieces its turn, must not wait for
-%% that copy.
+%% that copy. A run of plain sends is a request too (`deliver_plain'): the shell
+%% sends them in the walk that checks them, as `convoy_wire:plain_run/5' with
+%% `send', and answers how many it sent and where the run ended; the core never
+%% sends, and the rule of what is plain stays `convoy_wire''s.
 %%
 %% Slices. One entry costs at most `convoy_wire:max_entry_words/0' word copies; a
 %% batch is delivered in slices of at most that budget (each entry costing
@@ -107,7 +110,8 @@
 %% Where a slice goes on: the entries left, the budget left, the messages
 %% delivered so far (counted `received') and the last pid or alias found current.
 -type pos() :: {maybe_improper_list(), integer(), non_neg_integer(), term()}.
--type cont() :: {members, atom(), term(), term(), pos()}
+-type cont() :: {plain, pos()}
+              | {members, atom(), term(), term(), pos()}
               | {assembled, convoy_wire:dest(), reference(), pos()}
               | {start, convoy_chunk:start(), pos()}
               | {room, convoy_chunk:start(), pos()}
@@ -121,27 +125,27 @@
                | {nodedown, node()}
                | {tick, TRef :: reference(), Watching :: [term()], BarrierTimeout :: non_neg_integer()}
                | answer().
--type request() :: {members, Scope :: atom(), Group :: term()}
+-type request() :: {deliver_plain, list(), pos_integer(), Good :: term(), Local :: node()}
+                 | {members, Scope :: atom(), Group :: term()}
                  | {monitor, pid()}
                  | {room, node()}
                  | {reserve, node(), Old :: non_neg_integer(), Held :: pos_integer(), bound()}
                  | {start_timer, Ms :: pos_integer()}
                  | {assemble, convoy_chunk:kind(), [binary()]}.
--type answer() :: {members, {ok, list()} | no_scope}
+-type answer() :: {delivered_plain, non_neg_integer(), list(), Good :: term()}
+                | {members, {ok, list()} | no_scope}
                 | {assembled, {ok, term()} | error}
                 | {monitored, convoy_remote:watch()}
                 | {room, non_neg_integer() | infinity, bound()}
                 | {reserved, boolean()}
                 | {timer, reference()}.
 %% `deliver': a local send (to a name nobody holds it is dropped and counted
-%% `undeliverable' by the shell); `deliver_run': the first K entries of the list,
-%% each `{To, Msg}', delivered in order as `deliver' would; `deliver_each': the
+%% `undeliverable' by the shell); `deliver_each': the
 %% message to each destination in turn; `deliver_all': the messages to one
 %% destination back to back; `publish': to each of this node's pids among the
 %% members, the messages back to back; `piece_reply': `{Ref, convoy_piece, What}' to a
 %% piece's sender; `release': this inbox now reserves `Held' bytes for the node.
 -type action() :: {deliver, convoy_wire:dest(), term()}
-                | {deliver_run, pos_integer(), [{pid() | atom(), term()}, ...]}
                 | {deliver_each, [convoy_wire:dest()], term()}
                 | {deliver_all, convoy_wire:dest(), [term()]}
                 | {publish, list(), [term()]}
@@ -279,20 +283,24 @@ settle(C, A) ->
 deliver([], _Left, N, _Good, A, D) ->
     {done, N, A, D};
 deliver([{To, _} | _] = Entries, Left, N, Good, A, D) when is_pid(To); is_atom(To) ->
-    %% Plain sends in a row (most of a flood's batch) go as one action over the
-    %% batch itself: nothing is rebuilt for each of them.
-    Each = convoy_wire:send_cost(),
-    case convoy_wire:plain_run(Entries, Left div Each, Good, D#d.local) of
-        {0, _, _} ->
-            deliver_one(Entries, Left, N, Good, A, D);
-        {K, Rest, Good1} ->
-            deliver(Rest, Left - K * Each, N + K, Good1, [run_action(K, Entries) | A], D)
+    %% Plain sends in a row (most of a flood's batch) are sent by the shell in the
+    %% walk that checks them (`convoy_wire:plain_run/5'), which answers how many:
+    %% nothing is rebuilt for each of them, and each is walked once.
+    Local = D#d.local,
+    case Left div convoy_wire:send_cost() of
+        Max when Max > 0 ->
+            case convoy_wire:plain_run(Entries, 1, Good, Local, count) of
+                {1, _, _, _} ->
+                    {pause, {deliver_plain, Entries, Max, Good, Local},
+                     {plain, {Entries, Left, N, Good}}, A, D};
+                _NotPlain ->
+                    deliver_one(Entries, Left, N, Good, A, D)
+            end;
+        0 ->
+            deliver_one(Entries, Left, N, Good, A, D)
     end;
 deliver(Entries, Left, N, Good, A, D) ->
     deliver_one(Entries, Left, N, Good, A, D).
-
-run_action(1, [{To, Msg} | _]) -> {deliver, To, Msg};
-run_action(K, Entries) -> {deliver_run, K, Entries}.
 
 deliver_one([E | Rest], Left, N, Good, A, D) ->
     step(convoy_wire:entry(E, D#d.from, D#d.local), Rest, Left, N, Good, A, D);
@@ -478,6 +486,12 @@ count_pids(_, _N) -> other.
 %%--------------------------------------------------------------------
 %% Answers to requests
 
+resume({delivered_plain, 0, _Rest, _Good}, {plain, {Entries, Left, N, Good}}, D) ->
+    %% the run's first entry was plain when asked: only a shell that answers
+    %% otherwise gets here, and it must not ask again
+    deliver_one(Entries, Left, N, Good, [], D);
+resume({delivered_plain, K, Rest, Good1}, {plain, {_Entries, Left, N, _Good}}, D) ->
+    deliver(Rest, Left - K * convoy_wire:send_cost(), N + K, Good1, [], D);
 resume({members, {ok, Members}}, {members, Scope, Group, Msg, {Rest, Left, N, Good}}, D) ->
     {Msgs, Each, K, Rest1} = publish_run(Members, Scope, Group, Msg, Rest, D),
     step({members, Members, Msgs, Each}, Rest1, Left, N + K, Good, [], D);

@@ -16,11 +16,33 @@ p(I) -> pid(?HERE, I, ?C).
 
 new() -> convoy_inbox_core:new().
 
+%% convoy_inbox_core:handle/2, with a run of plain sends answered as the shell
+%% answers it (convoy_wire:plain_run/5, counting instead of sending): the run
+%% shows as the sends it made, `{deliver_run, K, Entries}' (or one `deliver').
+handle(Input, C) ->
+    case convoy_inbox_core:handle(Input, C) of
+        {C1, []} ->
+            {C1, []};
+        {C1, Actions} ->
+            case lists:last(Actions) of
+                {deliver_plain, Entries, Max, Good, Local} ->
+                    {K, Rest, Good1, 0} = convoy_wire:plain_run(Entries, Max, Good, Local, count),
+                    {C2, More} = handle({delivered_plain, K, Rest, Good1}, C1),
+                    {C2, lists:droplast(Actions) ++ sent(K, Entries) ++ More};
+                _ ->
+                    {C1, Actions}
+            end
+    end.
+
+sent(0, _Entries) -> [];
+sent(1, [{To, Msg} | _]) -> [{deliver, To, Msg}];
+sent(K, Entries) -> [{deliver_run, K, Entries}].
+
 batch(Node, Entries, C) ->
-    convoy_inbox_core:handle({batch, Node, {tag, Node}, Entries, {?HERE, ?C}}, C).
+    handle({batch, Node, {tag, Node}, Entries, {?HERE, ?C}}, C).
 
 slice(C) ->
-    convoy_inbox_core:handle({slice, {?HERE, ?C}}, C).
+    handle({slice, {?HERE, ?C}}, C).
 
 %% A message whose copy costs about 60,000 words: four to one destination
 %% overrun a slice's 2^18.
@@ -82,7 +104,7 @@ publish_in_slices_test() ->
     {C1, A1} = batch(a@h, [{p(20), first}, convoy_wire:publish(s, g, Msg), {p(20), after_publish}],
                      new()),
     ?assertEqual([{deliver, p(20), first}, {members, s, g}], A1),
-    {C2, A2} = convoy_inbox_core:handle({members, {ok, Members}}, C1),
+    {C2, A2} = handle({members, {ok, Members}}, C1),
     [{publish, Now1, [Msg]}, {received, _, 2}] = A2,
     ?assertEqual(4, length(Now1)),                 % 4 x 60,000 words fit in 2^18
     {C3, [{publish, Now2, [Msg]}]} = slice(C2),
@@ -96,7 +118,7 @@ publish_in_slices_test() ->
 runs_test() ->
     Pub = fun(M) -> convoy_wire:publish(s, g, M) end,
     {C1, [{members, s, g}]} = batch(a@h, [Pub(1), Pub(2), Pub(3), {p(9), x}], new()),
-    {_, A1} = convoy_inbox_core:handle({members, {ok, [p(1), p(2)]}}, C1),
+    {_, A1} = handle({members, {ok, [p(1), p(2)]}}, C1),
     ?assertEqual([{publish, [p(1), p(2)], [1, 2, 3]}, {deliver, p(9), x}, {received, {tag, a@h}, 4}],
                  A1),
     {_, A2} = batch(a@h, [{[p(1), p(2)], 1}, {[p(1), p(2)], 2}, {[p(2), p(1)], 3}], new()),
@@ -127,9 +149,9 @@ runs_only_over_distinct_pids_test() ->
     %% a group's row that is not of pids (a scope that is not pg's): no run
     Pub = fun(M) -> convoy_wire:publish(s, g, M) end,
     {C2, [{members, s, g}]} = batch(a@h, [Pub(1), Pub(2)], new()),
-    {C3, A3} = convoy_inbox_core:handle({members, {ok, [p(1), name]}}, C2),
+    {C3, A3} = handle({members, {ok, [p(1), name]}}, C2),
     ?assertEqual([{publish, [p(1), name], [1]}, {members, s, g}], A3),
-    {_, A4} = convoy_inbox_core:handle({members, {ok, [p(1), name]}}, C3),
+    {_, A4} = handle({members, {ok, [p(1), name]}}, C3),
     ?assertEqual([{publish, [p(1), name], [2]}, {received, {tag, a@h}, 2}], A4).
 
 %% The node's name and creation come with each input, never kept: a node named
@@ -137,7 +159,7 @@ runs_only_over_distinct_pids_test() ->
 %% not rejected as another node's.
 follows_the_nodes_name_test() ->
     Entries = [{p(1), 1}, {[p(2), ref(?HERE, 3, ?C)], 2}, {name, 3}],
-    Handle = fun(Here, C) -> convoy_inbox_core:handle({batch, a@h, t, Entries, Here}, C) end,
+    Handle = fun(Here, C) -> handle({batch, a@h, t, Entries, Here}, C) end,
     %% under its former name, these are another node's
     {C1, A1} = Handle({nonode@nohost, 0}, new()),
     ?assertEqual([{rejected, bad_entry}, {rejected, bad_entry}, {deliver, name, 3},
@@ -153,11 +175,33 @@ follows_the_nodes_name_test() ->
 %% On the node itself: plain sends in a row to names and live pids are one action
 %% over the batch's own entries, ended by anything else (an old incarnation's pid,
 %% the slice's budget), which is handled as before.
+%% The shell's walk (convoy_wire:plain_run/5 with `send'): each plain send is
+%% sent as it is checked, a name nobody holds drops its message and is counted,
+%% and the run ends where the counting walk ends it.
+plain_run_sends_test() ->
+    Local = node(),
+    Cr = erlang:system_info(creation),
+    Me = self(),
+    Old = pid(Local, 1, Cr + 1),
+    Entries = [{Me, 1}, {convoy_test_nobody_holds_this, 2}, {Me, 3}, {Old, 4}, {Me, 5}],
+    Counted = convoy_wire:plain_run(Entries, 100, undefined, Local, count),
+    ?assertEqual({3, [{Old, 4}, {Me, 5}], Me, 0}, Counted),
+    ?assertEqual({3, [{Old, 4}, {Me, 5}], Me, 1},
+                 convoy_wire:plain_run(Entries, 100, undefined, Local, send)),
+    ?assertEqual([1, 3], flush_all()),
+    %% at most Max of them
+    ?assertEqual({2, [{Me, 3}, {Old, 4}, {Me, 5}], Me, 1},
+                 convoy_wire:plain_run(Entries, 2, undefined, Local, send)),
+    ?assertEqual([1], flush_all()).
+
+flush_all() ->
+    receive M -> [M | flush_all()] after 0 -> [] end.
+
 plain_runs_test() ->
     Local = node(),
     Cr = erlang:system_info(creation),
     Handle = fun(Entries, C) ->
-                     convoy_inbox_core:handle({batch, a@h, {tag, a@h}, Entries, {Local, Cr}}, C)
+                     handle({batch, a@h, {tag, a@h}, Entries, {Local, Cr}}, C)
              end,
     Me = self(),
     Other = spawn(fun() -> ok end),
@@ -176,7 +220,7 @@ plain_runs_test() ->
     {C2, A2} = Handle(Long, convoy_inbox_core:new()),
     ?assertMatch([{deliver_run, 8192, Long}, {received, _, 8192}], A2),
     ?assertEqual(lists:seq(1, 8192), delivered(A2)),
-    {C3, A3} = convoy_inbox_core:handle({slice, {Local, Cr}}, C2),
+    {C3, A3} = handle({slice, {Local, Cr}}, C2),
     ?assertEqual(lists:seq(8193, 10000), delivered(A3)),
     ?assertNot(convoy_inbox_core:busy(C3)).
 
@@ -204,31 +248,31 @@ pieces_test() ->
     Start = fun(R) -> convoy_wire:piece_start(R, Sender, p(1), term, byte_size(Data), First) end,
     {C1, [{deliver, _, before}, {monitor, Sender}]} = batch(a@h, [{p(1), before}, Start(Ref)], new()),
     Mon = make_ref(),
-    {C2, [{room, a@h}]} = convoy_inbox_core:handle({monitored, Mon}, C1),
-    {C3, [{reserve, a@h, 0, Size, 100}]} = convoy_inbox_core:handle({room, 100, 100}, C2),
+    {C2, [{room, a@h}]} = handle({monitored, Mon}, C1),
+    {C3, [{reserve, a@h, 0, Size, 100}]} = handle({room, 100, 100}, C2),
     ?assertEqual(byte_size(Data), Size),
-    {C4, A4} = convoy_inbox_core:handle({reserved, true}, C3),
+    {C4, A4} = handle({reserved, true}, C3),
     ?assertEqual([{piece_reply, Ref, 0}, {received, {tag, a@h}, 1}, {start_timer, 10}], A4),
-    {C5, []} = convoy_inbox_core:handle({timer, make_ref()}, C4),
+    {C5, []} = handle({timer, make_ref()}, C4),
     ?assertMatch(#{partials := 1, held := #{a@h := Size}}, convoy_inbox_core:summary(C5)),
     {C6a, A6a} = batch(a@h, [convoy_wire:piece(Ref, 1, Rest), {p(1), 'after'}], C5),
     ?assertEqual([{release, a@h, 0}, {demonitor, Mon}, {assemble, term, [First, Rest]}], A6a),
-    {C6, A6} = convoy_inbox_core:handle({assembled, {ok, whole}}, C6a),
+    {C6, A6} = handle({assembled, {ok, whole}}, C6a),
     ?assertEqual([{deliver, p(1), whole}, {piece_reply, Ref, delivered},
                   {deliver, p(1), 'after'}, {received, {tag, a@h}, 2}], A6),
     ?assertMatch(#{partials := 0, held := #{}}, convoy_inbox_core:summary(C6)),
     %% no room
     Ref2 = ref(a@h, 2, 1),
     {C7, [{monitor, _}]} = batch(a@h, [Start(Ref2)], C6),
-    {C8, [{room, a@h}]} = convoy_inbox_core:handle({monitored, Mon}, C7),
-    {C9, A9} = convoy_inbox_core:handle({room, 3, 100}, C8),
+    {C8, [{room, a@h}]} = handle({monitored, Mon}, C7),
+    {C9, A9} = handle({room, 3, 100}, C8),
     ?assertEqual([{demonitor, Mon}, {rejected, reassembly_full}, {piece_reply, Ref2, refused}], A9),
     %% room, but another inbox took it before the reservation
     Ref3 = ref(a@h, 3, 1),
     {C10, [{monitor, _}]} = batch(a@h, [Start(Ref3)], C9),
-    {C11, [{room, a@h}]} = convoy_inbox_core:handle({monitored, Mon}, C10),
-    {C12, [{reserve, a@h, 0, _, 100}]} = convoy_inbox_core:handle({room, 100, 100}, C11),
-    {C13, A13} = convoy_inbox_core:handle({reserved, false}, C12),
+    {C11, [{room, a@h}]} = handle({monitored, Mon}, C10),
+    {C12, [{reserve, a@h, 0, _, 100}]} = handle({room, 100, 100}, C11),
+    {C13, A13} = handle({reserved, false}, C12),
     ?assertEqual([{demonitor, Mon}, {rejected, reassembly_full}, {piece_reply, Ref3, refused}], A13),
     ?assertMatch(#{partials := 0}, convoy_inbox_core:summary(C13)).
 
@@ -249,10 +293,10 @@ turn_before_join_test() ->
     {C3, A3} = batch(a@h, [convoy_wire:piece(R1, 1, Rest)], C2),
     ?assertMatch({assemble, term, [First, Rest]}, lists:last(A3)),
     ?assert(lists:member({piece_reply, R2, 0}, A3)),
-    {_, A4} = convoy_inbox_core:handle({assembled, {ok, whole}}, C3),
+    {_, A4} = handle({assembled, {ok, whole}}, C3),
     ?assertEqual([{deliver, p(1), whole}, {piece_reply, R1, delivered},
                   {received, {tag, a@h}, 1}], A4),
-    {_, A5} = convoy_inbox_core:handle({assembled, error}, C3),
+    {_, A5} = handle({assembled, error}, C3),
     ?assertEqual([{rejected, bad_piece}, {piece_reply, R1, delivered}], A5).
 
 %% Answers the requests of a start (monitor, room, reservation, timer) until the
@@ -265,10 +309,10 @@ answered(C, [], Acc) ->
 answered(C, Actions, Acc) ->
     Acc1 = Acc ++ lists:droplast(Actions),
     case lists:last(Actions) of
-        {monitor, _} -> answered(convoy_inbox_core:handle({monitored, make_ref()}, C), Acc1);
-        {room, _} -> answered(convoy_inbox_core:handle({room, infinity, infinity}, C), Acc1);
-        {reserve, _, _, _, _} -> answered(convoy_inbox_core:handle({reserved, true}, C), Acc1);
-        {start_timer, _} -> answered(convoy_inbox_core:handle({timer, make_ref()}, C), Acc1);
+        {monitor, _} -> answered(handle({monitored, make_ref()}, C), Acc1);
+        {room, _} -> answered(handle({room, infinity, infinity}, C), Acc1);
+        {reserve, _, _, _, _} -> answered(handle({reserved, true}, C), Acc1);
+        {start_timer, _} -> answered(handle({timer, make_ref()}, C), Acc1);
         Last -> {C, Acc1 ++ [Last]}
     end.
 
@@ -286,27 +330,27 @@ discards_and_strays_test() ->
     TRef = make_ref(),
     Held = fun(C) ->
                    {C1, [{monitor, Sender}]} = batch(a@h, [Start], C),
-                   {C2, [{room, a@h}]} = convoy_inbox_core:handle({monitored, Mon}, C1),
+                   {C2, [{room, a@h}]} = handle({monitored, Mon}, C1),
                    {C3, [{reserve, a@h, 0, 10, infinity}]} =
-                       convoy_inbox_core:handle({room, infinity, infinity}, C2),
-                   {C4, _} = convoy_inbox_core:handle({reserved, true}, C3),
-                   {C5, []} = convoy_inbox_core:handle({timer, TRef}, C4),
+                       handle({room, infinity, infinity}, C2),
+                   {C4, _} = handle({reserved, true}, C3),
+                   {C5, []} = handle({timer, TRef}, C4),
                    C5
            end,
     C0 = Held(new()),
     ?assertEqual({C0, [{rejected, unknown_message}]},
-                 convoy_inbox_core:handle({down, make_ref(), Sender}, C0)),
+                 handle({down, make_ref(), Sender}, C0)),
     ?assertEqual({C0, [{rejected, unknown_message}]},
-                 convoy_inbox_core:handle({tick, make_ref(), [], 1000}, C0)),
+                 handle({tick, make_ref(), [], 1000}, C0)),
     Freed = [{release, a@h, 0}, {demonitor, Mon}, {rejected, partial_discarded}],
-    {_, A1} = convoy_inbox_core:handle({down, Mon, Sender}, C0),
+    {_, A1} = handle({down, Mon, Sender}, C0),
     ?assertEqual(Freed, A1),
-    {_, A2} = convoy_inbox_core:handle({nodedown, a@h}, C0),
+    {_, A2} = handle({nodedown, a@h}, C0),
     ?assertEqual(Freed ++ [{forget, a@h}], A2),
     %% a sender no longer watching: marked at one tick, discarded at the next
-    {C3, [{start_timer, 10}]} = convoy_inbox_core:handle({tick, TRef, [], 1000}, C0),
-    {C4, []} = convoy_inbox_core:handle({timer, TRef}, C3),
-    {_, A4} = convoy_inbox_core:handle({tick, TRef, [], 1000}, C4),
+    {C3, [{start_timer, 10}]} = handle({tick, TRef, [], 1000}, C0),
+    {C4, []} = handle({timer, TRef}, C3),
+    {_, A4} = handle({tick, TRef, [], 1000}, C4),
     ?assertEqual([{demonitor, Mon}, {rejected, partial_discarded}, {release, a@h, 0}], A4).
 
 %% What sys:get_state/1 shows: unfinished batches with what is left of them.

@@ -329,6 +329,12 @@ input(Input, St = #{core := C}) ->
     acts(Actions, St#{core := C1}).
 
 acts([], St) -> St;
+acts([{deliver_plain, Entries, Max, Good, Local}], St) ->
+    %% as the shell: the run's sends, in the walk that checks them
+    {K, Rest, Good1, 0} = convoy_wire:plain_run(Entries, Max, Good, Local, count),
+    St1 = lists:foldl(fun({To, Msg}, Acc) -> log(To, Msg, Acc) end, St,
+                      lists:sublist(Entries, K)),
+    input({delivered_plain, K, Rest, Good1}, St1);
 acts([{members, Scope, Group}], St) -> input({members, members(Scope, Group)}, St);
 acts([{monitor, Pid}], St = #{starts := Starts, mons := Mons, dead := Dead, downs := Downs}) ->
     %% Starts of a sender come in order: this is its next one.
@@ -372,8 +378,6 @@ acts([A | Rest], St) ->
 
 act({deliver, To, Msg}, St) ->
     log(To, Msg, St);
-act({deliver_run, K, Entries}, St) ->
-    lists:foldl(fun({To, Msg}, Acc) -> log(To, Msg, Acc) end, St, lists:sublist(Entries, K));
 act({deliver_each, Tos, Msg}, St) ->
     lists:foldl(fun(To, Acc) -> log(To, Msg, Acc) end, St, Tos);
 act({deliver_all, To, Msgs}, St) ->
