@@ -203,7 +203,7 @@ acts([{deliver_each, Tos, Msg} | Rest], S) ->
     send_each(Tos, Msg),
     acts(Rest, S);
 acts([{deliver_plain, Entries, Max, Good, Local}], S) ->
-    {K, Rest, Good1, Dropped} = convoy_wire:plain_run(Entries, Max, Good, Local, send),
+    {K, Rest, Good1, Dropped} = convoy_plain:run(Entries, Max, Good, Local, send),
     undeliverable(Dropped),
     core({delivered_plain, K, Rest, Good1}, S);
 acts([{members, Scope, Group}], S) ->

@@ -22,9 +22,9 @@
 %% for megabytes), and the actions before it, among them the acknowledgement
 %% that gives the node's next message in pieces its turn, must not wait for
 %% that copy. A run of plain sends is a request too (`deliver_plain'): the shell
-%% sends them in the walk that checks them, as `convoy_wire:plain_run/5' with
+%% sends them in the walk that checks them, as `convoy_plain:run/5' with
 %% `send', and answers how many it sent and where the run ended; the core never
-%% sends, and the rule of what is plain stays `convoy_wire''s.
+%% sends, and the rule of what is plain is `convoy_plain''s.
 %%
 %% Slices. One entry costs at most `convoy_wire:max_entry_words/0' word copies; a
 %% batch is delivered in slices of at most that budget (each entry costing
@@ -284,12 +284,12 @@ deliver([], _Left, N, _Good, A, D) ->
     {done, N, A, D};
 deliver([{To, _} | _] = Entries, Left, N, Good, A, D) when is_pid(To); is_atom(To) ->
     %% Plain sends in a row (most of a flood's batch) are sent by the shell in the
-    %% walk that checks them (`convoy_wire:plain_run/5'), which answers how many:
+    %% walk that checks them (`convoy_plain:run/5'), which answers how many:
     %% nothing is rebuilt for each of them, and each is walked once.
     Local = D#d.local,
     case Left div convoy_wire:send_cost() of
         Max when Max > 0 ->
-            case convoy_wire:plain_run(Entries, 1, Good, Local, count) of
+            case convoy_plain:run(Entries, 1, Good, Local, count) of
                 {1, _, _, _} ->
                     {pause, {deliver_plain, Entries, Max, Good, Local},
                      {plain, {Entries, Left, N, Good}}, A, D};

@@ -112,7 +112,7 @@
          batch/2, zbatch/2, barrier/2, meter/2, publish/3, piece_start/6, piece_start/7, piece/3, hello/2,
          supports/2,
          address/2, send_words/1, take_members/3, entry_to/3, decode/1, entry/3, cost/1, send_cost/0,
-         multicast_entries/2, multicast_entries/3, per_entry/1, plain_run/5,
+         multicast_entries/2, multicast_entries/3, per_entry/1, current_by_form/1,
          creation/1, incarnation/2, negotiate/1, inbox_name/1, inbox_names/1, lane_inbox/2]).
 
 -export_type([entry_kind/0, entry/0, dest/0, decoded/0, hello_info/0, checked/0]).
@@ -407,51 +407,6 @@ cost(_) -> ?SEND_WORDS.
 -spec send_cost() -> pos_integer().
 send_cost() -> ?SEND_WORDS.
 
-%% @doc The plain sends at the head of a batch's `Entries', at most `Max' of them:
-%% entries `{To, Msg}' to a name or to a pid of this node (`Local') of its current
-%% incarnation (`Good', one already found so, or any that `incarnation/2' tells
-%% current by its form). Each passes `entry/3' as `{deliver, To, Msg}' and costs
-%% `send_cost/0'; none is rebuilt. With `send', each is also sent as it is
-%% checked, as `!' sends it (a name nobody holds drops its message, counted in
-%% `Dropped'): the inbox delivers a run in the walk that checks it (a second
-%% walk cost each message a function call and a reduction; doc/decisions.md,
-%% "An inbox sends a plain run in the walk that checks it"). With `count',
-%% nothing is sent.
-%% Answers how many, the entries after them, the last pid among them (`Good' if
-%% none) and `Dropped'.
--spec plain_run(list(), non_neg_integer(), term(), node(), send | count) ->
-          {non_neg_integer(), list(), term(), non_neg_integer()}.
-plain_run(Entries, Max, Good, Local, How) ->
-    plain_run(Entries, Max, Good, Local, How, 0, 0).
-
-plain_run([{To, Msg} | Rest] = Entries, Max, Good, Local, How, K, Dropped)
-  when K < Max, is_pid(To), node(To) =:= Local ->
-    case To =:= Good orelse current_by_form(To) of
-        true ->
-            case How of
-                send -> To ! Msg;
-                count -> ok
-            end,
-            plain_run(Rest, Max, To, Local, How, K + 1, Dropped);
-        false ->
-            {K, Entries, Good, Dropped}
-    end;
-plain_run([{To, Msg} | Rest], Max, Good, Local, How, K, Dropped)
-  when K < Max, is_atom(To), To =/= undefined ->
-    Dropped1 = case How of
-                   send ->
-                       try To ! Msg of
-                           _ -> Dropped
-                       catch
-                           error:badarg -> Dropped + 1 % nobody holds the name
-                       end;
-                   count ->
-                       Dropped
-               end,
-    plain_run(Rest, Max, Good, Local, How, K + 1, Dropped1);
-plain_run(Entries, _Max, Good, _Local, _How, K, Dropped) ->
-    {K, Entries, Good, Dropped}.
-
 %% @doc What one local send of `Msg' costs its receiver, in word copies (the words
 %% it copies + 32), at most `max_entry_words/0' (a slice sends at least once). Walks
 %% at most about `max_entry_words/0' words of `Msg'.
@@ -540,7 +495,9 @@ incarnation(Pid, Creation) when is_pid(Pid) ->
 incarnation(Ref, Creation) ->
     by_creation(Ref, Creation).
 
-%% A pid of this node's current incarnation is an immediate term.
+%% @doc Whether a pid of this node is of its current incarnation, by its form
+%% alone (`incarnation/2'): such a pid is an immediate term.
+-spec current_by_form(pid()) -> boolean().
 current_by_form(Pid) -> erts_debug:flat_size(Pid) =:= 0.
 
 by_creation(Id, Creation) ->

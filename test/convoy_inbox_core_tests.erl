@@ -17,7 +17,7 @@ p(I) -> pid(?HERE, I, ?C).
 new() -> convoy_inbox_core:new().
 
 %% convoy_inbox_core:handle/2, with a run of plain sends answered as the shell
-%% answers it (convoy_wire:plain_run/5, counting instead of sending): the run
+%% answers it (convoy_plain:run/5, counting instead of sending): the run
 %% shows as the sends it made, `{deliver_run, K, Entries}' (or one `deliver').
 handle(Input, C) ->
     case convoy_inbox_core:handle(Input, C) of
@@ -26,7 +26,7 @@ handle(Input, C) ->
         {C1, Actions} ->
             case lists:last(Actions) of
                 {deliver_plain, Entries, Max, Good, Local} ->
-                    {K, Rest, Good1, 0} = convoy_wire:plain_run(Entries, Max, Good, Local, count),
+                    {K, Rest, Good1, 0} = convoy_plain:run(Entries, Max, Good, Local, count),
                     {C2, More} = handle({delivered_plain, K, Rest, Good1}, C1),
                     {C2, lists:droplast(Actions) ++ sent(K, Entries) ++ More};
                 _ ->
@@ -175,7 +175,7 @@ follows_the_nodes_name_test() ->
 %% On the node itself: plain sends in a row to names and live pids are one action
 %% over the batch's own entries, ended by anything else (an old incarnation's pid,
 %% the slice's budget), which is handled as before.
-%% The shell's walk (convoy_wire:plain_run/5 with `send'): each plain send is
+%% The shell's walk (convoy_plain:run/5 with `send'): each plain send is
 %% sent as it is checked, a name nobody holds drops its message and is counted,
 %% and the run ends where the counting walk ends it.
 plain_run_sends_test() ->
@@ -184,14 +184,14 @@ plain_run_sends_test() ->
     Me = self(),
     Old = pid(Local, 1, Cr + 1),
     Entries = [{Me, 1}, {convoy_test_nobody_holds_this, 2}, {Me, 3}, {Old, 4}, {Me, 5}],
-    Counted = convoy_wire:plain_run(Entries, 100, undefined, Local, count),
+    Counted = convoy_plain:run(Entries, 100, undefined, Local, count),
     ?assertEqual({3, [{Old, 4}, {Me, 5}], Me, 0}, Counted),
     ?assertEqual({3, [{Old, 4}, {Me, 5}], Me, 1},
-                 convoy_wire:plain_run(Entries, 100, undefined, Local, send)),
+                 convoy_plain:run(Entries, 100, undefined, Local, send)),
     ?assertEqual([1, 3], flush_all()),
     %% at most Max of them
     ?assertEqual({2, [{Me, 3}, {Old, 4}, {Me, 5}], Me, 1},
-                 convoy_wire:plain_run(Entries, 2, undefined, Local, send)),
+                 convoy_plain:run(Entries, 2, undefined, Local, send)),
     ?assertEqual([1], flush_all()).
 
 flush_all() ->

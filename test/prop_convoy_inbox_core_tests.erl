@@ -331,7 +331,7 @@ input(Input, St = #{core := C}) ->
 acts([], St) -> St;
 acts([{deliver_plain, Entries, Max, Good, Local}], St) ->
     %% as the shell: the run's sends, in the walk that checks them
-    {K, Rest, Good1, 0} = convoy_wire:plain_run(Entries, Max, Good, Local, count),
+    {K, Rest, Good1, 0} = convoy_plain:run(Entries, Max, Good, Local, count),
     St1 = lists:foldl(fun({To, Msg}, Acc) -> log(To, Msg, Acc) end, St,
                       lists:sublist(Entries, K)),
     input({delivered_plain, K, Rest, Good1}, St1);
